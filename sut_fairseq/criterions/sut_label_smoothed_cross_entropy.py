@@ -1,0 +1,113 @@
+"""``sut_label_smoothed_cross_entropy``: label-smoothed CE + the SUT auxiliary losses (SPEC §2.6).
+
+    loss = Σ_tokens CE_ls + scale · (mim_weight · Σ_routers L_MIM
+                                      + act_weight · (L_ACT_enc + L_ACT_dec)
+                                      + switch_weight · Σ_routers L_switch)
+
+fairseq divides the summed loss by ``sample_size`` (target tokens, or sentences with
+``--sentence-avg``) before the update. With ``--aux-loss-scale per-token`` (default)
+``scale = sample_size``, so each weight acts per target token, exactly as written.
+``--aux-loss-scale reference`` uses ``scale = 1`` as the official SUT code did (it added
+batch-mean auxiliary losses to a token-summed loss), so a published weight such as
+``--miloss 0.1`` acts at about 0.1 / tokens-per-batch: use it to reuse the paper's weights
+as published.
+
+Logged separately: ``mim``, ``switch``, ``act_enc``, ``act_dec`` (expected steps, Eq. 4)
+and ``steps_enc`` / ``steps_dec`` (executed block applications per real position).
+"""
+from dataclasses import dataclass, field
+
+import torch
+from fairseq.criterions import register_criterion
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    LabelSmoothedCrossEntropyCriterionConfig,
+)
+from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
+
+from ..losses import mim_loss, record_routing, switch_loss
+
+AUX_LOSS_SCALES = ChoiceEnum(["per-token", "reference"])
+
+
+@dataclass
+class SUTCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
+    mim_weight: float = field(default=0.0, metadata={
+        "help": "weight of the mutual-information routing loss L_MIM = H(e|x) - H(e)"})
+    act_weight: float = field(default=0.0, metadata={
+        "help": "weight of the ACT loss (expected number of steps, encoder + decoder)"})
+    switch_weight: float = field(default=0.0, metadata={
+        "help": "weight of the Switch-Transformer load-balancing loss (ablation of MIM)"})
+    aux_loss_scale: AUX_LOSS_SCALES = field(default="per-token", metadata={
+        "help": "per-token: the auxiliary weights act per unit of sample_size (target "
+                "token); reference: as the official SUT code, weight / tokens-per-batch"})
+
+
+@register_criterion("sut_label_smoothed_cross_entropy", dataclass=SUTCriterionConfig)
+class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
+    def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
+                 report_accuracy=False, mim_weight=0.0, act_weight=0.0, switch_weight=0.0,
+                 aux_loss_scale="per-token"):
+        super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
+        self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
+        self.aux_loss_scale = str(aux_loss_scale)
+
+    def forward(self, model, sample, reduce=True):
+        with record_routing(model) as router_stats:
+            net_output = model(**sample["net_input"])
+        loss, nll_loss = self.compute_loss(model, net_output, sample, reduce=reduce)
+        sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
+
+        extra = net_output[1]
+        zero = loss.new_zeros(())
+        mim = sum((mim_loss(s).to(loss) for s in router_stats), zero)
+        switch = sum((switch_loss(s).to(loss) for s in router_stats), zero)
+        halting_enc, halting_dec = extra["halting_encoder"], extra["halting_decoder"]
+        act_enc, act_dec = halting_enc.act_loss(), halting_dec.act_loss()
+        aux = self.mim_weight * mim + self.act_weight * (act_enc + act_dec) + self.switch_weight * switch
+        scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
+        loss = loss + scale * aux
+
+        enc_positions, dec_positions = halting_enc.num_positions(), halting_dec.num_positions()
+        logging_output = {
+            "loss": loss.data,
+            "nll_loss": nll_loss.data,
+            "ntokens": sample["ntokens"],
+            "nsentences": sample["target"].size(0),
+            "sample_size": sample_size,
+            "mim": mim.item() * sample_size,
+            "switch": switch.item() * sample_size,
+            "act_enc": act_enc.item() * enc_positions.item(),
+            "act_dec": act_dec.item() * dec_positions.item(),
+            "steps_enc": halting_enc.steps.sum().item(),
+            "steps_dec": halting_dec.steps.sum().item(),
+            "positions_enc": enc_positions.item(),
+            "positions_dec": dec_positions.item(),
+        }
+        if self.report_accuracy:
+            n_correct, total = self.compute_accuracy(model, net_output, sample)
+            logging_output["n_correct"] = n_correct.data
+            logging_output["total"] = total.data
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+
+        def total(key):
+            return sum(log.get(key, 0) for log in logging_outputs)
+
+        sample_size = total("sample_size")
+        if sample_size > 0:
+            metrics.log_scalar("mim", total("mim") / sample_size, sample_size, round=4)
+            metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
+        for side in ("enc", "dec"):
+            positions = total(f"positions_{side}")
+            if positions > 0:
+                metrics.log_scalar(f"act_{side}", total(f"act_{side}") / positions, positions, round=3)
+                metrics.log_scalar(f"steps_{side}", total(f"steps_{side}") / positions, positions, round=3)
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return True

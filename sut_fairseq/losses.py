@@ -1,0 +1,60 @@
+"""Auxiliary losses of the routers (SPEC §2.5) and the context that collects their statistics.
+
+For one router and the set X of (position, step) pairs where it was used:
+
+    g(e)     = mean_{x in X} g(e|x)
+    H(e)     = -Σ_e g(e) log g(e)
+    H(e|x)   = -mean_{x in X} Σ_e g(e|x) log g(e|x)
+    L_MIM    = H(e|x) - H(e)            (to minimise; = -MI, paper Eq. 1)
+
+Balanced one-hot routing over E experts gives -log E; collapse onto one expert gives 0;
+uniform routing for every token gives 0. The Switch-Transformer load-balancing loss
+``L_switch = E · Σ_e f_e · g(e)`` (f_e: fraction of the top-k assignments that went to e)
+is the Table 2 "- MIM loss" ablation.
+"""
+import contextlib
+from typing import Iterator, List
+
+import torch
+import torch.nn as nn
+
+from .modules.router import EPS, Router, RouterStats
+
+
+def mim_loss(stats: RouterStats) -> torch.Tensor:
+    """L_MIM = H(e|x) - H(e) of one router's recorded statistics (0 if it saw nothing)."""
+    if stats.count is None:
+        return torch.zeros(())
+    n = stats.count.clamp_min(1.0)
+    marginal = stats.sum_probs / n
+    h_marginal = -(marginal * torch.log(marginal + EPS)).sum()
+    h_conditional = -stats.sum_neg_entropy / n
+    return h_conditional - h_marginal
+
+
+def switch_loss(stats: RouterStats) -> torch.Tensor:
+    """E · Σ_e f_e · g(e) (= 1 when balanced; E when collapsed)."""
+    if stats.count is None:
+        return torch.zeros(())
+    n = stats.count.clamp_min(1.0)
+    fraction = stats.assignments / stats.assignments.sum().clamp_min(1.0)
+    return stats.sum_probs.numel() * (fraction * stats.sum_probs / n).sum()
+
+
+@contextlib.contextmanager
+def record_routing(model: nn.Module) -> Iterator[List[RouterStats]]:
+    """Collect routing statistics of every (non-trivial) router during one forward.
+
+    Statistics exist only inside this context (the criterion's forward): nothing is kept
+    between steps, during generation or after an exception.
+    """
+    routers = [m for m in model.modules() if isinstance(m, Router) and m.num_experts > 1]
+    collected = []
+    for router in routers:
+        router.stats = RouterStats()
+        collected.append(router.stats)
+    try:
+        yield collected
+    finally:
+        for router in routers:
+            router.stats = None

@@ -1,0 +1,102 @@
+"""Architecture presets (SPEC §2.7). MoMHA is described by (E, k, H, D, W) and MoE-FFD by
+(E, k, D); L = maximum steps per side. Any option given on the command line wins.
+
+| preset      | MoMHA (E,k,H,D,W)      | FFD (E,k,D)     | d    | L enc/dec | halting |
+|-------------|------------------------|-----------------|------|-----------|---------|
+| sut_base    | (24, 4, 4, 64, 64)     | (24, 4, 512)    | 512  | 6/6       | SB      |
+| sut_big     | (48, 4, 4, 64, 64)     | (48, 4, 512)    | 512  | 6/6       | SB, 1 sampled expert |
+| ut_base     | (1, 1, 16, 64, 64)     | (1, 1, 3840)    | 1024 | 6/6       | SB      |
+| ut_big      | (1, 1, 24, 64, 64)     | (1, 1, 3584)    | 1536 | 6/6       | SB      |
+| ut_cfq      | (1, 1, 8, 64, T5 bias) | (1, 1, 1024)    | 512  | 12/12     | SB, pre-LN |
+| sut_logic   | (12, 4, 2, 32, 1)      | (12, 4, 128)    | 128  | 12/12     | SB      |
+| sut_tiny    | (4, 2, 2, 16, 4)       | (4, 2, 64)      | 64   | 3/3       | SB      |
+
+The UT widths are not published; see README "Presets" for how they were chosen (parameter
+count and static MAC ratio to ``transformer_wmt_en_de`` both close to the paper).
+"""
+from fairseq.models import register_model_architecture
+
+from .sut_transformer import DEFAULT_MAX_POSITIONS
+
+
+def _default(args, name, value):
+    if getattr(args, name, None) is None:
+        setattr(args, name, value)
+
+
+def _set(args, **values):
+    for name, value in values.items():
+        _default(args, name, value)
+
+
+@register_model_architecture("sut_transformer", "sut_transformer")
+def base_architecture(args):
+    """Fills every option still unset; the defaults are ``sut_base``'s."""
+    _set(args, encoder_embed_dim=512, encoder_layers=6, encoder_normalize_before=False,
+         share_all_embeddings=False, share_decoder_input_output_embed=False,
+         activation_fn="gelu",
+         att_experts=24, att_topk=4, att_heads=4, att_head_dim=64, rel_pos="clipped", rel_window=64,
+         ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
+         router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
+         encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
+         dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+         max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS)
+    _set(args, decoder_embed_dim=args.encoder_embed_dim, decoder_layers=args.encoder_layers,
+         decoder_normalize_before=args.encoder_normalize_before,
+         decoder_halting=args.encoder_halting)
+
+
+def _wmt_regularisation(args):
+    _set(args, dropout=0.2, attention_dropout=0.2, activation_dropout=0.2, gating_dropout=0.2)
+
+
+@register_model_architecture("sut_transformer", "sut_base")
+def sut_base(args):
+    _wmt_regularisation(args)
+    base_architecture(args)
+
+
+@register_model_architecture("sut_transformer", "sut_big")
+def sut_big(args):
+    _set(args, att_experts=48, ffd_experts=48, sample_topk=1)
+    sut_base(args)
+
+
+def _dense(args, embed_dim, heads, ffd_hidden):
+    _set(args, encoder_embed_dim=embed_dim, att_experts=1, att_topk=1, att_heads=heads,
+         att_head_dim=64, ffd_experts=1, ffd_topk=1, ffd_hidden_dim=ffd_hidden)
+
+
+@register_model_architecture("sut_transformer", "ut_base")
+def ut_base(args):
+    _dense(args, embed_dim=1024, heads=16, ffd_hidden=3840)
+    sut_base(args)
+
+
+@register_model_architecture("sut_transformer", "ut_big")
+def ut_big(args):
+    _dense(args, embed_dim=1536, heads=24, ffd_hidden=3584)
+    sut_base(args)
+
+
+@register_model_architecture("sut_transformer", "ut_cfq")
+def ut_cfq(args):
+    _dense(args, embed_dim=512, heads=8, ffd_hidden=1024)
+    _set(args, rel_pos="t5", encoder_layers=12, encoder_normalize_before=True)
+    base_architecture(args)
+
+
+@register_model_architecture("sut_transformer", "sut_logic")
+def sut_logic(args):
+    _set(args, encoder_embed_dim=128, encoder_layers=12,
+         att_experts=12, att_topk=4, att_heads=2, att_head_dim=32, rel_window=1,
+         ffd_experts=12, ffd_topk=4, ffd_hidden_dim=128)
+    base_architecture(args)
+
+
+@register_model_architecture("sut_transformer", "sut_tiny")
+def sut_tiny(args):
+    _set(args, encoder_embed_dim=64, encoder_layers=3,
+         att_experts=4, att_topk=2, att_heads=2, att_head_dim=16, rel_window=4,
+         ffd_experts=4, ffd_topk=2, ffd_hidden_dim=64)
+    base_architecture(args)

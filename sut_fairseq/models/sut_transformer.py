@@ -1,0 +1,297 @@
+"""``sut_transformer``: the Sparse / dense Universal Transformer encoder-decoder.
+
+One shared SUT block per side applied up to L = ``--encoder-layers`` /
+``--decoder-layers`` times under a halting rule (``--encoder-halting`` /
+``--decoder-halting``). Shapes: B batch, T / S target / source length, d width,
+H heads of size D per expert, L maximum steps.
+"""
+from typing import Dict, List, Optional
+
+import torch
+import torch.nn as nn
+from fairseq import utils
+from fairseq.models import (
+    FairseqEncoder,
+    FairseqEncoderDecoderModel,
+    FairseqIncrementalDecoder,
+    register_model,
+)
+from fairseq.modules import LayerNorm, PositionalEmbedding
+
+from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
+from ..modules.recurrence import universal_recurrence
+from ..modules.sut_block import SUTBlock
+from .validation import validate_args
+
+DEFAULT_MAX_POSITIONS = 1024
+
+
+@register_model("sut_transformer")
+class SUTTransformerModel(FairseqEncoderDecoderModel):
+    """Sparse Universal Transformer (Tan et al., 2023); E = k = 1 gives the dense UT."""
+
+    @staticmethod
+    def add_args(parser):
+        # fmt: off
+        g = parser.add_argument_group("SUT: sizes")
+        g.add_argument("--encoder-embed-dim", type=int, metavar="N", help="encoder width d")
+        g.add_argument("--decoder-embed-dim", type=int, metavar="N", help="decoder width d")
+        g.add_argument("--encoder-layers", type=int, metavar="L",
+                       help="maximum number of encoder steps (applications of the shared block)")
+        g.add_argument("--decoder-layers", type=int, metavar="L",
+                       help="maximum number of decoder steps (applications of the shared block)")
+        g.add_argument("--share-all-embeddings", action="store_true",
+                       help="share encoder, decoder and output embeddings (needs a joined dictionary)")
+        g.add_argument("--share-decoder-input-output-embed", action="store_true",
+                       help="share decoder input and output embeddings")
+        g.add_argument("--encoder-normalize-before", action="store_true",
+                       help="pre-LayerNorm encoder block (default: post-LN)")
+        g.add_argument("--decoder-normalize-before", action="store_true",
+                       help="pre-LayerNorm decoder block (default: post-LN)")
+        g.add_argument("--activation-fn", choices=utils.get_available_activation_fns(),
+                       help="activation of the feed-forward experts")
+        g = parser.add_argument_group("SUT: mixture of multi-head attention (E, k, H, D, W)")
+        g.add_argument("--att-experts", type=int, metavar="E", help="attention experts E (1 = dense)")
+        g.add_argument("--att-topk", type=int, metavar="K", help="attention experts per query k")
+        g.add_argument("--att-heads", type=int, metavar="H", help="heads per attention expert H")
+        g.add_argument("--att-head-dim", type=int, metavar="D", help="dimension per head D")
+        g.add_argument("--rel-pos", choices=["clipped", "t5", "none"],
+                       help="relative position term in self-attention: clipped learned "
+                            "embeddings (window --rel-window), T5 bucketed bias, or none")
+        g.add_argument("--rel-window", type=int, metavar="W",
+                       help="relative positions: offsets clipped to [-W, W] (2W+1 embeddings per head)")
+        g = parser.add_argument_group("SUT: mixture of feed-forward experts (E, k, D)")
+        g.add_argument("--ffd-experts", type=int, metavar="E", help="feed-forward experts E (1 = dense)")
+        g.add_argument("--ffd-topk", type=int, metavar="K", help="feed-forward experts per position k")
+        g.add_argument("--ffd-hidden-dim", type=int, metavar="D", help="hidden size D of each expert")
+        g = parser.add_argument_group("SUT: routers")
+        g.add_argument("--router-hidden-dim", type=int, metavar="N",
+                       help="hidden width of the MLP routers (0 = the model width d)")
+        g.add_argument("--gating-dropout", type=float, metavar="P",
+                       help="dropout on the routers' hidden activations")
+        g.add_argument("--sample-topk", type=int, metavar="N",
+                       help="during training, sample N of the k experts from the router "
+                            "distribution instead of taking the top ones (sut_big: 1)")
+        g = parser.add_argument_group("SUT: halting")
+        g.add_argument("--encoder-halting", choices=HALTING_RULES,
+                       help="halting rule of the encoder recurrence")
+        g.add_argument("--decoder-halting", choices=HALTING_RULES,
+                       help="halting rule of the decoder recurrence")
+        g.add_argument("--halting-threshold", type=float, metavar="A",
+                       help="α_thresh in (0, 1]: a position stops once its cumulative halting "
+                            "probability reaches it; change after training with "
+                            "--model-overrides \"{'halting_threshold': 0.8}\"")
+        g.add_argument("--halting-dropout", type=float, metavar="P",
+                       help="dropout inside the halting unit's MLP")
+        g = parser.add_argument_group("SUT: regularisation and positions")
+        g.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
+        g.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
+        g.add_argument("--activation-dropout", type=float, metavar="P",
+                       help="dropout after the feed-forward activation")
+        g.add_argument("--max-source-positions", type=int, metavar="N", help="longest source")
+        g.add_argument("--max-target-positions", type=int, metavar="N", help="longest target")
+        # fmt: on
+
+    @classmethod
+    def build_model(cls, args, task):
+        from .architectures import base_architecture
+
+        base_architecture(args)
+        validate_args(args)
+        src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
+        if args.share_all_embeddings:
+            if src_dict != tgt_dict:
+                raise ValueError("--share-all-embeddings requires a joined dictionary "
+                                 "(fairseq-preprocess --joined-dictionary)")
+            encoder_embed = build_embedding(src_dict, args.encoder_embed_dim)
+            decoder_embed = encoder_embed
+            args.share_decoder_input_output_embed = True
+        else:
+            encoder_embed = build_embedding(src_dict, args.encoder_embed_dim)
+            decoder_embed = build_embedding(tgt_dict, args.decoder_embed_dim)
+        encoder = SUTEncoder(args, src_dict, encoder_embed)
+        decoder = SUTDecoder(args, tgt_dict, decoder_embed)
+        return cls(encoder, decoder)
+
+    def set_halting_threshold(self, threshold: float) -> None:
+        """Change α_thresh of both sides after training (what --model-overrides does at load)."""
+        for halting in (self.encoder.halting, self.decoder.halting):
+            if hasattr(halting, "unit"):
+                from ..modules.halting import check_threshold
+
+                check_threshold(threshold)
+                halting.threshold = threshold
+
+
+def build_embedding(dictionary, dim: int) -> nn.Embedding:
+    """Token embedding N(0, d^-1/2), zero padding row (as fairseq's transformer)."""
+    emb = nn.Embedding(len(dictionary), dim, padding_idx=dictionary.pad())
+    nn.init.normal_(emb.weight, mean=0, std=dim ** -0.5)
+    nn.init.constant_(emb.weight[dictionary.pad()], 0)
+    return emb
+
+
+class SUTEncoder(FairseqEncoder):
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(dictionary)
+        d = args.encoder_embed_dim
+        self.padding_idx = embed_tokens.padding_idx
+        self.max_source_positions = args.max_source_positions
+        self.num_steps = args.encoder_layers
+        self.embed_tokens = embed_tokens
+        self.embed_scale = d ** 0.5
+        self.embed_positions = PositionalEmbedding(args.max_source_positions, d, self.padding_idx)
+        self.dropout = nn.Dropout(args.dropout)
+        self.block = SUTBlock(args, decoder=False)
+        self.halting = build_halting(args.encoder_halting, d, args.halting_dropout,
+                                     args.halting_threshold, args.encoder_normalize_before)
+        self.final_norm = LayerNorm(d) if args.encoder_normalize_before else None
+
+    def forward(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None,
+                return_all_hiddens: bool = False):
+        """src_tokens: (B, S). Returns fairseq's encoder-out dict; ``encoder_out`` is
+        [S_L as (S, B, d)], ``halting`` is [HaltingResult]."""
+        pad = src_tokens.eq(self.padding_idx)
+        x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
+        x = self.dropout(x)
+
+        def step(h, S, running, _l):
+            k, v = self.block.self_kv(S)
+            return self.block(h, k, v, running, self_padding_mask=pad)
+
+        S, halting = universal_recurrence(step, x, ~pad, self.halting, self.num_steps)
+        if self.final_norm is not None:
+            S = self.final_norm(S)
+        return {
+            "encoder_out": [S.transpose(0, 1)],
+            "encoder_padding_mask": [pad],
+            "src_lengths": [] if src_lengths is None else [src_lengths],
+            "halting": [halting],
+        }
+
+    def reorder_encoder_out(self, encoder_out: Dict[str, List], new_order: torch.Tensor):
+        return {
+            "encoder_out": [encoder_out["encoder_out"][0].index_select(1, new_order)],
+            "encoder_padding_mask": [encoder_out["encoder_padding_mask"][0].index_select(0, new_order)],
+            "src_lengths": [x.index_select(0, new_order) for x in encoder_out["src_lengths"]],
+            "halting": encoder_out["halting"],
+        }
+
+    def max_positions(self):
+        return self.max_source_positions
+
+
+class SUTDecoder(FairseqIncrementalDecoder):
+    def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
+        super().__init__(dictionary)
+        d = args.decoder_embed_dim
+        self.padding_idx = embed_tokens.padding_idx
+        self.max_target_positions = args.max_target_positions
+        self.num_steps = args.decoder_layers
+        self.embed_tokens = embed_tokens
+        self.embed_scale = d ** 0.5
+        self.embed_positions = PositionalEmbedding(args.max_target_positions, d, self.padding_idx)
+        self.dropout = nn.Dropout(args.dropout)
+        self.block = SUTBlock(args, decoder=True)
+        self.halting = build_halting(args.decoder_halting, d, args.halting_dropout,
+                                     args.halting_threshold, args.decoder_normalize_before)
+        self.final_norm = LayerNorm(d) if args.decoder_normalize_before else None
+        if args.share_decoder_input_output_embed:
+            self.output_projection = nn.Linear(d, len(dictionary), bias=False)
+            self.output_projection.weight = embed_tokens.weight
+        else:
+            self.output_projection = nn.Linear(d, len(dictionary), bias=False)
+            nn.init.normal_(self.output_projection.weight, mean=0, std=d ** -0.5)
+
+    def forward(self, prev_output_tokens: torch.Tensor, encoder_out=None,
+                incremental_state=None, features_only: bool = False, **unused):
+        """prev_output_tokens: (B, T). Returns logits (B, T, V) (or (B, 1, V) when
+        incremental) and ``{"attn": [None], "inner_states": [...], "halting_encoder":
+        HaltingResult, "halting_decoder": HaltingResult}``."""
+        x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
+        if not features_only:
+            x = self.output_layer(x)
+        return x, extra
+
+    def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
+                         **unused):
+        positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        q_start = 0
+        if incremental_state is not None:
+            q_start = prev_output_tokens.size(1) - 1
+            prev_output_tokens = prev_output_tokens[:, -1:]
+            positions = positions[:, -1:]
+        real = prev_output_tokens.ne(self.padding_idx)
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions
+        x = self.dropout(x)
+
+        enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)
+        enc_pad = encoder_out["encoder_padding_mask"][0]
+        cache = self._get_cache(incremental_state)
+        if cache is not None and "cross_k" in cache:
+            cross_k, cross_v = cache["cross_k"], cache["cross_v"]
+        else:
+            cross_k, cross_v = self.block.cross_kv(enc)
+        new_k: List[Optional[torch.Tensor]] = [None] * self.num_steps
+        new_v: List[Optional[torch.Tensor]] = [None] * self.num_steps
+
+        def step(h, S, running, l):
+            k, v = self.block.self_kv(S)
+            if incremental_state is not None:
+                new_k[l - 1], new_v[l - 1] = k, v
+                if "self_k" in cache:  # (L, B, H, t, D): keys of the earlier positions at step l
+                    k = torch.cat([cache["self_k"][l - 1], k], 2)
+                    v = torch.cat([cache["self_v"][l - 1], v], 2)
+            return self.block(h, k, v, running, q_start=q_start, cross_k=cross_k,
+                              cross_v=cross_v, cross_padding_mask=enc_pad)
+
+        def freeze(S, first_skipped_step):
+            """Every position halted: steps l..L see the frozen S rows as keys/values."""
+            k, v = self.block.self_kv(S)
+            for l in range(first_skipped_step, self.num_steps + 1):
+                new_k[l - 1], new_v[l - 1] = k, v
+
+        S, halting = universal_recurrence(
+            step, x, real, self.halting, self.num_steps,
+            on_early_exit=freeze if incremental_state is not None else None)
+        if incremental_state is not None:
+            self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v)
+        if self.final_norm is not None:
+            S = self.final_norm(S)
+        return S, {
+            "attn": [None],
+            "inner_states": [S.transpose(0, 1)],
+            "halting_encoder": encoder_out["halting"][0] if "halting" in encoder_out else None,
+            "halting_decoder": halting,
+        }
+
+    def output_layer(self, features: torch.Tensor) -> torch.Tensor:
+        return self.output_projection(features)
+
+    # ---- incremental decoding state: per-step self-attention K/V and the cross K/V ----
+    def _get_cache(self, incremental_state) -> Optional[Dict[str, torch.Tensor]]:
+        if incremental_state is None:
+            return None
+        return self.get_incremental_state(incremental_state, "sut_cache") or {}
+
+    def _update_cache(self, incremental_state, cache, new_k, new_v, cross_k, cross_v):
+        k, v = torch.stack(new_k), torch.stack(new_v)  # (L, B, H, 1, D)
+        if "self_k" in cache:
+            k = torch.cat([cache["self_k"], k], 3)
+            v = torch.cat([cache["self_v"], v], 3)
+        self.set_incremental_state(incremental_state, "sut_cache", {
+            "self_k": k, "self_v": v, "cross_k": cross_k, "cross_v": cross_v})
+
+    def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
+        cache = self._get_cache(incremental_state)
+        if not cache:
+            return
+        self.set_incremental_state(incremental_state, "sut_cache", {
+            "self_k": cache["self_k"].index_select(1, new_order),
+            "self_v": cache["self_v"].index_select(1, new_order),
+            "cross_k": cache["cross_k"].index_select(0, new_order),
+            "cross_v": cache["cross_v"].index_select(0, new_order),
+        })
+
+    def max_positions(self):
+        return self.max_target_positions

@@ -1,0 +1,1 @@
+"""Building blocks of the SUT: router, MoE-FFD, MoMHA, relative positions, halting, block."""

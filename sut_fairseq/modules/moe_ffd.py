@@ -1,0 +1,41 @@
+"""Mixture of feed-forward experts, MoE-FFD (E, k, D) — SPEC §2.3.
+
+``y(h) = Σ_{e in top-k} g_e · (W2_e · act(W1_e h + b1_e) + b2_e)``, all E experts stored in
+one (E, d, D) and one (E, D, d) tensor. With E = k = 1 it is the dense FFN of a
+Transformer layer.
+"""
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+
+from ..ops import routed_linear
+from .expert_init import init_expert_weight_
+from .router import Router
+
+
+class MoEFeedForward(nn.Module):
+    def __init__(self, embed_dim: int, hidden_dim: int, num_experts: int, top_k: int,
+                 router_hidden_dim: int, activation_fn: str = "relu",
+                 activation_dropout: float = 0.0, gating_dropout: float = 0.0,
+                 sample_topk: int = 0):
+        super().__init__()
+        self.router = Router(embed_dim, num_experts, top_k, router_hidden_dim,
+                             gating_dropout, sample_topk)
+        self.w1 = nn.Parameter(init_expert_weight_(torch.empty(num_experts, embed_dim, hidden_dim)))
+        self.b1 = nn.Parameter(torch.zeros(num_experts, hidden_dim))
+        self.w2 = nn.Parameter(init_expert_weight_(torch.empty(num_experts, hidden_dim, embed_dim)))
+        self.b2 = nn.Parameter(torch.zeros(num_experts, embed_dim))
+        self.activation_fn = utils.get_activation_fn(activation_fn)
+        self.activation_dropout = nn.Dropout(activation_dropout)
+
+    def forward(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """x: (..., d); active: (...) bool. Returns (..., d), zero on inactive rows."""
+        shape = x.shape
+        x = x.reshape(-1, shape[-1])
+        routing = self.router(x, active.reshape(-1))
+        h = routed_linear(x, self.w1, self.b1, routing, fan_out=routing.k, grouped_out=True)
+        h = self.activation_dropout(self.activation_fn(h))
+        y = routed_linear(h, self.w2, self.b2, routing, fan_out=1, grouped_in=True,
+                          gates=routing.gates)
+        return y.reshape(shape)

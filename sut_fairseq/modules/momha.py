@@ -1,0 +1,111 @@
+"""Mixture of multi-head attention, MoMHA (E, k, H, D, W) — SPEC §2.4.
+
+K and V are dense and shared (d -> H·D each); expert e owns ``Wq_e: d -> H·D`` and
+``Wo_e: H·D -> d``. Every query position picks k experts; for each pick, H heads of
+scaled dot-product attention against the shared K/V heads; the output is
+``Σ_e g_e · Wo_e(concat heads) + b_o``. With E = k = 1 it is dense multi-head attention.
+
+The k picks of a position are laid out as k extra query rows per head, so one
+``scaled_dot_product_attention`` call over (B, H, k·T, D) queries serves all experts
+without copying K/V.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..ops import routed_linear
+from .expert_init import init_expert_weight_
+from .relative_position import ClippedRelativePosition, T5RelativeBias
+from .router import Router
+
+
+class MixtureOfMultiHeadAttention(nn.Module):
+    """Args:
+        embed_dim: d (query and output width). kv_dim: width of the key/value input.
+        num_experts, top_k: E and k. num_heads, head_dim: H and D per expert.
+        relative: None, ``"clipped"`` (window W) or ``"t5"`` (bucketed bias); self-attention only.
+        causal: T5 buckets are unidirectional in causal attention.
+    """
+
+    def __init__(self, embed_dim: int, kv_dim: int, num_experts: int, top_k: int,
+                 num_heads: int, head_dim: int, router_hidden_dim: int,
+                 attention_dropout: float = 0.0, gating_dropout: float = 0.0,
+                 sample_topk: int = 0, relative: Optional[str] = None, window: int = 0,
+                 causal: bool = False):
+        super().__init__()
+        self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
+        inner = num_heads * head_dim
+        self.router = Router(embed_dim, num_experts, top_k, router_hidden_dim,
+                             gating_dropout, sample_topk)
+        self.k_proj = nn.Linear(kv_dim, inner)
+        self.v_proj = nn.Linear(kv_dim, inner)
+        self.q_weight = nn.Parameter(init_expert_weight_(torch.empty(num_experts, embed_dim, inner)))
+        self.q_bias = nn.Parameter(torch.zeros(num_experts, inner))
+        self.o_weight = nn.Parameter(init_expert_weight_(torch.empty(num_experts, inner, embed_dim)))
+        self.o_bias = nn.Parameter(torch.zeros(embed_dim))
+        self.attention_dropout = attention_dropout
+        nn.init.xavier_uniform_(self.k_proj.weight, gain=2 ** -0.5)
+        nn.init.xavier_uniform_(self.v_proj.weight, gain=2 ** -0.5)
+        nn.init.zeros_(self.k_proj.bias)
+        nn.init.zeros_(self.v_proj.bias)
+        if relative is None:
+            self.relative = None
+        elif relative == "clipped":
+            self.relative = ClippedRelativePosition(num_heads, head_dim, window)
+        elif relative == "t5":
+            self.relative = T5RelativeBias(num_heads, bidirectional=not causal)
+        else:
+            raise ValueError(f"relative position must be None, 'clipped' or 't5'; got {relative!r}")
+
+    def project_kv(self, kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D)."""
+        B, S, _ = kv.shape
+        k = self.k_proj(kv).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(kv).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
+        return k, v
+
+    def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                active: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
+                q_start: int = 0) -> torch.Tensor:
+        """query: (B, T, d) at positions q_start..; key/value: (B, H, S, D) at 0..S-1;
+        active: (B, T) bool (inactive rows go to no expert and output 0 + b_o);
+        key_padding_mask: (B, S) bool, True = padding. Returns (B, T, d)."""
+        B, T, d = query.shape
+        H, D, S = self.num_heads, self.head_dim, key.size(2)
+        routing = self.router(query.reshape(B * T, d), active.reshape(-1))
+        k = routing.k
+        q = routed_linear(query.reshape(B * T, d), self.q_weight, self.q_bias, routing, fan_out=k)
+        q = q.view(B, T, k, H, D).permute(0, 3, 2, 1, 4).reshape(B, H, k * T, D)
+
+        bias = self._attention_bias(q, T, q_start, S, key_padding_mask)
+        o = F.scaled_dot_product_attention(
+            q, key.to(q.dtype), value.to(q.dtype), attn_mask=bias,
+            dropout_p=self.attention_dropout if self.training else 0.0,
+        )
+        o = o.view(B, H, k, T, D).permute(0, 3, 2, 1, 4).reshape(B * T * k, H * D)
+        y = routed_linear(o, self.o_weight, None, routing, fan_out=1, gates=routing.gates)
+        return (y + self.o_bias).view(B, T, d)
+
+    def _attention_bias(self, q, T: int, q_start: int, S: int,
+                        key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Additive logits bias (B|1, H|1, k·T, S): causal and padding masks, relative terms."""
+        k = q.size(2) // T
+        bias = None
+        if self.causal:
+            i = torch.arange(q_start, q_start + T, device=q.device)
+            future = torch.arange(S, device=q.device)[None, :] > i[:, None]
+            bias = torch.zeros(T, S, device=q.device).masked_fill(future, float("-inf"))
+            bias = bias.repeat(k, 1)[None, None]
+        if key_padding_mask is not None:
+            pad = torch.zeros(key_padding_mask.shape, device=q.device).masked_fill(
+                key_padding_mask, float("-inf"))[:, None, None, :]
+            bias = pad if bias is None else bias + pad
+        if isinstance(self.relative, ClippedRelativePosition):
+            rel = self.relative(q, T, q_start, S) * self.head_dim ** -0.5
+            bias = rel if bias is None else bias + rel
+        elif isinstance(self.relative, T5RelativeBias):
+            rel = self.relative(T, q_start, S, q.device).repeat(1, 1, k, 1)
+            bias = rel if bias is None else bias + rel
+        return None if bias is None else bias.to(q.dtype)

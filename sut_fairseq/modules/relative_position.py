@@ -1,0 +1,83 @@
+"""Relative-position terms for self-attention logits (SPEC §2.4).
+
+* ``ClippedRelativePosition`` (Shaw et al.): 2W+1 learned vectors per head for offsets
+  ``j - i`` clipped to [-W, W]; the logit of query i and key j gains ``q_i · r_{clip(j-i)}``.
+* ``T5RelativeBias``: one learned scalar per head and log-spaced bucket of ``j - i``
+  (Raffel et al. 2020), as the paper's CFQ model used.
+
+Queries sit at positions ``q_start .. q_start + T - 1`` and keys at ``0 .. S - 1``.
+"""
+import math
+
+import torch
+import torch.nn as nn
+
+
+class ClippedRelativePosition(nn.Module):
+    """Learned embeddings r_o (o in [-W, W]) of shape (2W+1, H, D)."""
+
+    def __init__(self, num_heads: int, head_dim: int, window: int):
+        super().__init__()
+        if window < 0:
+            raise ValueError(f"relative window W must be >= 0; got {window}")
+        self.window = window
+        self.embeddings = nn.Parameter(torch.empty(2 * window + 1, num_heads, head_dim))
+        nn.init.normal_(self.embeddings, std=head_dim ** -0.5)
+
+    def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
+        """q: (B, H, k*T, D), query row m at position q_start + m % T.
+
+        Returns the logits term (B, H, k*T, S): ``q_m · r_{clip(j - i_m)}``.
+        """
+        W = self.window
+        # only offsets that occur are materialised: at most T + S - 1 of them
+        lo = max(-W, min(W, 0 - (q_start + T - 1)))
+        hi = max(-W, min(W, (S - 1) - q_start))
+        r = self.embeddings[lo + W: hi + W + 1]  # (O, H, D)
+        scores = torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
+        i = torch.arange(q_start, q_start + T, device=q.device)
+        j = torch.arange(S, device=q.device)
+        idx = (j[None, :] - i[:, None]).clamp(-W, W) - lo  # (T, S)
+        k = q.size(2) // T
+        idx = idx.repeat(k, 1).expand(q.size(0), q.size(1), -1, -1)
+        return scores.gather(3, idx)
+
+
+def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int,
+              max_distance: int) -> torch.Tensor:
+    """Bucket of ``j - i``: exact below num_buckets/2 (per direction), log-spaced up to
+    max_distance, everything farther in the last bucket."""
+    n = -relative_position
+    bucket = torch.zeros_like(n)
+    if bidirectional:
+        num_buckets //= 2
+        bucket = bucket + (n < 0).long() * num_buckets
+        n = n.abs()
+    else:
+        n = n.clamp(min=0)
+    max_exact = num_buckets // 2
+    large = max_exact + (
+        torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
+        * (num_buckets - max_exact)
+    ).long()
+    large = large.clamp(max=num_buckets - 1)
+    return bucket + torch.where(n < max_exact, n, large)
+
+
+class T5RelativeBias(nn.Module):
+    """Per-head scalar bias b_h[bucket(j - i)]."""
+
+    def __init__(self, num_heads: int, bidirectional: bool, num_buckets: int = 32,
+                 max_distance: int = 128):
+        super().__init__()
+        self.bidirectional, self.num_buckets, self.max_distance = bidirectional, num_buckets, max_distance
+        self.bias = nn.Embedding(num_buckets, num_heads)
+        nn.init.zeros_(self.bias.weight)
+
+    def forward(self, T: int, q_start: int, S: int, device) -> torch.Tensor:
+        """Returns (1, H, T, S)."""
+        i = torch.arange(q_start, q_start + T, device=device)
+        j = torch.arange(S, device=device)
+        buckets = t5_bucket(j[None, :] - i[:, None], self.bidirectional, self.num_buckets,
+                            self.max_distance)
+        return self.bias(buckets).permute(2, 0, 1).unsqueeze(0)

@@ -1,0 +1,106 @@
+"""Top-k router with gating dropout and the routing statistics for the auxiliary losses.
+
+``g(e | h) = softmax(W2 · dropout(tanh(W1 h)))`` (SPEC §2.3, the reference code's MLP
+router); the k largest gates are kept and renormalised to sum to 1. Inactive rows
+(halted or padding positions) go to the no-op expert E with gate 0.
+
+While recording (``RoutingStats`` is attached, see ``routing_stats.py``), each call adds,
+over the active rows x in X, ``Σ_x g(·|x)``, ``Σ_x Σ_e g(e|x) log g(e|x)``, ``|X|`` and the
+per-expert assignment counts — sums only, so the L_MIM over all (position, step) pairs of
+a forward needs O(E) memory.
+"""
+from typing import Optional
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ..ops import Routing, make_routing
+
+EPS = 1e-9
+
+
+class RouterStats:
+    """Sums over the (position, step) pairs a router saw during one recorded forward."""
+
+    def __init__(self):
+        self.sum_probs: Optional[torch.Tensor] = None  # (E,)   Σ_x g(e|x)
+        self.sum_neg_entropy: Optional[torch.Tensor] = None  # ()  Σ_x Σ_e g log g
+        self.count: Optional[torch.Tensor] = None  # ()     |X|
+        self.assignments: Optional[torch.Tensor] = None  # (E,) top-k picks per expert
+
+    def add(self, probs: torch.Tensor, weight: torch.Tensor, expert_idxs: torch.Tensor):
+        """probs: (N, E) fp32; weight: (N,) 1 for active rows; expert_idxs: (N, k)."""
+        E = probs.size(1)
+        sum_probs = (probs * weight.unsqueeze(1)).sum(0)
+        neg_ent = (weight * (probs * torch.log(probs + EPS)).sum(1)).sum()
+        picks = torch.bincount(expert_idxs.reshape(-1), minlength=E + 1)[:E].to(probs.dtype)
+        if self.count is None:
+            self.sum_probs, self.sum_neg_entropy = sum_probs, neg_ent
+            self.count, self.assignments = weight.sum(), picks
+        else:
+            self.sum_probs = self.sum_probs + sum_probs
+            self.sum_neg_entropy = self.sum_neg_entropy + neg_ent
+            self.count = self.count + weight.sum()
+            self.assignments = self.assignments + picks
+
+
+class Router(nn.Module):
+    """Picks k of E experts per row.
+
+    Args:
+        input_dim: d.
+        num_experts: E (E = 1 needs no parameters: every active row goes to expert 0).
+        top_k: k, 1 <= k <= E.
+        hidden_dim: width of the router MLP (the reference code uses d).
+        gating_dropout: dropout on the router's hidden activations.
+        sample_topk: how many of the k experts are sampled from g(·|h) instead of taken
+            greedily, during training only (``sut_big`` used 1).
+    """
+
+    def __init__(self, input_dim: int, num_experts: int, top_k: int, hidden_dim: int,
+                 gating_dropout: float = 0.0, sample_topk: int = 0):
+        super().__init__()
+        if not 1 <= top_k <= num_experts:
+            raise ValueError(f"top-k must satisfy 1 <= k <= E; got k={top_k}, E={num_experts}")
+        if not 0 <= sample_topk <= top_k:
+            raise ValueError(f"sample-topk must be in [0, k={top_k}]; got {sample_topk}")
+        self.num_experts, self.top_k, self.sample_topk = num_experts, top_k, sample_topk
+        self.stats: Optional[RouterStats] = None
+        if num_experts > 1:
+            self.fc1 = nn.Linear(input_dim, hidden_dim)
+            self.fc2 = nn.Linear(hidden_dim, num_experts, bias=False)
+            self.dropout = nn.Dropout(gating_dropout)
+            nn.init.xavier_uniform_(self.fc1.weight)
+            nn.init.zeros_(self.fc1.bias)
+            nn.init.xavier_uniform_(self.fc2.weight)
+
+    def forward(self, x: torch.Tensor, active: torch.Tensor) -> Routing:
+        """x: (N, d); active: (N,) bool. Returns the Routing of the N rows."""
+        E, k = self.num_experts, self.top_k
+        if E == 1:
+            idx = torch.where(active, 0, 1).unsqueeze(1)
+            return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
+        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x)))).float()
+        probs = logits.softmax(-1)  # (N, E)  g(e|h)
+        idx = self._select(logits, probs)  # (N, k)
+        top = probs.gather(1, idx)
+        gates = top / top.sum(1, keepdim=True).clamp_min(EPS)
+        idx = torch.where(active.unsqueeze(1), idx, E)
+        gates = gates * active.unsqueeze(1)
+        if self.stats is not None:
+            self.stats.add(probs, active.float(), idx)
+        return make_routing(idx, gates.to(x.dtype), E)
+
+    def _select(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
+        k, n_sample = self.top_k, self.sample_topk if self.training else 0
+        if n_sample == 0:
+            return probs.topk(k, dim=1).indices
+        greedy = probs.topk(k - n_sample, dim=1).indices
+        # Gumbel-top-n over the experts not already taken = sampling without replacement.
+        gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp(EPS, 1 - EPS)))
+        scores = (logits + gumbel).scatter(1, greedy, float("-inf"))
+        return torch.cat([greedy, scores.topk(n_sample, dim=1).indices], 1)
+
+    def extra_repr(self) -> str:
+        return f"E={self.num_experts}, k={self.top_k}, sample_topk={self.sample_topk}"

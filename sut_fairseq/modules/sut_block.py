@@ -1,0 +1,73 @@
+"""The SUT block shared by every step of one side (paper Fig. 3 left).
+
+Encoder: MoMHA self-attention -> MoE-FFD. Decoder: causal MoMHA self-attention ->
+MoMHA cross-attention -> MoE-FFD. Each sub-layer is ``x + dropout(f(x))`` followed by
+LayerNorm (post-LN, like ``transformer_wmt_en_de``) or preceded by it (pre-LN,
+``normalize_before``). With E = k = 1 everywhere this is a Transformer layer.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+from fairseq.modules import LayerNorm
+
+from .moe_ffd import MoEFeedForward
+from .momha import MixtureOfMultiHeadAttention
+
+
+class SUTBlock(nn.Module):
+    def __init__(self, args, decoder: bool):
+        super().__init__()
+        d = args.decoder_embed_dim if decoder else args.encoder_embed_dim
+        router_hidden = args.router_hidden_dim or d
+        self.normalize_before = args.decoder_normalize_before if decoder else args.encoder_normalize_before
+        self.dropout = nn.Dropout(args.dropout)
+
+        def attention(kv_dim, relative, causal):
+            return MixtureOfMultiHeadAttention(
+                d, kv_dim, args.att_experts, args.att_topk, args.att_heads, args.att_head_dim,
+                router_hidden, attention_dropout=args.attention_dropout,
+                gating_dropout=args.gating_dropout, sample_topk=args.sample_topk,
+                relative=relative, window=args.rel_window, causal=causal)
+
+        relative = None if args.rel_pos == "none" else args.rel_pos
+        self.self_attn = attention(d, relative, causal=decoder)
+        self.self_attn_norm = LayerNorm(d)
+        if decoder:
+            self.cross_attn = attention(args.encoder_embed_dim, None, causal=False)
+            self.cross_attn_norm = LayerNorm(d)
+        else:
+            self.cross_attn = None
+        self.ffd = MoEFeedForward(
+            d, args.ffd_hidden_dim, args.ffd_experts, args.ffd_topk, router_hidden,
+            activation_fn=args.activation_fn, activation_dropout=args.activation_dropout,
+            gating_dropout=args.gating_dropout, sample_topk=args.sample_topk)
+        self.ffd_norm = LayerNorm(d)
+
+    def self_kv(self, S: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, T, D) of the halted states S (B, T, d)."""
+        return self.self_attn.project_kv(self.self_attn_norm(S) if self.normalize_before else S)
+
+    def cross_kv(self, encoder_out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, S, D) of the encoder output (B, S, d_enc): once per forward."""
+        return self.cross_attn.project_kv(encoder_out)
+
+    def _sublayer(self, x, norm, f):
+        residual = x
+        x = f(norm(x) if self.normalize_before else x)
+        x = residual + self.dropout(x)
+        return x if self.normalize_before else norm(x)
+
+    def forward(self, h: torch.Tensor, self_k: torch.Tensor, self_v: torch.Tensor,
+                running: torch.Tensor, self_padding_mask: Optional[torch.Tensor] = None,
+                q_start: int = 0, cross_k: Optional[torch.Tensor] = None,
+                cross_v: Optional[torch.Tensor] = None,
+                cross_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """h: (B, T, d) queries (un-halted states); self_k/self_v: (B, H, S, D) from the
+        halted states; running: (B, T) bool. Returns the new h (B, T, d)."""
+        x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
+            q, self_k, self_v, running, self_padding_mask, q_start))
+        if self.cross_attn is not None:
+            x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
+                q, cross_k, cross_v, running, cross_padding_mask))
+        return self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running))

@@ -1,0 +1,70 @@
+"""Sorted routing layout shared by every expert operation.
+
+A layer with E experts and top-k routing sends each of N tokens to k "slots";
+slot ``s = n * k + j`` is the j-th choice of token n (M = N * k slots in all).
+Slots whose token is halted or padding are routed to the sentinel expert ``E``:
+they sort after every real expert and no expert op ever touches them, so they cost
+nothing (the paper's "no-op expert").
+"""
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Routing:
+    """Top-k routing of N tokens over E experts, in sorted (expert-grouped) order.
+
+    Attributes:
+        expert_idxs: (N, k) long, chosen expert per slot; ``num_experts`` marks a no-op slot.
+        gates: (N, k) float, gate weight per slot (0 for no-op slots); rows sum to 1 for
+            active tokens.
+        sorted_expert_idxs: (M,) long, ``expert_idxs.flatten()`` sorted (stable).
+        sorted_scattered_idxs: (M,) long, the slot index of each sorted row.
+        expert_offsets: (E,) long, end offset of each expert's rows in the sorted order
+            (``cumsum`` of per-expert counts); rows at ``expert_offsets[-1]`` and beyond
+            are no-op slots.
+        num_experts: E.
+    """
+
+    expert_idxs: torch.Tensor
+    gates: torch.Tensor
+    sorted_expert_idxs: torch.Tensor
+    sorted_scattered_idxs: torch.Tensor
+    expert_offsets: torch.Tensor
+    num_experts: int
+
+    @property
+    def num_tokens(self) -> int:
+        return self.expert_idxs.size(0)
+
+    @property
+    def k(self) -> int:
+        return self.expert_idxs.size(1)
+
+    @property
+    def num_slots(self) -> int:
+        return self.expert_idxs.numel()
+
+
+def make_routing(expert_idxs: torch.Tensor, gates: torch.Tensor, num_experts: int) -> Routing:
+    """Build the sorted layout from a (N, k) expert choice (``num_experts`` = no-op).
+
+    No device-to-host synchronisation: sorting and counting stay on the device.
+    """
+    if expert_idxs.shape != gates.shape or expert_idxs.dim() != 2:
+        raise ValueError(
+            f"expert_idxs and gates must both be (N, k); got {tuple(expert_idxs.shape)} "
+            f"and {tuple(gates.shape)}"
+        )
+    flat = expert_idxs.reshape(-1)
+    sorted_expert_idxs, sorted_scattered_idxs = torch.sort(flat, stable=True)
+    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
+    return Routing(
+        expert_idxs=expert_idxs,
+        gates=gates,
+        sorted_expert_idxs=sorted_expert_idxs,
+        sorted_scattered_idxs=sorted_scattered_idxs,
+        expert_offsets=counts.cumsum(0),
+        num_experts=num_experts,
+    )
