@@ -108,4 +108,9 @@ class MixtureOfMultiHeadAttention(nn.Module):
         elif isinstance(self.relative, T5RelativeBias):
             rel = self.relative(T, q_start, S, q.device).repeat(1, 1, k, 1)
             bias = rel if bias is None else bias + rel
-        return None if bias is None else bias.to(q.dtype)
+        if bias is None:
+            return None
+        # a query with every key masked (e.g. an all-padding source row) would give NaN;
+        # such rows are never running, so let them attend uniformly instead
+        bias = bias.masked_fill(torch.isneginf(bias).all(-1, keepdim=True), 0.0)
+        return bias.to(q.dtype)

@@ -81,7 +81,8 @@ class Router(nn.Module):
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x)))).float()
+        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x))))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
         probs = logits.softmax(-1)  # (N, E)  g(e|h)
         idx = self._select(logits, probs)  # (N, k)
         top = probs.gather(1, idx)

@@ -1,0 +1,1 @@
+"""Data generation and preparation helpers (standard library only; no torch, no fairseq)."""

@@ -1,0 +1,284 @@
+"""MoE-FFD, MoMHA and the routed-linear op against per-token, per-expert loops;
+gradient checks; E = k = 1 equals the dense layers; no-op rows cost nothing."""
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sut_fairseq.modules.moe_ffd import MoEFeedForward
+from sut_fairseq.modules.momha import MixtureOfMultiHeadAttention
+from sut_fairseq.modules.router import Router
+from sut_fairseq.ops import make_routing, routed_linear
+
+
+def _routing(N, k, E, active, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.stack([torch.randperm(E, generator=g)[:k] for _ in range(N)])
+    gates = torch.rand(N, k, generator=g, dtype=torch.float64)
+    gates = gates / gates.sum(1, keepdim=True)
+    idx = torch.where(active[:, None], idx, E)
+    gates = gates * active[:, None]
+    return make_routing(idx, gates, E)
+
+
+@pytest.mark.parametrize("k,E", [(1, 3), (2, 4), (4, 4)])
+def test_routed_linear_layouts_match_loops(k, E):
+    N, din, dout = 7, 5, 3
+    active = torch.tensor([True, False, True, True, False, True, True])
+    r = _routing(N, k, E, active)
+    W = torch.randn(E, din, dout, dtype=torch.float64)
+    b = torch.randn(E, dout, dtype=torch.float64)
+    x = torch.randn(N, din, dtype=torch.float64)
+    slot_out = torch.zeros(N * k, dout, dtype=torch.float64)
+    token_out = torch.zeros(N, dout, dtype=torch.float64)
+    for n in range(N):
+        for j in range(k):
+            e = r.expert_idxs[n, j].item()
+            if e < E:
+                slot_out[n * k + j] = x[n] @ W[e] + b[e]
+                token_out[n] += r.gates[n, j] * slot_out[n * k + j]
+    # token rows in -> slot rows out
+    torch.testing.assert_close(routed_linear(x, W, b, r, fan_out=k), slot_out)
+    # token rows in -> gated sum out
+    torch.testing.assert_close(routed_linear(x, W, b, r, fan_out=k, gates=r.gates), token_out)
+    # token rows in -> sorted rows out; sorted rows in -> gated sum (the FFD's two steps)
+    grouped = routed_linear(x, W, b, r, fan_out=k, grouped_out=True)
+    n_active = int(active.sum()) * k
+    torch.testing.assert_close(grouped[:n_active], slot_out[r.sorted_scattered_idxs[:n_active]])
+    assert (grouped[n_active:] == 0).all()
+    # slot rows in (fan_out = 1) -> gated sum (MoMHA's output projection)
+    xs = torch.randn(N * k, din, dtype=torch.float64)
+    expect = torch.zeros(N, dout, dtype=torch.float64)
+    for n in range(N):
+        for j in range(k):
+            e = r.expert_idxs[n, j].item()
+            if e < E:
+                expect[n] += r.gates[n, j] * (xs[n * k + j] @ W[e] + b[e])
+    torch.testing.assert_close(routed_linear(xs, W, b, r, fan_out=1, gates=r.gates), expect)
+
+
+def test_routed_linear_all_rows_halted_gives_zeros():
+    r = _routing(4, 2, 3, torch.zeros(4, dtype=torch.bool))
+    W = torch.randn(3, 5, 6, requires_grad=True)
+    out = routed_linear(torch.randn(4, 5), W, None, r, fan_out=2, gates=r.gates.float())
+    assert out.shape == (4, 6) and (out == 0).all()
+
+
+def _ffd(E, k, d=6, D=5, seed=0, dtype=torch.float64, activation="gelu"):
+    torch.manual_seed(seed)
+    m = MoEFeedForward(d, D, E, k, router_hidden_dim=7, activation_fn=activation).to(dtype)
+    with torch.no_grad():
+        m.b1.normal_()
+        m.b2.normal_()
+    return m
+
+
+def _router_choice(router, x):
+    """(N, k) experts and renormalised gates, computed row by row."""
+    idxs, gates = [], []
+    for row in x:
+        if router.num_experts == 1:
+            idxs.append([0])
+            gates.append([1.0])
+            continue
+        p = torch.softmax(router.fc2(torch.tanh(router.fc1(row))).double(), -1)
+        top = torch.topk(p, router.top_k)
+        idxs.append(top.indices.tolist())
+        gates.append((top.values / top.values.sum()).tolist())
+    return idxs, gates
+
+
+@pytest.mark.parametrize("E,k", [(4, 2), (3, 1), (3, 3)])
+def test_moe_ffd_matches_per_token_per_expert_loop(E, k):
+    m = _ffd(E, k)
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    active = torch.rand(2, 5) > 0.3
+    y = m(x, active)
+    flat, act = x.reshape(-1, 6), active.reshape(-1)
+    idxs, gates = _router_choice(m.router, flat)
+    expect = torch.zeros_like(flat)
+    for n in range(flat.size(0)):
+        if not act[n]:
+            continue
+        for e, g in zip(idxs[n], gates[n]):
+            expect[n] += g * (m.activation_fn(flat[n] @ m.w1[e] + m.b1[e]) @ m.w2[e] + m.b2[e])
+    torch.testing.assert_close(y.reshape(-1, 6), expect)
+
+
+def test_moe_ffd_gradcheck():
+    m = _ffd(4, 2, activation="tanh")  # smooth activation in float64 (fairseq's gelu runs in fp32)
+    x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
+    active = torch.tensor([True, True, False, True, True])
+    params = [m.w1, m.b1, m.w2, m.b2]
+
+    # gradcheck over the input and every expert tensor (routing is piecewise constant)
+    assert torch.autograd.gradcheck(lambda x, *ps: _with_params(m, params, ps, lambda: m(x, active)),
+                                    (x, *[p.detach().clone().requires_grad_() for p in params]))
+
+
+def _with_params(module, params, values, fn):
+    """Evaluate fn() with module parameters temporarily replaced by ``values`` (differentiably)."""
+    names = {id(p): n for n, p in module.named_parameters()}
+    saved = {}
+    for p, v in zip(params, values):
+        name = names[id(p)]
+        owner = module
+        *path, leaf = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        saved[(owner, leaf)] = owner._parameters[leaf]
+        owner._parameters[leaf] = v
+    try:
+        return fn()
+    finally:
+        for (owner, leaf), p in saved.items():
+            owner._parameters[leaf] = p
+
+
+def test_dense_ffd_equals_transformer_ffn():
+    m = _ffd(1, 1, activation="relu")
+    fc1, fc2 = torch.nn.Linear(6, 5).double(), torch.nn.Linear(5, 6).double()
+    with torch.no_grad():
+        fc1.weight.copy_(m.w1[0].T); fc1.bias.copy_(m.b1[0])
+        fc2.weight.copy_(m.w2[0].T); fc2.bias.copy_(m.b2[0])
+    x = torch.randn(3, 4, 6, dtype=torch.float64)
+    torch.testing.assert_close(m(x, torch.ones(3, 4, dtype=torch.bool)), fc2(F.relu(fc1(x))))
+
+
+def _momha(E, k, H=2, D=3, d=6, relative=None, window=2, causal=False, seed=0):
+    torch.manual_seed(seed)
+    m = MixtureOfMultiHeadAttention(d, d, E, k, H, D, router_hidden_dim=5, relative=relative,
+                                    window=window, causal=causal).double()
+    with torch.no_grad():
+        m.q_bias.normal_(); m.o_bias.normal_(); m.k_proj.bias.normal_(); m.v_proj.bias.normal_()
+    return m
+
+
+@pytest.mark.parametrize("E,k,relative,causal", [(4, 2, None, False), (3, 3, "clipped", True),
+                                                 (3, 1, "t5", False), (2, 2, "t5", True)])
+def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
+    m = _momha(E, k, relative=relative, causal=causal)
+    B, T, S, H, D = 2, 4, 4, 2, 3
+    q_in = torch.randn(B, T, 6, dtype=torch.float64)
+    kv_in = torch.randn(B, S, 6, dtype=torch.float64)
+    active = torch.tensor([[True, True, False, True], [True, True, True, True]])
+    kpm = torch.tensor([[False, False, False, False], [True, False, False, False]])
+    K, V = m.project_kv(kv_in)
+    if causal:
+        kpm[:] = False  # decoder self-attention has no key padding (causality covers it)
+    y = m(q_in, K, V, active, key_padding_mask=kpm)
+    idxs, gates = _router_choice(m.router, q_in.reshape(-1, 6))
+    expect = torch.zeros(B, T, 6, dtype=torch.float64)
+    for b in range(B):
+        for t in range(T):
+            n = b * T + t
+            expect[b, t] = m.o_bias
+            if not active[b, t]:
+                continue
+            for e, g in zip(idxs[n], gates[n]):
+                q = (q_in[b, t] @ m.q_weight[e] + m.q_bias[e]).view(H, D)
+                heads = []
+                for h in range(H):
+                    logits = []
+                    for s in range(S):
+                        z = q[h] @ K[b, h, s] / math.sqrt(D)
+                        if relative == "clipped":
+                            off = max(-2, min(2, s - t))
+                            z = z + q[h] @ m.relative.embeddings[off + 2, h] / math.sqrt(D)
+                        elif relative == "t5":
+                            from sut_fairseq.modules.relative_position import t5_bucket
+                            bucket = t5_bucket(torch.tensor(s - t), not causal, 32, 128)
+                            z = z + m.relative.bias.weight[bucket, h]
+                        if kpm[b, s] or (causal and s > t):
+                            z = torch.tensor(float("-inf"), dtype=torch.float64)
+                        logits.append(z)
+                    p = torch.softmax(torch.stack(logits), 0)
+                    heads.append((p[:, None] * V[b, h]).sum(0))
+                expect[b, t] += g * (torch.cat(heads) @ m.o_weight[e])
+    torch.testing.assert_close(y, expect)
+
+
+def test_momha_gradcheck():
+    m = _momha(3, 2, relative="clipped", causal=True)
+    with torch.no_grad():  # non-zero T5/relative parameters so their gradients are exercised
+        m.relative.embeddings.normal_()
+    q_in = torch.randn(1, 3, 6, dtype=torch.float64, requires_grad=True)
+    kv_in = torch.randn(1, 3, 6, dtype=torch.float64, requires_grad=True)
+    active = torch.tensor([[True, False, True]])
+    params = [m.q_weight, m.q_bias, m.o_weight, m.relative.embeddings]
+
+    def f(q_in, kv_in, *ps):
+        def run():
+            K, V = m.project_kv(kv_in)
+            return m(q_in, K, V, active)
+        return _with_params(m, params, ps, run)
+
+    assert torch.autograd.gradcheck(f, (q_in, kv_in, *[p.detach().clone().requires_grad_() for p in params]))
+
+
+def test_dense_momha_equals_multihead_attention():
+    d, H = 6, 2
+    m = _momha(1, 1, H=H, D=3, d=d)
+    mha = torch.nn.MultiheadAttention(d, H, batch_first=True).double()
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.cat([m.q_weight[0].T, m.k_proj.weight, m.v_proj.weight]))
+        mha.in_proj_bias.copy_(torch.cat([m.q_bias[0], m.k_proj.bias, m.v_proj.bias]))
+        mha.out_proj.weight.copy_(m.o_weight[0].T)
+        mha.out_proj.bias.copy_(m.o_bias)
+    q, kv = torch.randn(2, 4, d, dtype=torch.float64), torch.randn(2, 5, d, dtype=torch.float64)
+    kpm = torch.zeros(2, 5, dtype=torch.bool)
+    kpm[1, :2] = True
+    K, V = m.project_kv(kv)
+    ours = m(q, K, V, torch.ones(2, 4, dtype=torch.bool), key_padding_mask=kpm)
+    ref, _ = mha(q, kv, kv, key_padding_mask=kpm)
+    torch.testing.assert_close(ours, ref)
+
+
+def test_halted_positions_are_sent_to_no_expert(monkeypatch):
+    """Count the rows every expert op receives in a full model forward: only running
+    (position, step) pairs, k slots each."""
+    from conftest import make_model, randomise_halting
+    import sut_fairseq.modules.moe_ffd as moe_ffd
+    import sut_fairseq.modules.momha as momha
+
+    rows = []
+
+    def counting(x, weight, bias, routing, fan_out, grouped_in=False, grouped_out=False, gates=None):
+        rows.append((routing.expert_offsets[-1].item(), (routing.expert_idxs < routing.num_experts).sum().item()))
+        from sut_fairseq.ops.routed_linear import reference_routed_linear
+        return reference_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+
+    monkeypatch.setattr(moe_ffd, "routed_linear", counting)
+    monkeypatch.setattr(momha, "routed_linear", counting)
+    model = make_model(halting_threshold=0.6, decoder_layers=3, encoder_layers=3)
+    randomise_halting(model)
+    src = torch.randint(4, 40, (3, 6))
+    src[0, :3] = 1
+    with torch.no_grad():
+        res = model.encoder(src)["halting"][0]
+    executed = res.steps.sum().item()
+    assert executed < res.real.sum().item() * 3, "some positions must halt early"
+    # encoder: self-attn q, self-attn o, ffd up, ffd down per step; k = 2 slots per row
+    routed = sum(r for r, _ in rows)
+    assert routed == 4 * 2 * executed
+    assert all(r == n for r, n in rows)
+
+
+def test_router_rejects_bad_k():
+    with pytest.raises(ValueError, match="k=5, E=4"):
+        Router(8, 4, 5, 8)
+
+
+def test_sampled_topk_keeps_distinct_experts_and_greedy_part():
+    torch.manual_seed(0)
+    r = Router(8, 6, 3, 8, sample_topk=1).train()
+    x = torch.randn(50, 8)
+    routing = r(x, torch.ones(50, dtype=torch.bool))
+    idx = routing.expert_idxs
+    assert all(len(set(row.tolist())) == 3 for row in idx)
+    top2 = torch.softmax(r.fc2(torch.tanh(r.fc1(x))), -1).topk(2).indices
+    assert torch.equal(idx[:, :2], top2)
+    r.eval()
+    assert torch.equal(r(x, torch.ones(50, dtype=torch.bool)).expert_idxs,
+                       torch.softmax(r.fc2(torch.tanh(r.fc1(x))), -1).topk(3).indices)

@@ -1,0 +1,161 @@
+"""The vectorised halting recurrence equals a per-position scalar implementation of
+SPEC §2.2 (Algorithm 1 of the paper), in the encoder and the decoder."""
+import math
+
+import pytest
+import torch
+
+from conftest import make_model, randomise_halting
+
+
+def scalar_recurrence(side, x0, real, block_call):
+    """Per-position loop over steps, with plain Python products (no log space).
+
+    block_call(h_row (1,1,d), S (1,T,d) of row b, b, t) -> new h_row.
+    Returns S_L (B,T,d), halting weights (B,T,L) and executed steps (B,T).
+    """
+    B, T, d = x0.shape
+    L, thr = side.num_steps, side.halting.threshold
+    h, S = x0.clone(), x0.clone()
+    c = [[0.0] * T for _ in range(B)]
+    remain = [[1.0] * T for _ in range(B)]
+    acc = torch.zeros(B, T, d, dtype=torch.float64)
+    halted = [[False] * T for _ in range(B)]
+    steps = [[0] * T for _ in range(B)]
+    weights = torch.zeros(B, T, L, dtype=torch.float64)
+    for l in range(1, L + 1):
+        new_h, new_S = h.clone(), S.clone()
+        for b in range(B):
+            for t in range(T):
+                if not real[b, t] or halted[b][t]:
+                    continue
+                if l > 1:
+                    a_hat = torch.sigmoid(side.halting.unit(h[b:b + 1, t:t + 1]).double()).item()
+                    alpha = a_hat * remain[b][t]
+                    remain[b][t] *= 1.0 - a_hat
+                    c[b][t] += alpha
+                    acc[b, t] += alpha * h[b, t].double()
+                    weights[b, t, l - 2] = alpha
+                    if c[b][t] >= thr:
+                        halted[b][t] = True
+                        continue
+                out = block_call(h[b:b + 1, t:t + 1], S[b:b + 1], b, t)
+                new_h[b, t] = out[0, 0]
+                new_S[b, t] = ((1.0 - c[b][t]) * out[0, 0].double() + acc[b, t]).float()
+                steps[b][t] += 1
+        h, S = new_h, new_S
+    for b in range(B):
+        for t in range(T):
+            if real[b, t]:
+                weights[b, t, steps[b][t] - 1] += 1.0 - c[b][t]
+    return S, weights, torch.tensor(steps)
+
+
+def _inputs(model, B=3, T=6, pad_rows=True, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(4, len(model.encoder.dictionary), (B, T), generator=g)
+    if pad_rows:
+        tokens[0, :2] = model.encoder.padding_idx  # left padding, as fairseq sources
+    return tokens
+
+
+@pytest.mark.parametrize("threshold", [0.999, 0.7, 0.35])
+def test_encoder_matches_scalar_reference(threshold):
+    model = make_model(halting_threshold=threshold, encoder_layers=4)
+    randomise_halting(model)
+    enc = model.encoder
+    src = _inputs(model)
+    pad = src.eq(enc.padding_idx)
+    with torch.no_grad():
+        out = enc(src)
+        x0 = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
+
+        def block_call(h_row, S_b, b, t):
+            k, v = enc.block.self_kv(S_b)
+            return enc.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool),
+                             self_padding_mask=pad[b:b + 1], q_start=t)
+
+        S_ref, w_ref, steps_ref = scalar_recurrence(enc, x0, ~pad, block_call)
+    res = out["halting"][0]
+    real = ~pad
+    torch.testing.assert_close(out["encoder_out"][0].transpose(0, 1)[real], S_ref[real], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(res.weights.double(), w_ref, atol=1e-6, rtol=1e-5)
+    assert torch.equal(res.steps, steps_ref)
+    # the halting distribution sums to 1 on real positions, 0 on padding
+    torch.testing.assert_close(res.weights.sum(-1), real.float())
+    # L_ACT summand: Σ_l l·w_l with the remainder on the last executed step
+    depth = (w_ref * torch.arange(1, enc.num_steps + 1, dtype=torch.float64)).sum(-1)
+    torch.testing.assert_close(res.expected_depth.double(), depth, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(res.act_loss().double(), depth[real].mean(), atol=1e-6, rtol=1e-5)
+    if threshold < 0.5:
+        assert (steps_ref[real] < enc.num_steps).all(), "lowered threshold must halt early"
+    if threshold == 0.7:
+        assert len(set(steps_ref[real].tolist())) > 1, "want positions halting at different steps"
+
+
+@pytest.mark.parametrize("threshold", [0.999, 0.7])
+def test_decoder_matches_scalar_reference(threshold):
+    model = make_model(halting_threshold=threshold, decoder_layers=4)
+    randomise_halting(model, seed=3)
+    dec = model.decoder
+    src = _inputs(model, B=2, T=5)
+    prev = _inputs(model, B=2, T=6, pad_rows=False, seed=1)
+    prev[1, 4:] = dec.padding_idx  # right padding, as fairseq targets
+    with torch.no_grad():
+        enc_out = model.encoder(src)
+        feats, extra = dec(prev, enc_out, features_only=True)
+        x0 = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)
+        enc_states = enc_out["encoder_out"][0].transpose(0, 1)
+        cross_k, cross_v = dec.block.cross_kv(enc_states)
+        enc_pad = enc_out["encoder_padding_mask"][0]
+        real = prev.ne(dec.padding_idx)
+
+        def block_call(h_row, S_b, b, t):
+            k, v = dec.block.self_kv(S_b[:, : t + 1])
+            return dec.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool), q_start=t,
+                             cross_k=cross_k[b:b + 1], cross_v=cross_v[b:b + 1],
+                             cross_padding_mask=enc_pad[b:b + 1])
+
+        S_ref, w_ref, steps_ref = scalar_recurrence(dec, x0, real, block_call)
+    res = extra["halting_decoder"]
+    torch.testing.assert_close(feats[real], S_ref[real], atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(res.weights.double(), w_ref, atol=1e-6, rtol=1e-5)
+    assert torch.equal(res.steps, steps_ref)
+
+
+def test_no_halting_runs_all_steps_and_outputs_last_state():
+    model = make_model(encoder_halting="none", decoder_halting="none")
+    src = _inputs(model)
+    res = model.encoder(src)["halting"][0]
+    real = res.real
+    assert (res.steps[real] == model.encoder.num_steps).all()
+    assert (res.steps[~real] == 0).all()
+    torch.testing.assert_close(res.expected_depth[real], torch.full_like(res.expected_depth[real], 3.0))
+
+
+def test_halting_unit_starts_at_one_half():
+    model = make_model()
+    h = torch.randn(2, 5, 64)
+    torch.testing.assert_close(torch.sigmoid(model.encoder.halting.unit(h)), torch.full((2, 5), 0.5))
+
+
+def test_log_space_products_do_not_underflow():
+    """64 steps with â near 1 and near 0: weights stay finite and sum to 1."""
+    from sut_fairseq.modules.halting import StickBreakingHalting
+
+    for bias in (30.0, -30.0, 8.0):
+        halting = StickBreakingHalting(8, 0.0, threshold=1.0, normalize_input=False)
+        torch.nn.init.constant_(halting.unit.fc2.bias, bias)
+        h = torch.randn(2, 3, 8)
+        real = torch.ones(2, 3, dtype=torch.bool)
+        state = halting.begin(h, real)
+        running = real
+        for _ in range(63):
+            state.steps = state.steps + running.long()
+            running = halting.decide(h, running, state)
+        state.steps = state.steps + running.long()
+        res = halting.finish(state, 64)
+        assert torch.isfinite(res.weights).all()
+        torch.testing.assert_close(res.weights.sum(-1), torch.ones(2, 3))
+        if bias > 0:
+            assert res.weights[..., 0].min() > 0.99
