@@ -409,8 +409,12 @@ def read_pairs(path: str, check_relation: bool = False) -> List[Pair]:
     """Read an original-format file. Blank lines are skipped; a malformed line raises
     :class:`LogicDataError` naming the file and the 1-based line number."""
     pairs = []
-    with open(path, encoding="utf-8") as handle:
-        for lineno, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for lineno, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise LogicDataError(f"{path}:{lineno}: not UTF-8 text ({err.reason})") from None
             if not line.strip():
                 continue
             pairs.append(parse_line(line, path, lineno, check_relation))
