@@ -5,7 +5,7 @@ the stock fairseq command-line tools with ``--user-dir`` on the sequence-reversa
 ``sut_fairseq.data.reverse_task``, decodes the test split and prints exact-match
 accuracy next to the chance level. Every command is printed before it runs.
 
-    python -m sut_fairseq.demo [--workdir demo-output] [--max-update 1500] [--seed 1]
+    python -m sut_fairseq.demo [--workdir demo-output] [--max-update 800] [--seed 1]
 """
 import argparse
 import os
@@ -72,7 +72,7 @@ def generate_command(data_bin, checkpoint, subset="test", overrides=None):
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", default="demo-output", help="where data, checkpoints and logs go")
-    parser.add_argument("--max-update", type=int, default=1500, help="training updates")
+    parser.add_argument("--max-update", type=int, default=800, help="training updates")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
     start = time.time()

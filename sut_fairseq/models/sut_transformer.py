@@ -33,63 +33,63 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
     @staticmethod
     def add_args(parser):
         # fmt: off
-        g = parser.add_argument_group("SUT: sizes")
-        g.add_argument("--encoder-embed-dim", type=int, metavar="N", help="encoder width d")
-        g.add_argument("--decoder-embed-dim", type=int, metavar="N", help="decoder width d")
-        g.add_argument("--encoder-layers", type=int, metavar="L",
-                       help="maximum number of encoder steps (applications of the shared block)")
-        g.add_argument("--decoder-layers", type=int, metavar="L",
-                       help="maximum number of decoder steps (applications of the shared block)")
-        g.add_argument("--share-all-embeddings", action="store_true",
-                       help="share encoder, decoder and output embeddings (needs a joined dictionary)")
-        g.add_argument("--share-decoder-input-output-embed", action="store_true",
-                       help="share decoder input and output embeddings")
-        g.add_argument("--encoder-normalize-before", action="store_true",
-                       help="pre-LayerNorm encoder block (default: post-LN)")
-        g.add_argument("--decoder-normalize-before", action="store_true",
-                       help="pre-LayerNorm decoder block (default: post-LN)")
-        g.add_argument("--activation-fn", choices=utils.get_available_activation_fns(),
-                       help="activation of the feed-forward experts")
-        g = parser.add_argument_group("SUT: mixture of multi-head attention (E, k, H, D, W)")
-        g.add_argument("--att-experts", type=int, metavar="E", help="attention experts E (1 = dense)")
-        g.add_argument("--att-topk", type=int, metavar="K", help="attention experts per query k")
-        g.add_argument("--att-heads", type=int, metavar="H", help="heads per attention expert H")
-        g.add_argument("--att-head-dim", type=int, metavar="D", help="dimension per head D")
-        g.add_argument("--rel-pos", choices=["clipped", "t5", "none"],
-                       help="relative position term in self-attention: clipped learned "
+        # sizes
+        parser.add_argument("--encoder-embed-dim", type=int, metavar="N", help="encoder width d")
+        parser.add_argument("--decoder-embed-dim", type=int, metavar="N", help="decoder width d")
+        parser.add_argument("--encoder-layers", type=int, metavar="L",
+                            help="maximum number of encoder steps (applications of the shared block)")
+        parser.add_argument("--decoder-layers", type=int, metavar="L",
+                            help="maximum number of decoder steps (applications of the shared block)")
+        parser.add_argument("--share-all-embeddings", action="store_true",
+                            help="share encoder, decoder and output embeddings (needs a joined dictionary)")
+        parser.add_argument("--share-decoder-input-output-embed", action="store_true",
+                            help="share decoder input and output embeddings")
+        parser.add_argument("--encoder-normalize-before", action="store_true",
+                            help="pre-LayerNorm encoder block (default: post-LN)")
+        parser.add_argument("--decoder-normalize-before", action="store_true",
+                            help="pre-LayerNorm decoder block (default: post-LN)")
+        parser.add_argument("--activation-fn", choices=utils.get_available_activation_fns(),
+                            help="activation of the feed-forward experts")
+        # mixture of multi-head attention (E, k, H, D, W)
+        parser.add_argument("--att-experts", type=int, metavar="E", help="attention experts E (1 = dense)")
+        parser.add_argument("--att-topk", type=int, metavar="K", help="attention experts per query k")
+        parser.add_argument("--att-heads", type=int, metavar="H", help="heads per attention expert H")
+        parser.add_argument("--att-head-dim", type=int, metavar="D", help="dimension per head D")
+        parser.add_argument("--rel-pos", choices=["clipped", "t5", "none"],
+                            help="relative position term in self-attention: clipped learned "
                             "embeddings (window --rel-window), T5 bucketed bias, or none")
-        g.add_argument("--rel-window", type=int, metavar="W",
-                       help="relative positions: offsets clipped to [-W, W] (2W+1 embeddings per head)")
-        g = parser.add_argument_group("SUT: mixture of feed-forward experts (E, k, D)")
-        g.add_argument("--ffd-experts", type=int, metavar="E", help="feed-forward experts E (1 = dense)")
-        g.add_argument("--ffd-topk", type=int, metavar="K", help="feed-forward experts per position k")
-        g.add_argument("--ffd-hidden-dim", type=int, metavar="D", help="hidden size D of each expert")
-        g = parser.add_argument_group("SUT: routers")
-        g.add_argument("--router-hidden-dim", type=int, metavar="N",
-                       help="hidden width of the MLP routers (0 = the model width d)")
-        g.add_argument("--gating-dropout", type=float, metavar="P",
-                       help="dropout on the routers' hidden activations")
-        g.add_argument("--sample-topk", type=int, metavar="N",
-                       help="during training, sample N of the k experts from the router "
+        parser.add_argument("--rel-window", type=int, metavar="W",
+                            help="relative positions: offsets clipped to [-W, W] (2W+1 embeddings per head)")
+        # mixture of feed-forward experts (E, k, D)
+        parser.add_argument("--ffd-experts", type=int, metavar="E", help="feed-forward experts E (1 = dense)")
+        parser.add_argument("--ffd-topk", type=int, metavar="K", help="feed-forward experts per position k")
+        parser.add_argument("--ffd-hidden-dim", type=int, metavar="D", help="hidden size D of each expert")
+        # routers
+        parser.add_argument("--router-hidden-dim", type=int, metavar="N",
+                            help="hidden width of the MLP routers (0 = the model width d)")
+        parser.add_argument("--gating-dropout", type=float, metavar="P",
+                            help="dropout on the routers' hidden activations")
+        parser.add_argument("--sample-topk", type=int, metavar="N",
+                            help="during training, sample N of the k experts from the router "
                             "distribution instead of taking the top ones (sut_big: 1)")
-        g = parser.add_argument_group("SUT: halting")
-        g.add_argument("--encoder-halting", choices=HALTING_RULES,
-                       help="halting rule of the encoder recurrence")
-        g.add_argument("--decoder-halting", choices=HALTING_RULES,
-                       help="halting rule of the decoder recurrence")
-        g.add_argument("--halting-threshold", type=float, metavar="A",
-                       help="α_thresh in (0, 1]: a position stops once its cumulative halting "
+        # halting
+        parser.add_argument("--encoder-halting", choices=HALTING_RULES,
+                            help="halting rule of the encoder recurrence")
+        parser.add_argument("--decoder-halting", choices=HALTING_RULES,
+                            help="halting rule of the decoder recurrence")
+        parser.add_argument("--halting-threshold", type=float, metavar="A",
+                            help="α_thresh in (0, 1]: a position stops once its cumulative halting "
                             "probability reaches it; change after training with "
                             "--model-overrides \"{'halting_threshold': 0.8}\"")
-        g.add_argument("--halting-dropout", type=float, metavar="P",
-                       help="dropout inside the halting unit's MLP")
-        g = parser.add_argument_group("SUT: regularisation and positions")
-        g.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
-        g.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
-        g.add_argument("--activation-dropout", type=float, metavar="P",
-                       help="dropout after the feed-forward activation")
-        g.add_argument("--max-source-positions", type=int, metavar="N", help="longest source")
-        g.add_argument("--max-target-positions", type=int, metavar="N", help="longest target")
+        parser.add_argument("--halting-dropout", type=float, metavar="P",
+                            help="dropout inside the halting unit's MLP")
+        # regularisation and positions
+        parser.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
+        parser.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
+        parser.add_argument("--activation-dropout", type=float, metavar="P",
+                            help="dropout after the feed-forward activation")
+        parser.add_argument("--max-source-positions", type=int, metavar="N", help="longest source")
+        parser.add_argument("--max-target-positions", type=int, metavar="N", help="longest target")
         # fmt: on
 
     @classmethod
