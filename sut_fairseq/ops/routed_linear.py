@@ -84,28 +84,101 @@ def reference_routed_linear(
 ) -> torch.Tensor:
     """Plain PyTorch: gather the routed rows, one matmul per non-empty expert, scatter.
 
-    Differentiable by autograd. Reads the expert counts on the host (one sync), which is
-    free on CPU; this is the oracle the Triton path is tested against.
+    Reads the expert counts on the host (one sync), which is free on CPU; this is the
+    oracle the Triton path is tested against.
     """
     num_slots = routing.num_slots
     ends = routing.expert_offsets.tolist()
     num_active = ends[-1] if ends else 0
-    out_dim = weight.size(2)
     active_slots = routing.sorted_scattered_idxs[:num_active]
-    xs = x[:num_active] if grouped_in else x.index_select(0, active_slots // fan_out)
-
-    pieces, start = [], 0
-    for e, end in enumerate(ends):
-        if end > start:
-            y_e = xs[start:end] @ weight[e]
-            pieces.append(y_e + bias[e] if bias is not None else y_e)
-        start = end
-    y = torch.cat(pieces, 0) if pieces else xs.new_zeros((0, out_dim))
-
+    xs = x if grouped_in else x.index_select(0, active_slots // fan_out)
+    y = GroupedMatmul.apply(xs, weight, bias, tuple(ends), num_slots if grouped_out else num_active)
     if grouped_out:
-        return torch.cat([y, y.new_zeros(num_slots - num_active, out_dim)], 0)
+        return y
+    out_dim = weight.size(2)
     if gates is None:
         return y.new_zeros(num_slots, out_dim).index_copy(0, active_slots, y)
-    k = routing.k
     y = y * gates.reshape(-1).index_select(0, active_slots).unsqueeze(1).to(y.dtype)
-    return y.new_zeros(routing.num_tokens, out_dim).index_add(0, active_slots // k, y)
+    return y.new_zeros(routing.num_tokens, out_dim).index_add(0, active_slots // routing.k, y)
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype active for ``device_type``, or None (torch >= 2.1 compatible)."""
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return None
+    except TypeError:  # torch < 2.4: per-device functions
+        if device_type == "cpu":
+            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
+        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+
+
+class GroupedMatmul(torch.autograd.Function):
+    """``out[r] = xs[r] @ W[e] + b[e]`` for the rows ``r`` of expert ``e`` in sorted order.
+
+    xs: (R, in) rows sorted by expert (rows at ``ends[-1]`` and beyond are ignored);
+    ends: end offset per expert; out: (total_rows, out), rows past ``ends[-1]`` zero.
+    Written as one Function so that backward fills one input-gradient and one
+    weight-gradient buffer expert by expert (autograd through per-expert slices would
+    materialise a full-size zero gradient per expert). Under autocast the inputs are cast
+    to the autocast dtype once; gradients come back in the parameters' own dtypes.
+    """
+
+    @staticmethod
+    def forward(ctx, xs, weight, bias, ends, total_rows):
+        dtype = _autocast_dtype(xs.device.type)
+        ctx.dtypes = (xs.dtype, weight.dtype, None if bias is None else bias.dtype)
+        if dtype is not None:
+            xs, weight = xs.to(dtype), weight.to(dtype)
+            bias = None if bias is None else bias.to(dtype)
+        else:
+            dtype = torch.result_type(xs, weight)
+            xs, weight = xs.to(dtype), weight.to(dtype)
+        out = xs.new_empty(total_rows, weight.size(2), dtype=dtype)
+        with torch.autocast(xs.device.type, enabled=False):
+            start = 0
+            for e, end in enumerate(ends):
+                if end > start:
+                    torch.mm(xs[start:end], weight[e], out=out[start:end])
+                    if bias is not None:
+                        out[start:end] += bias[e].to(dtype)
+                start = end
+        out[start:].zero_()
+        ctx.ends, ctx.has_bias, ctx.num_rows = ends, bias is not None, xs.size(0)
+        ctx.save_for_backward(xs, weight)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        xs, weight = ctx.saved_tensors
+        grad_out = grad_out.to(xs.dtype)
+        need_x, need_w, need_b = ctx.needs_input_grad[:3]
+        # empty buffers: every row / expert below is either written or zeroed once
+        grad_x = xs.new_empty(xs.shape) if need_x else None
+        grad_w = torch.empty_like(weight) if need_w else None
+        grad_b = weight.new_empty(weight.size(0), weight.size(2)) if (need_b and ctx.has_bias) else None
+        with torch.autocast(xs.device.type, enabled=False):
+            start = 0
+            for e, end in enumerate(ctx.ends):
+                g = grad_out[start:end]
+                if grad_x is not None and end > start:
+                    torch.mm(g, weight[e].t(), out=grad_x[start:end])
+                if grad_w is not None:
+                    if end > start:
+                        torch.mm(xs[start:end].t(), g, out=grad_w[e])
+                    else:
+                        grad_w[e].zero_()
+                if grad_b is not None:
+                    grad_b[e] = g.sum(0)
+                start = end
+        if grad_x is not None:
+            grad_x[start:].zero_()
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        return (
+            None if grad_x is None else grad_x.to(x_dtype),
+            None if grad_w is None else grad_w.to(w_dtype),
+            None if grad_b is None else grad_b.to(b_dtype),
+            None,
+            None,
+        )
