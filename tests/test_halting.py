@@ -152,7 +152,7 @@ def test_log_space_products_do_not_underflow():
         running = real
         for _ in range(63):
             state.steps = state.steps + running.long()
-            running = halting.decide(h, running, state)
+            running = halting.decide(h, running, state, 2)
         state.steps = state.steps + running.long()
         res = halting.finish(state, 64)
         assert torch.isfinite(res.weights).all()

@@ -39,6 +39,7 @@ def base_architecture(args):
          ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
          router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
          encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
+         halting_transition=False, gated_ffn=False,
          dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
          max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS)
     _set(args, decoder_embed_dim=args.encoder_embed_dim, decoder_layers=args.encoder_layers,

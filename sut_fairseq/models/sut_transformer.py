@@ -18,6 +18,7 @@ from fairseq.models import (
 )
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
+from ..accounting import StepMeter, register_for_exit_summary
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
 from ..modules.recurrence import universal_recurrence
 from ..modules.sut_block import SUTBlock
@@ -81,6 +82,12 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             help="α_thresh in (0, 1]: a position stops once its cumulative halting "
                             "probability reaches it; change after training with "
                             "--model-overrides \"{'halting_threshold': 0.8}\"")
+        parser.add_argument("--halting-transition", action="store_true",
+                            help="the halting unit reads the last transition [x(h_{l-2}); "
+                            "x(h_{l-1})] (GUT); with stick-breaking or global-mean")
+        parser.add_argument("--gated-ffn", action="store_true",
+                            help="GUT gate: h_l = G * block(h) + (1 - G) * h_{l-1}, "
+                            "G = sigmoid(MLP(LN(attention output)))")
         parser.add_argument("--halting-dropout", type=float, metavar="P",
                             help="dropout inside the halting unit's MLP")
         # regularisation and positions
@@ -111,7 +118,14 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
             decoder_embed = build_embedding(tgt_dict, args.decoder_embed_dim)
         encoder = SUTEncoder(args, src_dict, encoder_embed)
         decoder = SUTDecoder(args, tgt_dict, decoder_embed)
-        return cls(encoder, decoder)
+        model = cls(encoder, decoder)
+        register_for_exit_summary(model.step_meter)
+        return model
+
+    def __init__(self, encoder, decoder):
+        super().__init__(encoder, decoder)
+        self.step_meter = StepMeter({"enc": expert_slots(encoder.block), "dec": expert_slots(decoder.block)})
+        encoder.step_meter = decoder.step_meter = self.step_meter
 
     def set_halting_threshold(self, threshold: float) -> None:
         """Change α_thresh of both sides after training (what --model-overrides does at load)."""
@@ -121,6 +135,12 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
 
                 check_threshold(threshold)
                 halting.threshold = threshold
+
+
+def expert_slots(block) -> int:
+    """Expert rows one executed (position, step) costs: Σ over expert layers of k."""
+    layers = [block.self_attn, block.cross_attn, block.ffd]
+    return sum(m.router.top_k for m in layers if m is not None)
 
 
 def build_embedding(dictionary, dim: int) -> nn.Embedding:
@@ -144,7 +164,8 @@ class SUTEncoder(FairseqEncoder):
         self.dropout = nn.Dropout(args.dropout)
         self.block = SUTBlock(args, decoder=False)
         self.halting = build_halting(args.encoder_halting, d, args.halting_dropout,
-                                     args.halting_threshold, args.encoder_normalize_before)
+                                     args.halting_threshold, args.encoder_normalize_before,
+                                     transition=args.halting_transition, causal=False)
         self.final_norm = LayerNorm(d) if args.encoder_normalize_before else None
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None,
@@ -159,7 +180,9 @@ class SUTEncoder(FairseqEncoder):
             k, v = self.block.self_kv(S)
             return self.block(h, k, v, running, self_padding_mask=pad)
 
-        S, halting = universal_recurrence(step, x, ~pad, self.halting, self.num_steps)
+        S, halting, _ = universal_recurrence(step, x, ~pad, self.halting, self.num_steps)
+        if not self.training and getattr(self, "step_meter", None) is not None:
+            self.step_meter.add("enc", halting)
         if self.final_norm is not None:
             S = self.final_norm(S)
         return {
@@ -194,7 +217,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
         self.dropout = nn.Dropout(args.dropout)
         self.block = SUTBlock(args, decoder=True)
         self.halting = build_halting(args.decoder_halting, d, args.halting_dropout,
-                                     args.halting_threshold, args.decoder_normalize_before)
+                                     args.halting_threshold, args.decoder_normalize_before,
+                                     transition=args.halting_transition, causal=True)
         self.final_norm = LayerNorm(d) if args.decoder_normalize_before else None
         if args.share_decoder_input_output_embed:
             self.output_projection = nn.Linear(d, len(dictionary), bias=False)
@@ -245,17 +269,29 @@ class SUTDecoder(FairseqIncrementalDecoder):
             return self.block(h, k, v, running, q_start=q_start, cross_k=cross_k,
                               cross_v=cross_v, cross_padding_mask=enc_pad)
 
-        def freeze(S, first_skipped_step):
-            """Every position halted: steps l..L see the frozen S rows as keys/values."""
+        prefix_in = cache.get("prefix") if cache is not None else None
+        frozen_prefix = {}
+
+        def freeze(S, h, first_skipped_step):
+            """Every position halted: steps l..L see the frozen S rows as keys/values
+            (and the frozen h in the causal prefix means of global-mean halting)."""
             k, v = self.block.self_kv(S)
+            w = real.unsqueeze(-1).to(h.dtype)
             for l in range(first_skipped_step, self.num_steps + 1):
                 new_k[l - 1], new_v[l - 1] = k, v
+                if prefix_in is not None and l + 1 in prefix_in:
+                    prev_sum, prev_count = prefix_in[l + 1]
+                    frozen_prefix[l + 1] = (prev_sum + (h * w)[:, -1], prev_count + w[:, -1, 0])
 
-        S, halting = universal_recurrence(
+        S, halting, state = universal_recurrence(
             step, x, real, self.halting, self.num_steps,
-            on_early_exit=freeze if incremental_state is not None else None)
+            on_early_exit=freeze if incremental_state is not None else None,
+            prefix_in=prefix_in)
+        if not self.training and getattr(self, "step_meter", None) is not None:
+            self.step_meter.add("dec", halting)
         if incremental_state is not None:
-            self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v)
+            prefix = {**state.prefix_out, **frozen_prefix} if state.prefix_out else None
+            self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix)
         if self.final_norm is not None:
             S = self.final_norm(S)
         return S, {
@@ -274,24 +310,30 @@ class SUTDecoder(FairseqIncrementalDecoder):
             return None
         return self.get_incremental_state(incremental_state, "sut_cache") or {}
 
-    def _update_cache(self, incremental_state, cache, new_k, new_v, cross_k, cross_v):
+    def _update_cache(self, incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix):
         k, v = torch.stack(new_k), torch.stack(new_v)  # (L, B, H, 1, D)
         if "self_k" in cache:
             k = torch.cat([cache["self_k"], k], 3)
             v = torch.cat([cache["self_v"], v], 3)
-        self.set_incremental_state(incremental_state, "sut_cache", {
-            "self_k": k, "self_v": v, "cross_k": cross_k, "cross_v": cross_v})
+        new_cache = {"self_k": k, "self_v": v, "cross_k": cross_k, "cross_v": cross_v}
+        if prefix is not None:
+            new_cache["prefix"] = prefix
+        self.set_incremental_state(incremental_state, "sut_cache", new_cache)
 
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
         cache = self._get_cache(incremental_state)
         if not cache:
             return
-        self.set_incremental_state(incremental_state, "sut_cache", {
+        reordered = {
             "self_k": cache["self_k"].index_select(1, new_order),
             "self_v": cache["self_v"].index_select(1, new_order),
             "cross_k": cache["cross_k"].index_select(0, new_order),
             "cross_v": cache["cross_v"].index_select(0, new_order),
-        })
+        }
+        if "prefix" in cache:
+            reordered["prefix"] = {l: (s.index_select(0, new_order), c.index_select(0, new_order))
+                                   for l, (s, c) in cache["prefix"].items()}
+        self.set_incremental_state(incremental_state, "sut_cache", reordered)
 
     def max_positions(self):
         return self.max_target_positions

@@ -28,6 +28,11 @@ def validate_args(args) -> None:
     for side in ("encoder_halting", "decoder_halting"):
         _require(getattr(args, side) in HALTING_RULES, "--" + side.replace("_", "-"),
                  getattr(args, side), f"choose from {HALTING_RULES}")
+    if args.halting_transition:
+        for side in ("encoder_halting", "decoder_halting"):
+            _require(getattr(args, side) in ("stick-breaking", "global-mean", "none"),
+                     "--" + side.replace("_", "-"), getattr(args, side),
+                     "--halting-transition needs 'stick-breaking' or 'global-mean' (or 'none')")
     for opt in ("dropout", "attention_dropout", "activation_dropout", "gating_dropout",
                 "halting_dropout"):
         value = getattr(args, opt)

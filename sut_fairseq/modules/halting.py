@@ -1,28 +1,42 @@
-"""Halting rules for the universal recurrence (SPEC §2.2).
+"""Halting rules for the universal recurrence (SPEC §2.2, §5).
 
-A rule decides, before each step l >= 2, which positions keep computing, and how the
-state S used as attention keys/values and as the final output is formed:
+Before each step l >= 2 a rule reads the states and decides which positions keep
+computing; it also forms the state S used as attention keys/values and as the output.
+All halting quantities are kept in fp32; products of (1 - â) in log space.
 
-* ``StickBreakingHalting`` (paper §3.2, Algorithm 1). The halting unit reads h_{l-1}:
-  ``â_{l-1} = sigmoid(MLP(h_{l-1}))``, ``α_{l-1} = â_{l-1} Π_{j<l-1} (1 - â_j)``,
-  ``c_{l-1} = Σ_{j<=l-1} α_j``. A position with ``c_{l-1} >= α_thresh`` has halted (its h
-  and S are frozen); otherwise ``h_l = Block(h_{l-1}, S_{l-1})`` and
-  ``S_l = (1 - c_{l-1}) h_l + Σ_{j<=l-1} α_j h_j`` (Eq. 3). The products are kept in log
-  space and all halting quantities in fp32.
-* ``NoHalting``: every real position runs all L steps; S_l = h_l (a plain UT).
+Rules (``--encoder-halting`` / ``--decoder-halting``):
 
-Both expose per position the halting weights over steps (summing to 1: the α's plus the
-remaining stick on the last computed step), the expected depth
-``Σ_l l · weight_l`` (L_ACT's summand, Eq. 4) and the number of executed steps.
+* ``stick-breaking`` (paper §3.2, Algorithm 1): ``â_{l-1} = sigmoid(MLP(h_{l-1}))``,
+  ``α_{l-1} = â_{l-1} Π_{j<l-1} (1 - â_j)``, ``c_{l-1} = Σ_{j<=l-1} α_j``; a position with
+  ``c_{l-1} >= α_thresh`` has halted (h and S frozen); otherwise
+  ``h_l = Block(h_{l-1}, S_{l-1})`` and ``S_l = (1 - c_{l-1}) h_l + Σ_{j<=l-1} α_j h_j`` (Eq. 3).
+* ``global-mean`` (GUT, ``recurrent-transformers-dynamic-halt`` §5.1): the same stick
+  breaking, but the halting unit reads the masked mean of the states over the sequence,
+  so the encoder makes one decision per sequence; the decoder reads the causal prefix
+  mean (positions <= t), so no future token leaks and incremental decoding stays exact.
+* ``act`` (Graves 2016 / Dehghani et al. 2019): ``p_{l-1} = sigmoid(MLP(h_{l-1}))``; a
+  position halts at the first step n where ``Σ_{j<=n} p_j >= α_thresh`` (= 1 − ε); its
+  weights are p_1..p_{n-1} and the remainder ``R = 1 - Σ_{j<n} p_j`` on step n. The ponder
+  cost N + R (N executed steps) replaces the expected depth in L_ACT.
+* ``none``: every real position runs all L steps; S_l = h_l (a plain UT).
+
+``--halting-transition`` (with ``stick-breaking`` or ``global-mean``) makes the halting
+unit read the last transition ``[x(h_{l-2}); x(h_{l-1})]`` (x = the rule's reading:
+the state, or its mean) instead of x(h_{l-1}) alone (GUT's transition-aware halting;
+GUT indexes the pair one step later, which would compute step l before deciding to skip
+it — we read the last completed transition so that the decision saves the step).
+
+Every rule exposes per position the halting weights over steps (non-negative, summing
+to 1), the L_ACT summand, and the number of executed steps.
 """
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-HALTING_RULES = ("stick-breaking", "none")
+HALTING_RULES = ("stick-breaking", "global-mean", "act", "none")
 
 
 @dataclass
@@ -30,7 +44,7 @@ class HaltingResult:
     """Per-position halting outcome of one recurrence; (B, T) unless stated.
 
     weights: (B, T, L) fp32 halting distribution over steps (0 on pad positions).
-    expected_depth: Σ_l l · weights_l (differentiable; L_ACT's summand).
+    expected_depth: the L_ACT summand: Σ_l l · weights_l, or N + R for ``act``.
     steps: executed block applications per position (long).
     real: bool mask of non-pad positions.
     max_steps: L.
@@ -46,18 +60,26 @@ class HaltingResult:
         return self.real.sum()
 
     def act_loss(self) -> torch.Tensor:
-        """L_ACT of Eq. 4: mean expected depth over real positions."""
+        """L_ACT of Eq. 4: mean of the summand over real positions."""
         return (self.expected_depth * self.real).sum() / self.real.sum().clamp_min(1)
+
+    def executed_fraction(self) -> float:
+        """Executed (position, step) pairs / (L × real positions)."""
+        return self.steps.sum().item() / max(1, self.real.sum().item() * self.max_steps)
 
 
 class HaltingState:
-    """Running quantities of the stick-breaking process for every position.
+    """Running quantities of one recurrence for every position.
 
-    c: (B, T) cumulative halting mass Σ_j α_j; log_remain: log Π_j (1 - â_j);
-    weighted_sum: (B, T, d) Σ_j α_j h_j; alphas: list of (B, T) α_j; steps: executed count.
+    c: (B, T) cumulative halting mass; log_remain: log Π_j (1 - â_j);
+    weighted_sum: (B, T, d) Σ_j α_j h_j; alphas: list of (B, T) α_j;
+    steps: executed count; prev_h: h_{l-2} for transition-aware reading;
+    prefix_in / prefix_out: causal prefix sums of earlier positions' states per step
+    (incremental decoding), keyed by the step whose decision read them.
     """
 
-    def __init__(self, h: torch.Tensor, real: torch.Tensor):
+    def __init__(self, h: torch.Tensor, real: torch.Tensor,
+                 prefix_in: Optional[Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = None):
         B, T = real.shape
         self.real = real
         self.c = h.new_zeros(B, T, dtype=torch.float32)
@@ -65,48 +87,93 @@ class HaltingState:
         self.weighted_sum = torch.zeros_like(h, dtype=torch.float32)
         self.alphas: List[torch.Tensor] = []
         self.steps = torch.zeros(B, T, dtype=torch.long, device=h.device)
+        self.prev_h = h
+        self.prefix_in = prefix_in
+        self.prefix_out: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 class HaltingUnit(nn.Module):
-    """â = sigmoid(Linear(d, 1)(dropout(GELU(Linear(d, d)(h))))); the last layer starts at
-    zero so that â = 0.5 everywhere at initialisation. Returns the logit (B, T) in fp32."""
+    """â = sigmoid(Linear(d', 1)(dropout(GELU(Linear(d', d)(x))))) with d' = d, or 2d when
+    reading a transition. The last layer starts at zero, so â = 0.5 everywhere at
+    initialisation. Returns the logit (..., ) in fp32."""
 
-    def __init__(self, embed_dim: int, dropout: float, normalize_input: bool):
+    def __init__(self, embed_dim: int, dropout: float, normalize_input: bool, transition: bool):
         super().__init__()
+        in_dim = 2 * embed_dim if transition else embed_dim
         self.norm = nn.LayerNorm(embed_dim) if normalize_input else None
-        self.fc1 = nn.Linear(embed_dim, embed_dim)
+        self.fc1 = nn.Linear(in_dim, embed_dim)
         self.dropout = nn.Dropout(dropout)
         self.fc2 = nn.Linear(embed_dim, 1)
         nn.init.zeros_(self.fc2.weight)
         nn.init.zeros_(self.fc2.bias)
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        if self.norm is not None:
-            h = self.norm(h)
-        return self.fc2(self.dropout(F.gelu(self.fc1(h)))).squeeze(-1).float()
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.dropout(F.gelu(self.fc1(x)))).squeeze(-1).float()
 
 
-class StickBreakingHalting(nn.Module):
-    def __init__(self, embed_dim: int, dropout: float, threshold: float, normalize_input: bool):
+class LearnedHalting(nn.Module):
+    """The rules with a halting unit (stick-breaking, global-mean, act).
+
+    Args:
+        rule: one of ``stick-breaking``, ``global-mean``, ``act``.
+        threshold: α_thresh in (0, 1].
+        transition: read ``[x(h_{l-2}); x(h_{l-1})]``.
+        causal: decoder side (global-mean reads the causal prefix mean).
+    """
+
+    def __init__(self, rule: str, embed_dim: int, dropout: float, threshold: float,
+                 normalize_input: bool, transition: bool = False, causal: bool = False):
         super().__init__()
         check_threshold(threshold)
-        self.threshold = threshold
-        self.unit = HaltingUnit(embed_dim, dropout, normalize_input)
+        if transition and rule == "act":
+            raise ValueError("--halting-transition applies to 'stick-breaking' and "
+                             "'global-mean', not to 'act'")
+        self.rule, self.threshold = rule, threshold
+        self.transition, self.causal = transition, causal
+        self.unit = HaltingUnit(embed_dim, dropout, normalize_input, transition)
 
-    def begin(self, h0: torch.Tensor, real: torch.Tensor) -> HaltingState:
-        return HaltingState(h0, real)
+    def begin(self, h0: torch.Tensor, real: torch.Tensor, prefix_in=None) -> HaltingState:
+        return HaltingState(h0, real, prefix_in)
 
-    def decide(self, h: torch.Tensor, running: torch.Tensor, state: HaltingState) -> torch.Tensor:
-        """Before step l: read h_{l-1} (B, T, d) of the positions that computed it,
-        add α_{l-1}, and return which positions compute step l (B, T) bool."""
-        logit = self.unit(h)
-        log_halt, log_continue = F.logsigmoid(logit), F.logsigmoid(-logit)
-        alpha = torch.exp(log_halt + state.log_remain) * running  # α_{l-1}
-        state.log_remain = state.log_remain + log_continue * running
+    # -- what the halting unit reads -------------------------------------------------
+    def _reading(self, h: torch.Tensor, state: HaltingState, step: int) -> torch.Tensor:
+        """(B, T, d) or, for the encoder's global mean, (B, 1, d)."""
+        if self.unit.norm is not None:
+            h = self.unit.norm(h)
+        if self.rule != "global-mean":
+            return h
+        w = state.real.unsqueeze(-1).to(h.dtype)
+        if not self.causal:
+            return (h * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)
+        sums, counts = (h * w).cumsum(1), w.cumsum(1)
+        if state.prefix_in is not None and step in state.prefix_in:
+            prev_sum, prev_count = state.prefix_in[step]
+            sums, counts = sums + prev_sum.unsqueeze(1), counts + prev_count.view(-1, 1, 1)
+        state.prefix_out[step] = (sums[:, -1], counts[:, -1, 0])
+        return sums / counts.clamp_min(1)
+
+    def decide(self, h: torch.Tensor, running: torch.Tensor, state: HaltingState,
+               step: int) -> torch.Tensor:
+        """Before step l: add α_{l-1} from h_{l-1} (B, T, d) and return which positions
+        compute step l (B, T) bool."""
+        x = self._reading(h, state, step)
+        if self.transition:
+            x = torch.cat([self._reading(state.prev_h, state, step - 1), x], -1)
+        state.prev_h = h
+        logit = self.unit(x).expand(running.shape)
+        if self.rule == "act":
+            p = torch.sigmoid(logit) * running
+            halts = running & (state.c + p >= self.threshold)
+            alpha = torch.where(halts, 1.0 - state.c, p)  # the remainder on the halting step
+        else:
+            log_halt, log_continue = F.logsigmoid(logit), F.logsigmoid(-logit)
+            alpha = torch.exp(log_halt + state.log_remain) * running
+            state.log_remain = state.log_remain + log_continue * running
+            halts = running & (state.c + alpha >= self.threshold)
         state.c = state.c + alpha
         state.weighted_sum = state.weighted_sum + alpha.unsqueeze(-1) * h.float()
         state.alphas.append(alpha)
-        return running & (state.c < self.threshold)
+        return running & ~halts
 
     def mix(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
             state: HaltingState) -> torch.Tensor:
@@ -115,7 +182,7 @@ class StickBreakingHalting(nn.Module):
         return torch.where(running.unsqueeze(-1), new_S.to(h.dtype), S)
 
     def finish(self, state: HaltingState, max_steps: int) -> HaltingResult:
-        """The remaining stick 1 - c goes to the last executed step of each position."""
+        """The remaining mass 1 - c goes to the last executed step of each position."""
         B, T = state.real.shape
         weights = torch.zeros(B, T, max_steps, device=state.c.device)
         if state.alphas:
@@ -123,6 +190,10 @@ class StickBreakingHalting(nn.Module):
         last = (state.steps - 1).clamp(min=0).unsqueeze(-1)
         remainder = ((1.0 - state.c) * state.real).unsqueeze(-1)
         weights = weights.scatter_add(2, last, remainder)
+        if self.rule == "act":
+            # ponder cost N + R: executed steps plus the remainder on the last one
+            depth = state.steps.float() + weights.gather(2, last).squeeze(-1) * state.real
+            return HaltingResult(weights, depth * state.real, state.steps, state.real, max_steps)
         return _result(weights, state, max_steps)
 
 
@@ -131,10 +202,10 @@ class NoHalting(nn.Module):
 
     threshold = None
 
-    def begin(self, h0: torch.Tensor, real: torch.Tensor) -> HaltingState:
-        return HaltingState(h0, real)
+    def begin(self, h0: torch.Tensor, real: torch.Tensor, prefix_in=None) -> HaltingState:
+        return HaltingState(h0, real, prefix_in)
 
-    def decide(self, h, running, state):
+    def decide(self, h, running, state, step):
         return running
 
     def mix(self, h, S, running, state):
@@ -145,6 +216,12 @@ class NoHalting(nn.Module):
         weights = torch.zeros(B, T, max_steps, device=state.c.device)
         weights[:, :, -1] = state.real.float()
         return _result(weights, state, max_steps)
+
+
+# backwards-compatible name of the paper's rule
+def StickBreakingHalting(embed_dim: int, dropout: float, threshold: float,
+                         normalize_input: bool) -> LearnedHalting:
+    return LearnedHalting("stick-breaking", embed_dim, dropout, threshold, normalize_input)
 
 
 def _result(weights: torch.Tensor, state: HaltingState, max_steps: int) -> HaltingResult:
@@ -159,9 +236,11 @@ def check_threshold(threshold: float) -> None:
 
 
 def build_halting(rule: str, embed_dim: int, dropout: float, threshold: float,
-                  normalize_input: bool) -> nn.Module:
-    if rule == "stick-breaking":
-        return StickBreakingHalting(embed_dim, dropout, threshold, normalize_input)
+                  normalize_input: bool, transition: bool = False,
+                  causal: bool = False) -> nn.Module:
     if rule == "none":
         return NoHalting()
+    if rule in ("stick-breaking", "global-mean", "act"):
+        return LearnedHalting(rule, embed_dim, dropout, threshold, normalize_input,
+                              transition, causal)
     raise ValueError(f"unknown halting rule {rule!r}; choose from {HALTING_RULES}")

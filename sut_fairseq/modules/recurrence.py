@@ -16,7 +16,7 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from .halting import HaltingResult
+from .halting import HaltingResult, HaltingState
 
 BlockStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
@@ -27,31 +27,34 @@ def universal_recurrence(
     real: torch.Tensor,
     halting,
     max_steps: int,
-    on_early_exit: Optional[Callable[[torch.Tensor, int], None]] = None,
-) -> Tuple[torch.Tensor, HaltingResult]:
+    on_early_exit: Optional[Callable[[torch.Tensor, torch.Tensor, int], None]] = None,
+    prefix_in=None,
+) -> Tuple[torch.Tensor, HaltingResult, HaltingState]:
     """Run the recurrence.
 
     Args:
         block_step: ``(h (B,T,d), S (B,T,d), running (B,T) bool, step l) -> h_new (B,T,d)``.
         h0: (B, T, d) embeddings; real: (B, T) bool, False on padding.
         halting: a rule from ``halting.py``; max_steps: L.
-        on_early_exit: called as ``(S, l)`` when every position has halted before step l
-            (the incremental decoder fills its key/value caches for steps l..L with the
-            frozen S rows).
+        on_early_exit: called as ``(S, h, l)`` when every position has halted before
+            step l (the incremental decoder fills its caches for steps l..L with the
+            frozen rows).
+        prefix_in: causal prefix sums of earlier positions (incremental decoding with
+            ``global-mean`` halting), see ``HaltingState``.
     Returns:
-        S_L (B, T, d) and the HaltingResult.
+        S_L (B, T, d), the HaltingResult and the final HaltingState.
     """
-    state = halting.begin(h0, real)
+    state = halting.begin(h0, real, prefix_in)
     h, S, running = h0, h0, real
     for step in range(1, max_steps + 1):
         if step > 1:
-            running = halting.decide(h, running, state)
+            running = halting.decide(h, running, state, step)
             if not bool(running.any()):
                 if on_early_exit is not None:
-                    on_early_exit(S, step)
+                    on_early_exit(S, h, step)
                 break
         h_new = block_step(h, S, running, step)
         h = torch.where(running.unsqueeze(-1), h_new, h)
         state.steps = state.steps + running.long()
         S = halting.mix(h, S, running, state)
-    return S, halting.finish(state, max_steps)
+    return S, halting.finish(state, max_steps), state

@@ -4,11 +4,13 @@ Encoder: MoMHA self-attention -> MoE-FFD. Decoder: causal MoMHA self-attention -
 MoMHA cross-attention -> MoE-FFD. Each sub-layer is ``x + dropout(f(x))`` followed by
 LayerNorm (post-LN, like ``transformer_wmt_en_de``) or preceded by it (pre-LN,
 ``normalize_before``). With E = k = 1 everywhere this is a Transformer layer.
+``--gated-ffn`` adds GUT's gate between the block's output and its input state.
 """
 from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
 from fairseq.modules import LayerNorm
 
 from .moe_ffd import MoEFeedForward
@@ -43,6 +45,7 @@ class SUTBlock(nn.Module):
             activation_fn=args.activation_fn, activation_dropout=args.activation_dropout,
             gating_dropout=args.gating_dropout, sample_topk=args.sample_topk)
         self.ffd_norm = LayerNorm(d)
+        self.gate = FeedForwardGate(d) if args.gated_ffn else None
 
     def self_kv(self, S: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H, T, D) of the halted states S (B, T, d)."""
@@ -70,4 +73,22 @@ class SUTBlock(nn.Module):
         if self.cross_attn is not None:
             x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
                 q, cross_k, cross_v, running, cross_padding_mask))
-        return self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running))
+        out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running))
+        if self.gate is not None:  # GUT: h_l = G * out + (1 - G) * h_{l-1}
+            g = self.gate(x)
+            out = g * out + (1.0 - g) * h
+        return out
+
+
+class FeedForwardGate(nn.Module):
+    """G = sigmoid(W2 · GELU(W1 · LN(a) + b1) + b2), per position and channel, from the
+    attention sub-layers' output a (``recurrent-transformers-dynamic-halt`` Eq. 10)."""
+
+    def __init__(self, d: int):
+        super().__init__()
+        self.norm = LayerNorm(d)
+        self.fc1 = nn.Linear(d, d)
+        self.fc2 = nn.Linear(d, d)
+
+    def forward(self, a: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.fc2(F.gelu(self.fc1(self.norm(a)))))

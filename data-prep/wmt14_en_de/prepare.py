@@ -1,0 +1,198 @@
+#!/usr/bin/env python3
+"""Prepare WMT'14 English->German for fairseq (SPEC §4.3; docs/wmt14.md).
+
+    python data-prep/wmt14_en_de/prepare.py --workdir data/wmt14_en_de \\
+        [--local-dir DIR ...] [--no-download] [--workers N] [--bpe-merges 32764]
+
+Steps (each skipped when its output is complete, see ``done/``; ``--force`` reruns all):
+
+  fetch-CORPUS     raw/CORPUS.{en,de}: from an extracted file or an archive in a
+                   --local-dir, an archive in WORKDIR/orig, or downloaded into
+                   WORKDIR/orig (Europarl v7, CommonCrawl, News Commentary v12,
+                   newstest2013 from dev.tgz, newstest2014 full from test-full.tgz,
+                   whose SGML is reduced to one segment per line). Both sides must have
+                   the same number of lines.
+  tokenise-CORPUS.L  tok/CORPUS.L: Moses normalize-punctuation, remove-non-printing-char,
+                   tokenizer -a (sacremoses), in --workers processes.
+  clean-train      clean/train.{en,de}: the three training corpora concatenated, pairs
+                   with a side outside [--min-len, --max-len] tokens or a length ratio
+                   above --max-ratio dropped (Moses clean-corpus-n).
+  learn-bpe        bpe/codes: joint BPE, --bpe-merges merges (subword-nmt).
+  apply-bpe-S.L    bpe/{train,valid,test}.L (valid = newstest2013, test = newstest2014).
+  binarize         data-bin/: fairseq-preprocess --joined-dictionary.
+
+Kept for scoring (scripts/wmt14/evaluate.py): raw/newstest2014.de (the untouched reference
+for SacreBLEU) and tok/newstest2014.de (the tokenised reference for tokenised BLEU).
+A summary of line counts per step is printed at the end.
+"""
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+import wmt14_prep as wp  # noqa: E402
+
+DEFAULT_MERGES = 32764  # the recipe's BPE_TOKENS ("32k"); the joined dictionary comes out near 32k
+
+
+def find_tool(name: str, explicit=None) -> str:
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which(name)
+    if found is None:
+        raise wp.PrepError(f"{name} not found next to this Python or on PATH "
+                           f"(pip install fairseq-fixed, or pass --fairseq-preprocess PATH)")
+    return found
+
+
+def binarize_command(executable: str, bpe_dir: str, dest: str, workers: int):
+    return [executable, "--source-lang", wp.SRC, "--target-lang", wp.TGT,
+            "--trainpref", os.path.join(bpe_dir, "train"),
+            "--validpref", os.path.join(bpe_dir, "valid"),
+            "--testpref", os.path.join(bpe_dir, "test"),
+            "--destdir", dest, "--joined-dictionary", "--workers", str(workers)]
+
+
+def run_binarize(command, dest: str) -> dict:
+    print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
+    if os.path.isdir(dest):
+        shutil.rmtree(dest)
+    tmp = dest + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    command = list(command)
+    command[command.index("--destdir") + 1] = tmp
+    log = os.path.join(tmp, "preprocess.stdout")
+    with open(log, "w") as handle:
+        proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        sys.stdout.write(open(log).read()[-3000:])
+        raise wp.PrepError(f"fairseq-preprocess failed (exit {proc.returncode}); log: {log}")
+    os.replace(tmp, dest)
+    dict_path = os.path.join(dest, f"dict.{wp.SRC}.txt")
+    return {"dictionary_entries": wp.count_lines(dict_path) + 4}  # + <s> <pad> </s> <unk>
+
+
+def build(args) -> wp.Pipeline:
+    W = os.path.abspath(args.workdir)
+    raw, tok, clean, bpe = (os.path.join(W, d) for d in ("raw", "tok", "clean", "bpe"))
+    orig = os.path.join(W, "orig")
+    local_dirs = [os.path.abspath(d) for d in args.local_dir]
+    for d in local_dirs:
+        if not os.path.isdir(d):
+            raise wp.PrepError(f"--local-dir {d} is not a directory")
+    pipe = wp.Pipeline(W, force=args.force)
+
+    # 1. fetch / extract
+    for name, corpus in wp.CORPORA.items():
+        outs = [os.path.join(raw, f"{name}.{l}") for l in wp.LANGS]
+        params = {"sources": wp.source_fingerprint(corpus, local_dirs, orig)}
+        pipe.step(f"fetch-{name}", outs, params,
+                  lambda corpus=corpus: {"from": wp.fetch_corpus(
+                      corpus, raw, local_dirs, orig, allow_download=not args.no_download)},
+                  count=outs)
+
+    # 2. normalise + tokenise
+    tok_params = {"steps": "normalize-punctuation, remove-non-printing-char, tokenizer -a"}
+    for name in wp.CORPORA:
+        for lang in wp.LANGS:
+            src, out = os.path.join(raw, f"{name}.{lang}"), os.path.join(tok, f"{name}.{lang}")
+            pipe.step(f"tokenise-{name}.{lang}", [out], dict(tok_params, lang=lang),
+                      lambda lang=lang, src=src, out=out: wp.tokenise_file(
+                          lang, src, out, args.workers, args.chunk_lines),
+                      deps=[f"fetch-{name}"], count=[out])
+        wp.check_parallel(*(os.path.join(tok, f"{name}.{l}") for l in wp.LANGS))
+
+    # 3. length filter (train only)
+    train = [os.path.join(clean, f"train.{l}") for l in wp.LANGS]
+    pairs = [tuple(os.path.join(tok, f"{name}.{l}") for l in wp.LANGS) for name in wp.TRAIN_CORPORA]
+    pipe.step("clean-train", train,
+              {"min_len": args.min_len, "max_len": args.max_len, "max_ratio": args.max_ratio},
+              lambda: wp.clean_corpus(pairs, *train, min_len=args.min_len, max_len=args.max_len,
+                                      max_ratio=args.max_ratio).as_dict(),
+              deps=[f"tokenise-{n}.{l}" for n in wp.TRAIN_CORPORA for l in wp.LANGS], count=train)
+
+    # 4. joint BPE
+    codes = os.path.join(bpe, "codes")
+    pipe.step("learn-bpe", [codes], {"merges": args.bpe_merges, "min_frequency": 2},
+              lambda: {"merges_learnt": wp.learn_joint_bpe(train, codes, args.bpe_merges,
+                                                           workers=args.workers,
+                                                           chunk_lines=args.chunk_lines)},
+              deps=["clean-train"])
+    for split, corpus in (("train", None), ("valid", wp.VALID_CORPUS), ("test", wp.TEST_CORPUS)):
+        for lang in wp.LANGS:
+            src = (os.path.join(clean, f"train.{lang}") if corpus is None
+                   else os.path.join(tok, f"{corpus}.{lang}"))
+            out = os.path.join(bpe, f"{split}.{lang}")
+            dep = "clean-train" if corpus is None else f"tokenise-{corpus}.{lang}"
+            pipe.step(f"apply-bpe-{split}.{lang}", [out], {"separator": "@@"},
+                      lambda src=src, out=out: wp.apply_bpe_file(
+                          codes, src, out, args.workers, args.chunk_lines),
+                      deps=["learn-bpe", dep], count=[out])
+
+    # 5. fairseq-preprocess
+    if not args.no_binarize:
+        dest = os.path.join(W, "data-bin")
+        command = binarize_command(find_tool("fairseq-preprocess", args.fairseq_preprocess),
+                                   bpe, dest, args.workers)
+        pipe.step("binarize", [dest], {"command": "fairseq-preprocess --joined-dictionary"},
+                  lambda: run_binarize(command, dest),
+                  deps=[f"apply-bpe-{s}.{l}" for s in ("train", "valid", "test") for l in wp.LANGS])
+    return pipe
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.add_argument("--workdir", required=True, help="where every step writes its outputs")
+    parser.add_argument("--local-dir", action="append", default=[], metavar="DIR",
+                        help="a directory holding downloaded archives (e.g. "
+                        "training-parallel-europarl-v7.tgz) or extracted files (e.g. "
+                        "europarl-v7.de-en.en, newstest2014-deen-src.en.sgm); repeatable")
+    parser.add_argument("--no-download", action="store_true",
+                        help="fail with a clear message instead of downloading a missing corpus")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                        help="processes for tokenisation, BPE and fairseq-preprocess")
+    parser.add_argument("--chunk-lines", type=int, default=10000, help="lines per work item")
+    parser.add_argument("--min-len", type=int, default=1, help="fewest tokens per side (train)")
+    parser.add_argument("--max-len", type=int, default=80, help="most tokens per side (train)")
+    parser.add_argument("--max-ratio", type=float, default=9.0,
+                        help="largest length ratio of a pair (train; Moses clean-corpus-n's "
+                        "default, which the recipe used); 0 disables")
+    parser.add_argument("--bpe-merges", type=int, default=DEFAULT_MERGES,
+                        help="joint BPE merge operations (the recipe: 32764)")
+    parser.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
+    parser.add_argument("--fairseq-preprocess", default=None, help="path of fairseq-preprocess")
+    parser.add_argument("--force", action="store_true", help="rerun every step")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    start = time.time()
+    try:
+        pipe = build(args)
+    except wp.PrepError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print("\nsummary (lines per file):")
+    print(pipe.summary())
+    ran = len(pipe.ran)
+    print(f"\n{ran} steps run, {len(pipe.skipped)} skipped (already complete) in "
+          f"{time.time() - start:.0f} s; output: {os.path.abspath(args.workdir)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,672 @@
+"""WMT'14 English-German preparation (SPEC §4.3), in Python: the library behind
+``prepare.py``.
+
+The recipe is the one the SUT paper used (Liu et al. 2020, "Transformer-Clinic", itself
+fairseq's ``prepare-wmt14en2de.sh`` with newstest2013 as validation set):
+
+* train: Europarl v7 + CommonCrawl + News Commentary v12 (4.5M pairs);
+  valid: newstest2013; test: newstest2014 *full* (3,003 sentences, SGML).
+* every set: Moses ``normalize-punctuation`` (``sacremoses.MosesPunctNormalizer``),
+  ``remove-non-printing-char`` (every Unicode "Other" character becomes a space) and the
+  Moses tokenizer with aggressive hyphen splitting (``-a``: ``rich-text`` ->
+  ``rich @-@ text``) and the default XML escaping (``&quot;`` ...).
+* train only: Moses ``clean-corpus-n`` semantics: drop a pair if a side has fewer than 1 or
+  more than 80 tokens, or one side is more than 9 times longer than the other (the
+  script's default ``-ratio 9``, which the recipe used by not passing ``-ratio``), or a
+  token is longer than 1000 characters.
+* joint BPE (subword-nmt) learnt on the cleaned train.en + train.de, applied to all sets.
+* ``fairseq-preprocess --joined-dictionary`` (run by ``prepare.py``).
+
+Lines are split on ``\\n`` only (never ``str.splitlines``: CommonCrawl has stray ``\\r``
+and other separators inside lines that would break the sentence alignment).
+
+Parallel work (normalisation + tokenisation, word counts for BPE, BPE application) runs
+over chunks of lines in a ``multiprocessing`` pool; output order equals input order.
+This module needs neither torch nor fairseq.
+"""
+import collections
+import dataclasses
+import importlib.util
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import sys
+import tarfile
+import tempfile
+import urllib.error
+import urllib.request
+from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
+
+import regex
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SRC, TGT = "en", "de"
+LANGS = (SRC, TGT)
+
+
+class PrepError(Exception):
+    """A user-facing error: missing input, offline, misaligned corpus, failed tool."""
+
+
+# --------------------------------------------------------------------------- atomic writes
+
+def _load_write_lines_atomic():
+    """``write_lines_atomic`` from ``sut_fairseq/data/logic_inference.py``, loaded by file
+    path so that importing it does not import fairseq/torch (the package's __init__ does)."""
+    name = "_sut_logic_inference"
+    if name not in sys.modules:
+        path = os.path.join(REPO, "sut_fairseq", "data", "logic_inference.py")
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].write_lines_atomic
+
+
+write_lines_atomic = _load_write_lines_atomic()
+
+
+class AtomicFiles:
+    """Write several text files together: each goes to a temporary file in its directory
+    and all are renamed into place only when the ``with`` block succeeds."""
+
+    def __init__(self, *paths: str):
+        self.paths = paths
+        self.handles, self.tmps = [], []
+
+    def __enter__(self):
+        for path in self.paths:
+            directory = os.path.dirname(os.path.abspath(path))
+            os.makedirs(directory, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
+                                       suffix=".tmp")
+            self.tmps.append(tmp)
+            self.handles.append(os.fdopen(fd, "w", encoding="utf-8", newline="\n"))
+        return self.handles
+
+    def __exit__(self, exc_type, exc, tb):
+        for handle in self.handles:
+            handle.close()
+        if exc_type is None:
+            for tmp, path in zip(self.tmps, self.paths):
+                os.replace(tmp, path)
+        else:
+            for tmp in self.tmps:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+        return False
+
+
+def copy_atomic(src: str, dest: str) -> None:
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    tmp = dest + ".tmp"
+    shutil.copyfile(src, tmp)
+    os.replace(tmp, dest)
+
+
+# --------------------------------------------------------------------------- line helpers
+
+def open_text(path: str):
+    """Read UTF-8 text, splitting lines on ``\\n`` only; undecodable bytes survive as lone
+    surrogates, which the non-printing-character removal turns into spaces."""
+    return open(path, encoding="utf-8", errors="surrogateescape", newline="\n")
+
+
+def read_lines(path: str) -> Iterator[str]:
+    with open_text(path) as handle:
+        for line in handle:
+            yield line[:-1] if line.endswith("\n") else line
+
+
+def count_lines(path: str) -> int:
+    """Number of lines (``wc -l``, plus one for a last line without a newline)."""
+    n, last = 0, b"\n"
+    with open(path, "rb") as handle:
+        while True:
+            block = handle.read(1 << 20)
+            if not block:
+                break
+            n += block.count(b"\n")
+            last = block[-1:]
+    return n + (last != b"\n")
+
+
+def require_file(path: str, what: str) -> str:
+    if not os.path.isfile(path):
+        raise PrepError(f"missing file: {path} ({what})")
+    return path
+
+
+def check_parallel(path_src: str, path_tgt: str) -> int:
+    """Both sides of a parallel corpus exist and have the same number of lines; returns it."""
+    require_file(path_src, "source side of a parallel corpus")
+    require_file(path_tgt, "target side of a parallel corpus")
+    n_src, n_tgt = count_lines(path_src), count_lines(path_tgt)
+    if n_src != n_tgt:
+        raise PrepError(f"the two sides of a parallel corpus have different line counts: "
+                        f"{path_src} has {n_src} lines, {path_tgt} has {n_tgt}")
+    return n_src
+
+
+def chunks(lines: Iterable[str], size: int) -> Iterator[List[str]]:
+    chunk = []
+    for line in lines:
+        chunk.append(line)
+        if len(chunk) >= size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def progress(total: Optional[int], desc: str, unit: str = "lines"):
+    """A tqdm bar on stderr (silent when stderr is not a terminal)."""
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, disable=None,
+                dynamic_ncols=True, leave=False)
+
+
+# --------------------------------------------------------------------------- SGML
+
+_SEG = re.compile(r"<seg[^>]*>(.*)</seg>")
+
+
+def extract_sgml(path: str) -> List[str]:
+    """The segments of a WMT SGML file, in file order, as SacreBLEU reads them: the text
+    between ``<seg ...>`` and ``</seg>``, stripped, inner whitespace runs collapsed to one
+    space (no entity decoding: the WMT'14 files hold raw text)."""
+    require_file(path, "WMT SGML test set")
+    segments = []
+    for line in read_lines(path):
+        if "<seg" not in line:
+            continue
+        match = _SEG.search(line)
+        if match is None:
+            raise PrepError(f"{path}: malformed <seg> line: {line[:120]!r}")
+        segments.append(re.sub(r"\s+", " ", match.group(1).strip()))
+    if not segments:
+        raise PrepError(f"{path}: no <seg> elements found (is it a WMT SGML file?)")
+    return segments
+
+
+# --------------------------------------------------------------------------- normalise + tokenise
+
+_NON_PRINTING = regex.compile(r"\p{C}")
+
+
+def remove_non_printing(text: str) -> str:
+    """Moses ``remove-non-printing-char.perl``: every character of Unicode category C
+    (control, format, surrogate, private use, unassigned) becomes a space."""
+    return _NON_PRINTING.sub(" ", text)
+
+
+class Tokeniser:
+    """normalize-punctuation -> remove-non-printing-char -> tokenizer -a, one language.
+    The output has single ASCII spaces between tokens and no other whitespace, so that
+    subword-nmt (splits on ' ') and fairseq (splits on any whitespace) agree."""
+
+    def __init__(self, lang: str):
+        from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+        self.lang = lang
+        self.normaliser = MosesPunctNormalizer(lang=lang)
+        self.tokeniser = MosesTokenizer(lang=lang)
+
+    def __call__(self, line: str) -> str:
+        text = remove_non_printing(self.normaliser.normalize(line))
+        text = self.tokeniser.tokenize(text, aggressive_dash_splits=True, return_str=True,
+                                       escape=True)
+        return " ".join(text.split())
+
+
+class BPEApplier:
+    def __init__(self, codes_path: str):
+        from subword_nmt.apply_bpe import BPE
+
+        with open(codes_path, encoding="utf-8") as codes:
+            self.bpe = BPE(codes, merges=-1, separator="@@")
+
+    def __call__(self, line: str) -> str:
+        return self.bpe.process_line(line).strip()
+
+
+# Worker-process state: one processor built per worker by the pool initializer.
+_PROCESSOR: Optional[Callable[[str], str]] = None
+PROCESSORS = {"tokenise": Tokeniser, "bpe": BPEApplier}
+
+
+def _init_worker(kind: str, arg: str) -> None:
+    global _PROCESSOR
+    _PROCESSOR = PROCESSORS[kind](arg)
+
+
+def _process_chunk(lines: List[str]) -> List[str]:
+    return [_PROCESSOR(line) for line in lines]
+
+
+def _count_chunk(lines: List[str]) -> Tuple[collections.Counter, int]:
+    counts = collections.Counter()
+    for line in lines:
+        counts.update(line.split())
+    return counts, len(lines)
+
+
+def parallel_map(func, items: Iterable, workers: int, initializer=None, initargs=()) -> Iterator:
+    """``map(func, items)`` in input order over ``workers`` processes (in this process when
+    ``workers <= 1``). At most ``4 * workers`` items are in flight, so a 4.5M-line file is
+    never read into memory as a whole; on an error the workers are terminated."""
+    if workers <= 1:
+        if initializer is not None:
+            initializer(*initargs)
+        yield from map(func, items)
+        return
+    pool = multiprocessing.get_context().Pool(workers, initializer=initializer, initargs=initargs)
+    try:
+        pending = collections.deque()
+        for item in items:
+            pending.append(pool.apply_async(func, (item,)))
+            if len(pending) >= 4 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+        pool.close()
+    except BaseException:
+        pool.terminate()
+        raise
+    finally:
+        pool.join()
+
+
+def map_lines(kind: str, arg: str, in_path: str, out_path: str, workers: int = 1,
+              chunk_lines: int = 10000, desc: str = "") -> int:
+    """Apply processor ``kind`` (``tokenise``: arg = language; ``bpe``: arg = codes file) to
+    every line of ``in_path`` into ``out_path`` (written atomically, same order, same number
+    of lines), over ``workers`` processes; returns the number of lines."""
+    require_file(in_path, f"input of {kind}")
+    PROCESSORS[kind](arg)  # fail here, not in a pool initializer (the pool would respawn it forever)
+    total = count_lines(in_path)
+    n = 0
+    with AtomicFiles(out_path) as (out,), progress(total, desc or os.path.basename(out_path)) as bar:
+        batches = chunks(read_lines(in_path), chunk_lines)
+        for processed in parallel_map(_process_chunk, batches, workers, _init_worker, (kind, arg)):
+            for line in processed:
+                out.write(line)
+                out.write("\n")
+            n += len(processed)
+            bar.update(len(processed))
+    if n != total:
+        raise PrepError(f"{kind} of {in_path}: wrote {n} lines for {total} input lines")
+    return n
+
+
+def tokenise_file(lang: str, in_path: str, out_path: str, workers: int = 1,
+                  chunk_lines: int = 10000) -> int:
+    return map_lines("tokenise", lang, in_path, out_path, workers, chunk_lines,
+                     desc=f"tokenise {os.path.basename(in_path)}")
+
+
+def apply_bpe_file(codes: str, in_path: str, out_path: str, workers: int = 1,
+                   chunk_lines: int = 10000) -> int:
+    return map_lines("bpe", codes, in_path, out_path, workers, chunk_lines,
+                     desc=f"apply BPE {os.path.basename(in_path)}")
+
+
+# --------------------------------------------------------------------------- length filter
+
+@dataclasses.dataclass
+class CleanStats:
+    read: int = 0
+    kept: int = 0
+    empty: int = 0
+    too_long: int = 0
+    ratio: int = 0
+    long_word: int = 0
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def pair_verdict(src: str, tgt: str, min_len: int = 1, max_len: int = 80,
+                 max_ratio: float = 9.0, max_word_length: int = 1000) -> Optional[str]:
+    """Why ``clean-corpus-n.perl`` would drop this tokenised pair (None: keep it).
+    Reasons: ``empty`` (fewer than ``min_len`` tokens), ``too_long`` (more than
+    ``max_len``), ``ratio`` (one side more than ``max_ratio`` times the other),
+    ``long_word`` (a token longer than ``max_word_length`` characters)."""
+    s, t = src.split(), tgt.split()
+    if len(s) < min_len or len(t) < min_len or not s or not t:
+        return "empty"
+    if len(s) > max_len or len(t) > max_len:
+        return "too_long"
+    if max_ratio and (len(s) / len(t) > max_ratio or len(t) / len(s) > max_ratio):
+        return "ratio"
+    if any(len(w) > max_word_length for w in s + t):
+        return "long_word"
+    return None
+
+
+def clean_corpus(pairs_in: Sequence[Tuple[str, str]], out_src: str, out_tgt: str,
+                 min_len: int = 1, max_len: int = 80, max_ratio: float = 9.0,
+                 max_word_length: int = 1000) -> CleanStats:
+    """Concatenate the tokenised parallel files ``pairs_in`` [(src, tgt), ...] in order,
+    keeping the pairs :func:`pair_verdict` accepts; both outputs written atomically."""
+    stats = CleanStats()
+    total = sum(check_parallel(s, t) for s, t in pairs_in)
+    with AtomicFiles(out_src, out_tgt) as (fs, ft), progress(total, "length filter") as bar:
+        for path_s, path_t in pairs_in:
+            for src, tgt in zip(read_lines(path_s), read_lines(path_t)):
+                stats.read += 1
+                verdict = pair_verdict(src, tgt, min_len, max_len, max_ratio, max_word_length)
+                if verdict is None:
+                    stats.kept += 1
+                    fs.write(" ".join(src.split()) + "\n")
+                    ft.write(" ".join(tgt.split()) + "\n")
+                else:
+                    setattr(stats, verdict, getattr(stats, verdict) + 1)
+                bar.update(1)
+    return stats
+
+
+# --------------------------------------------------------------------------- BPE
+
+def word_counts(paths: Sequence[str], workers: int = 1, chunk_lines: int = 10000) -> collections.Counter:
+    """Token frequencies over all ``paths`` (counted in parallel chunks)."""
+    counts = collections.Counter()
+    total = sum(count_lines(require_file(p, "BPE training text")) for p in paths)
+    with progress(total, "count words") as bar:
+        for path in paths:
+            batches = chunks(read_lines(path), chunk_lines)
+            for partial, n in parallel_map(_count_chunk, batches, workers):
+                counts.update(partial)
+                bar.update(n)
+    return counts
+
+
+def learn_joint_bpe(train_paths: Sequence[str], codes_path: str, merges: int,
+                    vocab_path: Optional[str] = None, min_frequency: int = 2,
+                    workers: int = 1, chunk_lines: int = 10000) -> int:
+    """Learn ``merges`` BPE merge operations (subword-nmt ``learn_bpe``) on the joint word
+    counts of ``train_paths`` (the recipe's ``cat train.en train.de | learn_bpe.py -s N``);
+    writes ``codes_path`` atomically and returns the number of merges learnt (fewer than
+    asked when no pair occurs ``min_frequency`` times any more)."""
+    from subword_nmt.learn_bpe import learn_bpe
+
+    counts = word_counts(train_paths, workers, chunk_lines)
+    if not counts:
+        raise PrepError(f"no words to learn BPE from in {list(train_paths)}")
+    vocab_lines = [f"{w} {c}" for w, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))]
+    vocab_path = vocab_path or codes_path + ".vocab"
+    write_lines_atomic(vocab_path, vocab_lines)
+    with AtomicFiles(codes_path) as (out,), open(vocab_path, encoding="utf-8") as vocab:
+        learn_bpe(vocab, out, merges, min_frequency=min_frequency, is_dict=True)
+    return sum(1 for line in read_lines(codes_path) if line and not line.startswith("#version"))
+
+
+# --------------------------------------------------------------------------- corpora
+
+@dataclasses.dataclass(frozen=True)
+class Corpus:
+    """One parallel corpus: ``members`` maps a language to its file inside ``archive``
+    (downloaded from ``url``); ``sgml``: the members are WMT SGML files."""
+    name: str
+    archive: str
+    url: str
+    members: Dict[str, str]
+    sgml: bool = False
+
+
+CORPORA = {
+    "europarl-v7": Corpus(
+        "europarl-v7", "training-parallel-europarl-v7.tgz",
+        "https://www.statmt.org/wmt13/training-parallel-europarl-v7.tgz",
+        {l: f"training/europarl-v7.de-en.{l}" for l in LANGS}),
+    "commoncrawl": Corpus(
+        "commoncrawl", "training-parallel-commoncrawl.tgz",
+        "https://www.statmt.org/wmt13/training-parallel-commoncrawl.tgz",
+        {l: f"commoncrawl.de-en.{l}" for l in LANGS}),
+    "news-commentary-v12": Corpus(
+        "news-commentary-v12", "training-parallel-nc-v12.tgz",
+        "https://data.statmt.org/wmt17/translation-task/training-parallel-nc-v12.tgz",
+        {l: f"training/news-commentary-v12.de-en.{l}" for l in LANGS}),
+    "newstest2013": Corpus(
+        "newstest2013", "dev.tgz", "https://data.statmt.org/wmt17/translation-task/dev.tgz",
+        {l: f"dev/newstest2013.{l}" for l in LANGS}),
+    "newstest2014": Corpus(
+        "newstest2014", "test-full.tgz", "https://www.statmt.org/wmt14/test-full.tgz",
+        {"en": "test-full/newstest2014-deen-src.en.sgm",
+         "de": "test-full/newstest2014-deen-ref.de.sgm"}, sgml=True),
+}
+TRAIN_CORPORA = ("europarl-v7", "commoncrawl", "news-commentary-v12")
+VALID_CORPUS, TEST_CORPUS = "newstest2013", "newstest2014"
+
+
+def locate(corpus: Corpus, lang: str, local_dirs: Sequence[str], orig_dir: str):
+    """Where the ``lang`` side of ``corpus`` comes from: ``("file", path)`` for an extracted
+    file in a local directory (its base name, or its path inside the archive), else
+    ``("archive", path)`` for the archive in a local directory or in ``orig_dir``, else
+    None (it must be downloaded)."""
+    member = corpus.members[lang]
+    for d in local_dirs:
+        for candidate in (os.path.join(d, os.path.basename(member)), os.path.join(d, member)):
+            if os.path.isfile(candidate):
+                return ("file", candidate)
+    for d in list(local_dirs) + [orig_dir]:
+        candidate = os.path.join(d, corpus.archive)
+        if os.path.isfile(candidate):
+            return ("archive", candidate)
+    return None
+
+
+def download(url: str, dest: str, timeout: float = 60.0) -> str:
+    """Stream ``url`` to ``dest`` (through ``dest.part``, renamed when complete)."""
+    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
+    part = dest + ".part"
+    print(f"downloading {url} -> {dest}", flush=True)
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
+            size = response.headers.get("Content-Length")
+            with progress(int(size) if size else None, os.path.basename(dest), unit="B") as bar:
+                while True:
+                    block = response.read(1 << 20)
+                    if not block:
+                        break
+                    out.write(block)
+                    bar.update(len(block))
+    except (urllib.error.URLError, OSError, ValueError) as err:
+        try:
+            os.unlink(part)
+        except OSError:
+            pass
+        raise PrepError(f"could not download {url}: {err}") from err
+    os.replace(part, dest)
+    return dest
+
+
+def extract_members(archive: str, wanted: Dict[str, str], dest: Dict[str, str]) -> None:
+    """Copy the members ``wanted[key]`` (matched by their path with any leading ``./``, or
+    else by base name) of a tar archive to ``dest[key]``, atomically, in one pass."""
+    todo = dict(wanted)
+    try:
+        with tarfile.open(archive, "r:*") as tar:
+            for info in tar:
+                if not info.isfile():
+                    continue
+                name = info.name[2:] if info.name.startswith("./") else info.name
+                for key, member in list(todo.items()):
+                    if name == member or os.path.basename(name) == os.path.basename(member):
+                        source = tar.extractfile(info)
+                        os.makedirs(os.path.dirname(os.path.abspath(dest[key])), exist_ok=True)
+                        tmp = dest[key] + ".tmp"
+                        with open(tmp, "wb") as out:
+                            shutil.copyfileobj(source, out, 1 << 20)
+                        os.replace(tmp, dest[key])
+                        del todo[key]
+                if not todo:
+                    break
+    except (tarfile.TarError, OSError, EOFError) as err:
+        raise PrepError(f"cannot read archive {archive}: {err} (incomplete download? delete it "
+                        f"and run again)") from err
+    if todo:
+        raise PrepError(f"archive {archive} lacks {sorted(todo.values())}")
+
+
+def fetch_corpus(corpus: Corpus, raw_dir: str, local_dirs: Sequence[str], orig_dir: str,
+                 allow_download: bool = True) -> Dict[str, str]:
+    """Put the raw text of both sides of ``corpus`` into ``raw_dir/NAME.{en,de}`` (SGML
+    test sets: their extracted segments) and check they have the same number of lines.
+    Returns the sources used {lang: description}."""
+    out = {l: os.path.join(raw_dir, f"{corpus.name}.{l}") for l in LANGS}
+    sources, from_archive = {}, {}
+    for lang in LANGS:
+        where = locate(corpus, lang, local_dirs, orig_dir)
+        if where is None:
+            archive = os.path.join(orig_dir, corpus.archive)
+            names = ", ".join(os.path.basename(m) for m in corpus.members.values())
+            hint = (f"download {corpus.url} on a connected machine and pass --local-dir DIR "
+                    f"holding {corpus.archive} or the extracted files ({names})")
+            if not allow_download:
+                raise PrepError(f"missing file: no {corpus.archive} and no {names} in "
+                                f"{list(local_dirs) or 'any --local-dir'} or {orig_dir}; {hint}")
+            try:
+                download(corpus.url, archive)
+            except PrepError as err:
+                raise PrepError(f"{err}; offline? {hint}") from err
+            where = ("archive", archive)
+        kind, path = where
+        if kind == "file":
+            sources[lang] = path
+            if corpus.sgml:
+                write_lines_atomic(out[lang], extract_sgml(path))
+            else:
+                copy_atomic(path, out[lang])
+        else:
+            sources[lang] = f"{path}:{corpus.members[lang]}"
+            from_archive[lang] = path
+    if from_archive:
+        by_archive = collections.defaultdict(dict)
+        for lang, archive in from_archive.items():
+            by_archive[archive][lang] = corpus.members[lang]
+        for archive, wanted in by_archive.items():
+            print(f"extracting {sorted(wanted.values())} from {archive}", flush=True)
+            if corpus.sgml:
+                with tempfile.TemporaryDirectory(dir=raw_dir) as tmp:
+                    sgm = {l: os.path.join(tmp, os.path.basename(m)) for l, m in wanted.items()}
+                    extract_members(archive, wanted, sgm)
+                    for lang, path in sgm.items():
+                        write_lines_atomic(out[lang], extract_sgml(path))
+            else:
+                extract_members(archive, wanted, {l: out[l] for l in wanted})
+    check_parallel(out[SRC], out[TGT])
+    return sources
+
+
+def source_fingerprint(corpus: Corpus, local_dirs: Sequence[str], orig_dir: str) -> List[str]:
+    """What the fetch step of ``corpus`` reads; when it changes the step runs again. A local
+    file or archive is identified by path, size and modification time; the archive in
+    ``orig_dir`` by its URL only, so that downloading it does not change the fingerprint."""
+    result = []
+    for lang in LANGS:
+        where = locate(corpus, lang, local_dirs, orig_dir)
+        in_orig = where is not None and os.path.dirname(os.path.abspath(where[1])) == os.path.abspath(orig_dir)
+        if where is None or (where[0] == "archive" and in_orig):
+            result.append(f"{lang}: {corpus.url} -> orig/{corpus.archive}:{corpus.members[lang]}")
+        else:
+            st = os.stat(where[1])
+            result.append(f"{lang}: {where[0]} {os.path.abspath(where[1])} {st.st_size} {int(st.st_mtime)}")
+    return result
+
+
+# --------------------------------------------------------------------------- resumable steps
+
+class Pipeline:
+    """Runs named steps once. A step is skipped when its marker ``DONE_DIR/NAME.done``
+    exists, records the same parameters, and every output still has the size recorded
+    when the step finished (outputs are renamed into place before the marker is written,
+    so an interrupted step leaves no marker and runs again). A step also runs again when
+    one of the steps it depends on ran in this invocation."""
+
+    def __init__(self, workdir: str, force: bool = False):
+        self.workdir = workdir
+        self.done_dir = os.path.join(workdir, "done")
+        self.force = force
+        self.ran: set = set()
+        self.skipped: List[str] = []
+        self.counts: "collections.OrderedDict[str, int]" = collections.OrderedDict()
+        self.notes: Dict[str, dict] = {}
+
+    def marker(self, name: str) -> str:
+        return os.path.join(self.done_dir, name + ".done")
+
+    def _complete(self, name: str, outputs: Sequence[str], params: dict) -> Optional[dict]:
+        path = self.marker(name)
+        if not os.path.isfile(path):
+            return None
+        try:
+            with open(path, encoding="utf-8") as handle:
+                record = json.load(handle)
+        except (OSError, ValueError):
+            return None
+        if record.get("params") != json.loads(json.dumps(params)):
+            return None
+        if not all(os.path.exists(out) for out in outputs):
+            return None
+        if record.get("sizes") != self._sizes(outputs):
+            return None
+        return record
+
+    def _sizes(self, outputs: Sequence[str]) -> Dict[str, int]:
+        """Size of every output file, and of every file inside an output directory."""
+        sizes = {}
+        for out in outputs:
+            if os.path.isdir(out):
+                for root, _, files in os.walk(out):
+                    for name in files:
+                        path = os.path.join(root, name)
+                        sizes[os.path.relpath(path, self.workdir)] = os.path.getsize(path)
+            elif os.path.isfile(out):
+                sizes[os.path.relpath(out, self.workdir)] = os.path.getsize(out)
+        return sizes
+
+    def step(self, name: str, outputs: Sequence[str], params: dict, run: Callable[[], Optional[dict]],
+             deps: Sequence[str] = (), count: Sequence[str] = ()) -> bool:
+        """Run ``run()`` unless the step is complete. ``outputs``: files (or directories)
+        the step produces; ``count``: the outputs whose line counts go into the summary;
+        ``run`` may return a dict of notes for the summary. Returns True if it ran."""
+        record = None if (self.force or self.ran.intersection(deps)) else self._complete(name, outputs, params)
+        if record is not None:
+            print(f"[skip] {name}: complete ({self.marker(name)})", flush=True)
+            self.skipped.append(name)
+            self.counts.update(record.get("counts", {}))
+            if record.get("notes"):
+                self.notes[name] = record["notes"]
+            return False
+        print(f"[run ] {name}", flush=True)
+        try:
+            os.unlink(self.marker(name))
+        except FileNotFoundError:
+            pass
+        notes = run()
+        notes = notes if isinstance(notes, dict) else {}
+        counts = collections.OrderedDict(
+            (os.path.relpath(p, self.workdir), count_lines(p)) for p in count)
+        record = {"params": params, "counts": counts, "sizes": self._sizes(outputs), "notes": notes}
+        os.makedirs(self.done_dir, exist_ok=True)
+        write_lines_atomic(self.marker(name), [json.dumps(record, indent=1, sort_keys=True)])
+        self.ran.add(name)
+        self.counts.update(counts)
+        if notes:
+            self.notes[name] = notes
+        return True
+
+    def summary(self) -> str:
+        width = max([len(k) for k in self.counts] + [4])
+        lines = [f"{'file'.ljust(width)}  lines"]
+        lines += [f"{k.ljust(width)}  {v:,}" for k, v in self.counts.items()]
+        for name, notes in self.notes.items():
+            lines.append(f"{name}: " + ", ".join(f"{k}={v}" for k, v in notes.items()))
+        return "\n".join(lines)
+

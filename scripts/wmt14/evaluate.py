@@ -1,0 +1,179 @@
+#!/usr/bin/env python3
+"""Evaluate one WMT'14 En-De run and print its Table-1 row (docs/wmt14.md).
+
+    python scripts/wmt14/evaluate.py --checkpoint-dir checkpoints/wmt14/sut_base \\
+        --data DATA_BIN --prep-dir WORKDIR [--name sut_base] [--num-best 5] \\
+        [--beam 8] [--lenpen 0.4] [--table results.md] [--dry-run]
+
+1. average the --num-best best checkpoints by validation NLL
+   (``checkpoint.best_nll_loss_*.pt``, from --keep-best-checkpoints) with
+   ``python -m sut_fairseq.eval.average_checkpoints`` -> DIR/averaged_best5.pt
+   (or use --checkpoint FILE as it is);
+2. decode newstest2014 with fairseq-generate, beam 8, length penalty 0.4, --remove-bpe
+   -> DIR/generate-test.txt; the hypotheses in test-set order -> DIR/hyp.tok.de, and
+   detokenised -> DIR/hyp.detok.de; every test sentence must be decoded;
+3. score (a) tokenised BLEU with compound splitting against WORKDIR/tok/newstest2014.de and
+   (b) SacreBLEU on the detokenised output against WORKDIR/raw/newstest2014.de
+   (``python -m sut_fairseq.eval.bleu``), with their signatures;
+4. print ``| model | params | BLEU | SacreBLEU | MACs |`` (parameters counted from the
+   checkpoint's model; MACs from ``python -m sut_fairseq.macs`` when it exists, else n/a),
+   append it to --table, and write DIR/eval.json.
+
+Commands are printed before they run; --dry-run only prints them.
+"""
+import argparse
+import json
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import wmt14_recipe as recipe  # noqa: E402
+
+TABLE_HEADER = ("| model | params | BLEU (tok., compound split) | SacreBLEU | MACs |\n"
+                "|---|---|---|---|---|\n")
+
+
+def commands(args):
+    """(average command or None, checkpoint to decode, generate command, generate output)."""
+    d = args.checkpoint_dir
+    if args.checkpoint:
+        average, checkpoint = None, args.checkpoint
+    else:
+        checkpoint = os.path.join(d, f"averaged_best{args.num_best}.pt")
+        average = [sys.executable, "-m", "sut_fairseq.eval.average_checkpoints",
+                   "--inputs", d, "--num-best", str(args.num_best), "--metric", args.metric,
+                   "--output", checkpoint]
+    generate = [recipe.tool("fairseq-generate", required=not args.dry_run), args.data,
+                "--user-dir", recipe.user_dir(), "--task", "translation",
+                "--source-lang", "en", "--target-lang", "de",
+                "--path", checkpoint, "--gen-subset", args.subset,
+                "--beam", str(args.beam), "--lenpen", str(args.lenpen), "--remove-bpe",
+                "--max-tokens", str(args.max_tokens), "--required-batch-size-multiple", "1"]
+    if args.cpu:
+        generate.append("--cpu")
+    elif args.fp16:
+        generate.append("--fp16")
+    generate += args.generate_args
+    return average, checkpoint, generate, os.path.join(d, f"generate-{args.subset}.txt")
+
+
+def references(args):
+    tok = args.tok_ref or os.path.join(args.prep_dir, "tok", "newstest2014.de")
+    raw = args.raw_ref or os.path.join(args.prep_dir, "raw", "newstest2014.de")
+    return tok, raw
+
+
+def append_row(table: str, row: str) -> None:
+    new = not os.path.exists(table) or os.path.getsize(table) == 0
+    with open(table, "a", encoding="utf-8") as handle:
+        if new:
+            handle.write(TABLE_HEADER)
+        handle.write(row + "\n")
+
+
+def evaluate(args) -> int:
+    average, checkpoint, generate, gen_out = commands(args)
+    tok_ref, raw_ref = references(args)
+    hyp_tok = os.path.join(args.checkpoint_dir, "hyp.tok.de")
+    hyp_detok = os.path.join(args.checkpoint_dir, "hyp.detok.de")
+    score_cmd = [sys.executable, "-m", "sut_fairseq.eval.bleu", "--hyp", hyp_tok,
+                 "--tok-ref", tok_ref, "--raw-ref", raw_ref, "--compound-split", args.compound_split]
+    if args.dry_run:
+        if average:
+            recipe.run(average, dry_run=True)
+        recipe.run(generate, dry_run=True, stdout_path=gen_out)
+        recipe.run(score_cmd, dry_run=True)
+        return 0
+
+    for path, what in ((tok_ref, "tokenised reference"), (raw_ref, "raw reference")):
+        if not os.path.isfile(path):
+            raise recipe.RecipeError(f"missing {what} {path} (run data-prep/wmt14_en_de/prepare.py, "
+                                     "or pass --tok-ref/--raw-ref)")
+    from sut_fairseq.data.logic_inference import write_lines_atomic
+    from sut_fairseq.eval import average_checkpoints, bleu
+    from sut_fairseq.eval.model_info import count_parameters, measure_macs
+    from sut_fairseq.generate_output import read_generate_output
+
+    if average:
+        # the printed command, run in this process (it has imported torch and fairseq already)
+        print("+ " + recipe.format_command(average), flush=True)
+        if average_checkpoints.main(average[3:]) != 0:
+            raise recipe.RecipeError("checkpoint averaging failed")
+    if recipe.run(generate, stdout_path=gen_out) != 0:
+        raise recipe.RecipeError(f"fairseq-generate failed; see {gen_out}")
+
+    examples = read_generate_output(gen_out)
+    tok_refs, raw_refs = bleu.read_lines(tok_ref), bleu.read_lines(raw_ref)
+    if not (len(examples) == len(tok_refs) == len(raw_refs)):
+        raise recipe.RecipeError(f"fairseq-generate decoded {len(examples)} sentences; the "
+                                 f"references have {len(tok_refs)} / {len(raw_refs)} lines")
+    if [e.id for e in examples] != list(range(len(examples))):
+        raise recipe.RecipeError(f"{gen_out}: sentence ids are not 0..{len(examples) - 1}")
+    hyps = [e.hypothesis for e in examples]
+    write_lines_atomic(hyp_tok, hyps)
+    print("scoring: " + recipe.format_command(score_cmd), flush=True)
+    tok, sacre, detok = bleu.score_both(hyps, tok_refs, raw_refs, "de", args.compound_split)
+    write_lines_atomic(hyp_detok, detok)
+    print(bleu.format_scores(tok, sacre))
+
+    params = count_parameters(checkpoint, args.data)
+    macs = measure_macs(checkpoint, args.data)
+    name = args.name or os.path.basename(os.path.normpath(args.checkpoint_dir))
+    row = f"| {name} | {params / 1e6:.1f}M ({params:,}) | {tok.score:.2f} | {sacre.score:.2f} | {macs} |"
+    print("\n" + TABLE_HEADER + row)
+    print(f"SacreBLEU signature: {sacre.signature}")
+    result = {"model": name, "checkpoint": checkpoint, "params": params, "macs": macs,
+              "bleu_tokenized": tok.score, "bleu_tokenized_detail": tok.detail,
+              "bleu_tokenized_signature": tok.signature, "sacrebleu": sacre.score,
+              "sacrebleu_detail": sacre.detail, "sacrebleu_signature": sacre.signature,
+              "beam": args.beam, "lenpen": args.lenpen, "sentences": len(hyps)}
+    write_lines_atomic(os.path.join(args.checkpoint_dir, "eval.json"),
+                       [json.dumps(result, indent=1)])
+    if args.table:
+        append_row(args.table, row)
+    return 0
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n".join(__doc__.splitlines()[1:]))
+    parser.add_argument("--checkpoint-dir", required=True, help="the run's --save-dir")
+    parser.add_argument("--data", required=True, help="data-bin directory")
+    parser.add_argument("--prep-dir", default=None,
+                        help="data-prep workdir (for tok/ and raw/newstest2014.de)")
+    parser.add_argument("--tok-ref", default=None, help="tokenised reference (default PREP/tok/newstest2014.de)")
+    parser.add_argument("--raw-ref", default=None, help="raw reference (default PREP/raw/newstest2014.de)")
+    parser.add_argument("--checkpoint", default=None, help="decode this file instead of averaging")
+    parser.add_argument("--num-best", type=int, default=5, help="checkpoints to average (paper: 5)")
+    parser.add_argument("--metric", default="nll_loss", help="--best-checkpoint-metric used in training")
+    parser.add_argument("--name", default=None, help="model name in the row (default: directory name)")
+    parser.add_argument("--subset", default="test", help="binarized split to decode (test = newstest2014)")
+    parser.add_argument("--beam", type=int, default=8)
+    parser.add_argument("--lenpen", type=float, default=0.4)
+    parser.add_argument("--max-tokens", type=int, default=8192, help="fairseq-generate batch size in tokens")
+    parser.add_argument("--cpu", action="store_true", help="decode on CPU")
+    parser.add_argument("--fp16", action="store_true", help="decode in fp16")
+    parser.add_argument("--compound-split", choices=["atat", "reference"], default="atat",
+                        help="see sut_fairseq/eval/bleu.py")
+    parser.add_argument("--table", default=None, help="append the row to this markdown file")
+    parser.add_argument("--generate-args", nargs=argparse.REMAINDER, default=[],
+                        help="further fairseq-generate options (must come last)")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands only")
+    args = parser.parse_args(argv)
+    if not args.prep_dir and not (args.tok_ref and args.raw_ref):
+        parser.error("give --prep-dir, or both --tok-ref and --raw-ref")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        return evaluate(args)
+    except recipe.RecipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

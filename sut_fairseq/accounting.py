@@ -1,0 +1,66 @@
+"""Executed-step accounting: how much of the maximum compute halting actually spent.
+
+Every eval-mode forward of a ``sut_transformer`` adds, per side, the executed
+(position, step) block applications and the maximum L × real positions to the model's
+``StepMeter``; each executed application routes the position to k experts in each of
+the block's expert layers, so expert rows = executed × Σ_layers k.
+
+``fairseq-generate`` (and ``fairseq-interactive``) print one summary line for the whole
+run when they exit, e.g.::
+
+    | encoder steps executed 61.2% (1224/2000) | decoder steps executed 48.9% (...)
+
+In training, the criterion logs the same figures per batch (``steps_enc`` / ``steps_dec``).
+"""
+import atexit
+import os
+import sys
+import weakref
+from typing import Dict
+
+
+class StepMeter:
+    def __init__(self, expert_slots: Dict[str, int]):
+        """expert_slots: side -> Σ over the block's expert layers of k (rows per step)."""
+        self.expert_slots = expert_slots
+        self.executed = {side: 0 for side in expert_slots}
+        self.maximum = {side: 0 for side in expert_slots}
+
+    def add(self, side: str, halting) -> None:
+        self.executed[side] += int(halting.steps.sum())
+        self.maximum[side] += int(halting.real.sum()) * halting.max_steps
+
+    def reset(self) -> None:
+        for side in self.executed:
+            self.executed[side] = self.maximum[side] = 0
+
+    def fraction(self, side: str) -> float:
+        return self.executed[side] / self.maximum[side] if self.maximum[side] else float("nan")
+
+    def summary(self) -> str:
+        parts = []
+        for side, name in (("enc", "encoder"), ("dec", "decoder")):
+            if self.maximum[side]:
+                parts.append(f"{name} steps executed {100 * self.fraction(side):.1f}% "
+                             f"({self.executed[side]}/{self.maximum[side]}; "
+                             f"{self.executed[side] * self.expert_slots[side]} expert rows)")
+        return "| " + " | ".join(parts) if parts else ""
+
+
+_METERS = []
+
+
+def register_for_exit_summary(meter: StepMeter) -> None:
+    """Print the meter's summary when a generation tool exits."""
+    tool = os.path.basename(sys.argv[0]) if sys.argv else ""
+    if "generate" in tool or "interactive" in tool:
+        if not _METERS:
+            atexit.register(_print_summaries)
+        _METERS.append(weakref.ref(meter))
+
+
+def _print_summaries() -> None:
+    for ref in _METERS:
+        meter = ref()
+        if meter is not None and meter.summary():
+            print(meter.summary(), flush=True)
