@@ -15,7 +15,6 @@ In training, the criterion logs the same figures per batch (``steps_enc`` / ``st
 import atexit
 import os
 import sys
-import weakref
 from typing import Dict
 
 
@@ -56,11 +55,10 @@ def register_for_exit_summary(meter: StepMeter) -> None:
     if "generate" in tool or "interactive" in tool:
         if not _METERS:
             atexit.register(_print_summaries)
-        _METERS.append(weakref.ref(meter))
+        _METERS.append(meter)  # strong reference: the model is gone by exit time
 
 
 def _print_summaries() -> None:
-    for ref in _METERS:
-        meter = ref()
-        if meter is not None and meter.summary():
+    for meter in _METERS:
+        if meter.summary():
             print(meter.summary(), flush=True)

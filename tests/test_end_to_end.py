@@ -86,17 +86,28 @@ def test_checkpoint_needs_only_allow_listed_globals(sut_run):
     assert unsafe <= allowed, unsafe - allowed
 
 
-@pytest.mark.parametrize("overrides", [None, "{'halting_threshold': 0.5}"])
-def test_generate_loads_checkpoint_and_scores_every_example(data_bin, sut_run, overrides):
+def _executed(out, side):
+    return float(re.search(side + r" steps executed ([\d.]+)%", out).group(1))
+
+
+def test_generate_scores_every_example_and_reports_executed_steps(data_bin, sut_run):
+    """A checkpoint written by fairseq-train loads in stock fairseq-generate (torch >= 2.6
+    weights_only loading); the run ends with the executed-steps summary, and a lower
+    halting threshold given with --model-overrides executes fewer steps."""
     save_dir, _ = sut_run
-    out = _run(generate_command(data_bin, os.path.join(save_dir, "checkpoint_last.pt"),
-                                overrides=overrides))
-    path = os.path.join(save_dir, f"gen-{overrides is not None}.txt")
-    with open(path, "w") as f:
-        f.write(out)
-    examples = read_generate_output(path)
-    assert len(examples) == N_TEST
-    assert all(e.hypothesis is not None for e in examples)
+    ckpt = os.path.join(save_dir, "checkpoint_last.pt")
+    figures = {}
+    for overrides in (None, "{'halting_threshold': 0.5}"):
+        out = _run(generate_command(data_bin, ckpt, overrides=overrides))
+        path = os.path.join(save_dir, f"gen-{overrides is not None}.txt")
+        with open(path, "w") as f:
+            f.write(out)
+        examples = read_generate_output(path)
+        assert len(examples) == N_TEST
+        assert all(e.hypothesis for e in examples)
+        figures[overrides] = (_executed(out, "encoder"), _executed(out, "decoder"))
+    high, low = figures[None], figures["{'halting_threshold': 0.5}"]
+    assert low[0] < high[0] and low[1] < high[1], figures
 
 
 def test_model_override_changes_the_threshold(data_bin, sut_run):
@@ -118,3 +129,26 @@ def test_fairseq_train_help_lists_the_plugin_options():
                    "--halting-threshold", "--sample-topk", "--gating-dropout",
                    "--mim-weight", "--act-weight", "--switch-weight", "--aux-loss-scale"):
         assert f"\n  {option}" in out, option
+
+
+def test_teacher_forced_halting_analysis(data_bin, sut_run, tmp_path):
+    from sut_fairseq.halting_analysis import analyse, load
+
+    save_dir, _ = sut_run
+    model, task = load(data_bin, os.path.join(save_dir, "checkpoint_last.pt"), subset="test")
+    high = analyse(model, task, "test", threshold=0.999)
+    low = analyse(model, task, "test", threshold=0.5)
+    assert len(high["sentences"]) == N_TEST
+    for side in ("encoder", "decoder"):
+        assert low[side]["executed_fraction"] < high[side]["executed_fraction"]
+        per_step = high[side]["positions_per_step"]
+        assert per_step[0] == high[side]["positions"] and per_step == sorted(per_step, reverse=True)
+    s = low["sentences"][0]
+    assert len(s["encoder_steps"]) == len(s["source"].split()) + 1  # + eos
+    assert all(abs(sum(w) - 1) < 1e-5 for w in s["decoder_weights"])
+    out = subprocess.run([sys.executable, "-m", "sut_fairseq.halting_analysis", data_bin,
+                          "--path", os.path.join(save_dir, "checkpoint_last.pt"),
+                          "--threshold", "0.5", "--output", str(tmp_path / "a.json")],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "encoder steps executed" in out.stdout and (tmp_path / "a.json").stat().st_size > 0

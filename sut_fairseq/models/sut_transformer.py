@@ -21,7 +21,7 @@ from fairseq.modules import LayerNorm, PositionalEmbedding
 from ..accounting import StepMeter, register_for_exit_summary
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
 from ..modules.recurrence import universal_recurrence
-from ..modules.sut_block import SUTBlock
+from ..modules.sut_block import HaltedStateKV, SUTBlock
 from .validation import validate_args
 
 DEFAULT_MAX_POSITIONS = 1024
@@ -176,8 +176,10 @@ class SUTEncoder(FairseqEncoder):
         x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
         x = self.dropout(x)
 
+        self_kv = HaltedStateKV(self.block)
+
         def step(h, S, running, _l):
-            k, v = self.block.self_kv(S)
+            k, v = self_kv(S, running)
             return self.block(h, k, v, running, self_padding_mask=pad)
 
         S, halting, _ = universal_recurrence(step, x, ~pad, self.halting, self.num_steps)
@@ -259,8 +261,10 @@ class SUTDecoder(FairseqIncrementalDecoder):
         new_k: List[Optional[torch.Tensor]] = [None] * self.num_steps
         new_v: List[Optional[torch.Tensor]] = [None] * self.num_steps
 
+        self_kv = HaltedStateKV(self.block)
+
         def step(h, S, running, l):
-            k, v = self.block.self_kv(S)
+            k, v = self.block.self_kv(S) if incremental_state is not None else self_kv(S, running)
             if incremental_state is not None:
                 new_k[l - 1], new_v[l - 1] = k, v
                 if "self_k" in cache:  # (L, B, H, t, D): keys of the earlier positions at step l

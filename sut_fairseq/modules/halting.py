@@ -160,7 +160,13 @@ class LearnedHalting(nn.Module):
         if self.transition:
             x = torch.cat([self._reading(state.prev_h, state, step - 1), x], -1)
         state.prev_h = h
-        logit = self.unit(x).expand(running.shape)
+        if x.size(1) == running.size(1):  # per-position reading: only running rows cost
+            rows = running.reshape(-1).nonzero().squeeze(1)
+            flat = x.reshape(-1, x.size(-1)).index_select(0, rows)
+            logit = torch.zeros(running.numel(), device=x.device).index_copy(
+                0, rows, self.unit(flat)).view(running.shape)
+        else:  # one reading per sequence (global mean)
+            logit = self.unit(x).expand(running.shape)
         if self.rule == "act":
             p = torch.sigmoid(logit) * running
             halts = running & (state.c + p >= self.threshold)

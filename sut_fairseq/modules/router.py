@@ -81,16 +81,18 @@ class Router(nn.Module):
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x))))
+        # the router runs on the active rows only: halted and padding rows cost nothing
+        rows = active.nonzero().squeeze(1)
+        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x.index_select(0, rows)))))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
-        probs = logits.softmax(-1)  # (N, E)  g(e|h)
-        idx = self._select(logits, probs)  # (N, k)
-        top = probs.gather(1, idx)
-        gates = top / top.sum(1, keepdim=True).clamp_min(EPS)
-        idx = torch.where(active.unsqueeze(1), idx, E)
-        gates = gates * active.unsqueeze(1)
+        probs = logits.softmax(-1)  # (N_active, E)  g(e|h)
+        top_idx = self._select(logits, probs)  # (N_active, k)
+        top = probs.gather(1, top_idx)
+        top_gates = top / top.sum(1, keepdim=True).clamp_min(EPS)
+        idx = torch.full((x.size(0), k), E, dtype=torch.long, device=x.device).index_copy(0, rows, top_idx)
+        gates = x.new_zeros(x.size(0), k, dtype=top_gates.dtype).index_copy(0, rows, top_gates)
         if self.stats is not None:
-            self.stats.add(probs, active.float(), idx)
+            self.stats.add(probs, probs.new_ones(probs.size(0)), top_idx)
         return make_routing(idx, gates.to(x.dtype), E)
 
     def _select(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:

@@ -80,6 +80,37 @@ class SUTBlock(nn.Module):
         return out
 
 
+class HaltedStateKV:
+    """Self-attention keys/values of the halted states S over one recurrence, recomputed
+    only for the rows whose S changed (the rows that executed the previous step): frozen
+    rows keep their keys and values at no cost.
+
+    Call once per step with that step's ``running`` mask; returns (B, H, T, D) each.
+    """
+
+    def __init__(self, block: SUTBlock):
+        self.block = block
+        self.k_rows = self.v_rows = None  # (B*T, H, D)
+        self.changed: Optional[torch.Tensor] = None
+
+    def __call__(self, S: torch.Tensor, running: torch.Tensor):
+        B, T, d = S.shape
+        if self.k_rows is None:
+            k, v = self.block.self_kv(S)
+            H, D = k.size(1), k.size(3)
+            self.k_rows = k.transpose(1, 2).reshape(B * T, H, D)
+            self.v_rows = v.transpose(1, 2).reshape(B * T, H, D)
+        else:
+            rows = self.changed.reshape(-1).nonzero().squeeze(1)
+            k, v = self.block.self_kv(S.reshape(1, B * T, d).index_select(1, rows))
+            self.k_rows = self.k_rows.index_copy(0, rows, k[0].transpose(0, 1))
+            self.v_rows = self.v_rows.index_copy(0, rows, v[0].transpose(0, 1))
+        self.changed = running
+        H, D = self.k_rows.shape[1:]
+        return (self.k_rows.view(B, T, H, D).transpose(1, 2),
+                self.v_rows.view(B, T, H, D).transpose(1, 2))
+
+
 class FeedForwardGate(nn.Module):
     """G = sigmoid(W2 · GELU(W1 · LN(a) + b1) + b2), per position and channel, from the
     attention sub-layers' output a (``recurrent-transformers-dynamic-halt`` Eq. 10)."""

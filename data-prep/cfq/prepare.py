@@ -1,0 +1,153 @@
+#!/usr/bin/env python3
+"""Prepare CFQ (SPEC §4.2) for fairseq: stream dataset.json, cut the requested splits,
+preprocess and simplify the targets, and optionally binarize with fairseq-preprocess.
+
+    python data-prep/cfq/prepare.py --out data/cfq [--split mcd1 mcd2 mcd3 random_split]
+        [--cfq-dir DIR | --archive cfq1.1.tar.gz | (download)] [--binarize]
+
+Where the data comes from (one of):
+
+* ``--cfq-dir DIR``: the extracted archive (``DIR/dataset.json`` and ``DIR/splits/``, or
+  the same under ``DIR/cfq/``);
+* ``--archive FILE``: ``cfq1.1.tar.gz`` itself, read as a stream (nothing is extracted);
+* neither: ``cfq1.1.tar.gz`` is downloaded from ``--url`` into ``--cache-dir`` (default
+  ``OUT/download``) unless it is already there, then read as with ``--archive``.
+
+A split is a name (``mcd1`` -> ``splits/mcd1.json``) or the path of a split file. All
+splits are cut in ONE pass over dataset.json (4 GB; progress bar on stderr). For every
+split ``LABEL`` (the name, or the file name without ``.json``) the files are::
+
+    OUT/LABEL/{train,valid,test}.src     questions, punctuation split (trainIdxs, devIdxs, testIdxs)
+    OUT/LABEL/{train,valid,test}.tgt     targets: preprocessed and simplified (--target-form)
+    OUT/LABEL/{train,valid,test}.sparql  the preprocessed query before simplification
+    OUT/LABEL/prep.json                  counts, source files, target form
+    OUT/LABEL/bin/                       with --binarize: fairseq-preprocess output (src-tgt,
+                                         joined dictionary built from train)
+
+Lines follow the order of the index lists in the split file; every file is written
+atomically. Errors (a missing or malformed file, a record without
+questionPatternModEntities / sparqlPatternModEntities, a split index out of range) name
+the file and the record index and exit with status 1.
+
+The library is ``sut_fairseq/data/cfq.py``; this script loads it by file path, so
+preparing text files needs neither torch nor fairseq.
+"""
+import argparse
+import importlib
+import importlib.util
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
+
+
+def load_cfq_module():
+    """``sut_fairseq/data/cfq.py`` without importing ``sut_fairseq`` (which needs torch):
+    ``sut_fairseq/data`` is loaded as a stand-alone package under another name."""
+    name = "_sut_data"
+    if name not in sys.modules:
+        directory = os.path.join(REPO, "sut_fairseq", "data")
+        spec = importlib.util.spec_from_file_location(
+            name, os.path.join(directory, "__init__.py"), submodule_search_locations=[directory])
+        package = importlib.util.module_from_spec(spec)
+        sys.modules[name] = package
+        spec.loader.exec_module(package)
+    return importlib.import_module(name + ".cfq")
+
+
+def find_tool(name, explicit=None):
+    """``explicit``, else the console script next to this Python (a venv's bin/), else PATH."""
+    if explicit:
+        return explicit
+    beside = os.path.join(os.path.dirname(sys.executable), name)
+    if os.access(beside, os.X_OK):
+        return beside
+    found = shutil.which(name)
+    if found is None:
+        raise SystemExit(f"error: --binarize needs {name} (pip install fairseq-fixed); none "
+                         f"found next to this Python or on PATH; pass --fairseq-preprocess")
+    return found
+
+
+def binarize_command(executable, split_dir, bin_dir, workers=1):
+    prefix = lambda subset: os.path.join(split_dir, subset)
+    return [executable, "--source-lang", "src", "--target-lang", "tgt",
+            "--trainpref", prefix("train"), "--validpref", prefix("valid"),
+            "--testpref", prefix("test"), "--destdir", bin_dir, "--joined-dictionary",
+            "--workers", str(workers)]
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="See the module docstring (--help of the file) for the layout.")
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--cfq-dir", help="extracted CFQ directory (dataset.json, splits/)")
+    source.add_argument("--archive", help="local cfq1.1.tar.gz (read without extracting)")
+    parser.add_argument("--url", default=None, help="download URL when neither is given "
+                        "(default: the dataset's public storage)")
+    parser.add_argument("--cache-dir", default=None, help="where the download goes (default OUT/download)")
+    parser.add_argument("--out", required=True, help="output directory")
+    parser.add_argument("--split", nargs="+", default=list(DEFAULT_SPLITS),
+                        help=f"split names or split-file paths (default: {' '.join(DEFAULT_SPLITS)})")
+    parser.add_argument("--target-form", choices=["simplified", "plain"], default="simplified",
+                        help="training targets: simplified (default, SPEC §4.2) or only preprocessed")
+    parser.add_argument("--binarize", action="store_true", help="run fairseq-preprocess per split")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="with --binarize: replace an existing OUT/LABEL/bin")
+    parser.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
+    parser.add_argument("--fairseq-preprocess", default=None, help="fairseq-preprocess executable")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bars")
+    parser.add_argument("--chunk-chars", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+
+    cfq = load_cfq_module()
+    start = time.time()
+    progress = not args.no_progress
+    archive = args.archive
+    try:
+        if args.cfq_dir is None and archive is None:
+            cache = args.cache_dir or os.path.join(args.out, "download")
+            archive = os.path.join(cache, cfq.ARCHIVE_NAME)
+            url = args.url or cfq.CFQ_URL
+            if not os.path.exists(archive):
+                print(f"downloading {url} -> {archive}", flush=True)
+            cfq.download(url, archive, progress)
+        origin = args.cfq_dir or archive
+        print(f"reading {origin}: splits {', '.join(args.split)}", flush=True)
+        summary = cfq.prepare(args.out, args.split, cfq_dir=args.cfq_dir, archive=archive,
+                              target_form=args.target_form, progress=progress,
+                              **({"chunk_chars": args.chunk_chars} if args.chunk_chars else {}))
+    except cfq.CfqDataError as err:
+        raise SystemExit(f"error: {err}")
+    for label, counts in summary.items():
+        sizes = " / ".join(f"{counts[s]:,} {s}" for s in ("train", "valid", "test"))
+        print(f"  {label}: {sizes} -> {os.path.join(args.out, label)}")
+
+    if args.binarize:
+        executable = find_tool("fairseq-preprocess", args.fairseq_preprocess)
+        for label in summary:
+            split_dir = os.path.join(args.out, label)
+            bin_dir = os.path.join(split_dir, "bin")
+            if os.path.exists(bin_dir):
+                if not args.overwrite:
+                    raise SystemExit(f"error: {bin_dir} exists (fairseq-preprocess refuses to "
+                                     f"overwrite a dictionary); pass --overwrite or remove it")
+                shutil.rmtree(bin_dir)
+            command = binarize_command(executable, split_dir, bin_dir, args.workers)
+            print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
+            returncode = subprocess.run(command).returncode
+            if returncode != 0:
+                raise SystemExit(f"error: fairseq-preprocess failed for {label} (exit {returncode})")
+            print(f"  {label}: binarized into {bin_dir}")
+    print(f"done in {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
