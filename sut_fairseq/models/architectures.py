@@ -29,22 +29,29 @@ def _set(args, **values):
         _default(args, name, value)
 
 
+# Defaults of every option (``--arch sut_transformer``); the decoder options default to
+# the encoder's. ``fairseq-train --help`` shows them next to each option.
+BASE_DEFAULTS = dict(
+    encoder_embed_dim=512, encoder_layers=6, encoder_normalize_before=False,
+    share_all_embeddings=False, share_decoder_input_output_embed=False, activation_fn="gelu",
+    att_experts=24, att_topk=4, att_heads=4, att_head_dim=64, rel_pos="clipped", rel_window=64,
+    ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
+    router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
+    encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
+    halting_transition=False, gated_ffn=False,
+    dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
+    max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
+)
+DECODER_FOLLOWS_ENCODER = dict(decoder_embed_dim="encoder_embed_dim", decoder_layers="encoder_layers",
+                               decoder_normalize_before="encoder_normalize_before",
+                               decoder_halting="encoder_halting")
+
+
 @register_model_architecture("sut_transformer", "sut_transformer")
 def base_architecture(args):
-    """Fills every option still unset; the defaults are ``sut_base``'s."""
-    _set(args, encoder_embed_dim=512, encoder_layers=6, encoder_normalize_before=False,
-         share_all_embeddings=False, share_decoder_input_output_embed=False,
-         activation_fn="gelu",
-         att_experts=24, att_topk=4, att_heads=4, att_head_dim=64, rel_pos="clipped", rel_window=64,
-         ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
-         router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
-         encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
-         halting_transition=False, gated_ffn=False,
-         dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-         max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS)
-    _set(args, decoder_embed_dim=args.encoder_embed_dim, decoder_layers=args.encoder_layers,
-         decoder_normalize_before=args.encoder_normalize_before,
-         decoder_halting=args.encoder_halting)
+    """Fills every option still unset with ``BASE_DEFAULTS`` (``sut_base``'s sizes)."""
+    _set(args, **BASE_DEFAULTS)
+    _set(args, **{dec: getattr(args, enc) for dec, enc in DECODER_FOLLOWS_ENCODER.items()})
 
 
 def _wmt_regularisation(args):

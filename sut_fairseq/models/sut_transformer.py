@@ -98,6 +98,13 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
         parser.add_argument("--max-source-positions", type=int, metavar="N", help="longest source")
         parser.add_argument("--max-target-positions", type=int, metavar="N", help="longest target")
         # fmt: on
+        from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER
+
+        for action in parser._group_actions if hasattr(parser, "_group_actions") else parser._actions:
+            if action.dest in BASE_DEFAULTS and action.help:
+                action.help += f" (default: {BASE_DEFAULTS[action.dest]}; presets may differ)"
+            elif action.dest in DECODER_FOLLOWS_ENCODER and action.help:
+                action.help += f" (default: as --{DECODER_FOLLOWS_ENCODER[action.dest].replace('_', '-')})"
 
     @classmethod
     def build_model(cls, args, task):
@@ -151,22 +158,31 @@ def build_embedding(dictionary, dim: int) -> nn.Embedding:
     return emb
 
 
+def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decoder: bool) -> None:
+    """What the encoder and the decoder share: scaled token embeddings + sinusoidal
+    positions, dropout, the shared block, the halting rule and (pre-LN) the final norm."""
+    prefix = "decoder" if decoder else "encoder"
+    d = getattr(args, f"{prefix}_embed_dim")
+    normalize_before = getattr(args, f"{prefix}_normalize_before")
+    max_positions = args.max_target_positions if decoder else args.max_source_positions
+    side.padding_idx = embed_tokens.padding_idx
+    side.num_steps = getattr(args, f"{prefix}_layers")
+    side.embed_tokens = embed_tokens
+    side.embed_scale = d ** 0.5
+    side.embed_positions = PositionalEmbedding(max_positions, d, side.padding_idx)
+    side.dropout = nn.Dropout(args.dropout)
+    side.block = SUTBlock(args, decoder=decoder)
+    side.halting = build_halting(getattr(args, f"{prefix}_halting"), d, args.halting_dropout,
+                                 args.halting_threshold, normalize_before,
+                                 transition=args.halting_transition, causal=decoder)
+    side.final_norm = LayerNorm(d) if normalize_before else None
+
+
 class SUTEncoder(FairseqEncoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
-        d = args.encoder_embed_dim
-        self.padding_idx = embed_tokens.padding_idx
         self.max_source_positions = args.max_source_positions
-        self.num_steps = args.encoder_layers
-        self.embed_tokens = embed_tokens
-        self.embed_scale = d ** 0.5
-        self.embed_positions = PositionalEmbedding(args.max_source_positions, d, self.padding_idx)
-        self.dropout = nn.Dropout(args.dropout)
-        self.block = SUTBlock(args, decoder=False)
-        self.halting = build_halting(args.encoder_halting, d, args.halting_dropout,
-                                     args.halting_threshold, args.encoder_normalize_before,
-                                     transition=args.halting_transition, causal=False)
-        self.final_norm = LayerNorm(d) if args.encoder_normalize_before else None
+        init_recurrent_side(self, args, embed_tokens, decoder=False)
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None,
                 return_all_hiddens: bool = False):
@@ -209,24 +225,13 @@ class SUTEncoder(FairseqEncoder):
 class SUTDecoder(FairseqIncrementalDecoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
-        d = args.decoder_embed_dim
-        self.padding_idx = embed_tokens.padding_idx
         self.max_target_positions = args.max_target_positions
-        self.num_steps = args.decoder_layers
-        self.embed_tokens = embed_tokens
-        self.embed_scale = d ** 0.5
-        self.embed_positions = PositionalEmbedding(args.max_target_positions, d, self.padding_idx)
-        self.dropout = nn.Dropout(args.dropout)
-        self.block = SUTBlock(args, decoder=True)
-        self.halting = build_halting(args.decoder_halting, d, args.halting_dropout,
-                                     args.halting_threshold, args.decoder_normalize_before,
-                                     transition=args.halting_transition, causal=True)
-        self.final_norm = LayerNorm(d) if args.decoder_normalize_before else None
+        init_recurrent_side(self, args, embed_tokens, decoder=True)
+        d = args.decoder_embed_dim
+        self.output_projection = nn.Linear(d, len(dictionary), bias=False)
         if args.share_decoder_input_output_embed:
-            self.output_projection = nn.Linear(d, len(dictionary), bias=False)
             self.output_projection.weight = embed_tokens.weight
         else:
-            self.output_projection = nn.Linear(d, len(dictionary), bias=False)
             nn.init.normal_(self.output_projection.weight, mean=0, std=d ** -0.5)
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out=None,

@@ -1,0 +1,91 @@
+"""Ahead-of-time builds of the Triton kernels for sm_80 (Ampere) and sm_90 (Hopper), no GPU.
+
+SPEC §6 / issue 3: every kernel launch the routed-linear autograd Function makes (forward,
+input gradient, weight gradient of MoE-FFD up/down and MoMHA query/output) is compiled with
+``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` for every shipped
+(autotuned) configuration; ``cuobjdump -res-usage`` must report no spills (zero stack and
+local bytes) and ``compiled.metadata.shared`` must fit the architecture's per-block limit.
+
+The default run covers fp16 operands (tensor-core configurations, as with autocast; bf16
+and TF32 use the same configurations) and fp32 without TF32 (FMA configurations), so each
+shipped configuration is checked; ``-m slow`` adds bf16 and fp32 with TF32.
+``python -m sut_fairseq.kernels.aot`` prints the whole table.
+
+Compiling needs a process where Triton is not in interpreter mode; otherwise the tests run
+in a child pytest process without ``TRITON_INTERPRET`` (``sut_fairseq/kernels/testing.py``).
+"""
+import os
+
+import pytest
+
+from sut_fairseq.kernels.testing import compiler_active, delegate_module
+
+IN_PROCESS = compiler_active()
+
+ARCHS = (80, 90)
+KERNELS = ("_routed_gemm", "_routed_wgrad")
+DEFAULT_DTYPES = ("fp16", "fp32-ieee")
+SLOW_DTYPES = ("bf16", "fp32")
+_cache = {}
+
+
+def _results(dtypes):
+    """Build every job for ``dtypes`` once per session (2 worker processes)."""
+    from sut_fairseq.kernels import aot
+
+    if dtypes not in _cache:
+        _cache[dtypes] = aot.compile_all(aot.all_jobs(dtypes), processes=min(2, os.cpu_count() or 1))
+    return _cache[dtypes]
+
+
+def _check(results, dtype, arch, kernel):
+    from sut_fairseq.kernels import aot
+    from sut_fairseq.kernels import grouped_gemm as gg
+
+    mine = [r for r in results if r.dtype == dtype and r.arch == arch and r.kernel == kernel]
+    table = aot.format_table(mine)
+    assert mine, f"nothing built for {dtype} sm_{arch} {kernel}"
+    bad = [r for r in mine if not r.ok]
+    assert not bad, f"spills or shared memory over the sm_{arch} limit:\n{table}"
+    # every shipped configuration of this kernel was built for every launch of it
+    kernel_fn = next(k for k in gg.KERNELS if k.__name__ == kernel)
+    precision = "ieee" if dtype == "fp32-ieee" else "tf32"
+    wanted = {aot.config_name(c) for c in gg.shipped_configs(kernel_fn, precision)}
+    for launch in {r.launch for r in mine}:
+        built = {r.config for r in mine if r.launch == launch}
+        assert built == wanted, (launch, built, wanted)
+    print(table)
+
+
+def test_cuobjdump_available():
+    from sut_fairseq.kernels import aot
+
+    assert os.access(aot.cuobjdump(), os.X_OK), aot.cuobjdump()
+
+
+def test_launches_cover_every_use():
+    """The recorded launches are the forward, input- and weight-gradient of each use."""
+    from sut_fairseq.kernels import aot
+
+    for dtype in aot.DTYPES:
+        names = [name for name, _, _ in aot.shipped_launches(dtype)]
+        assert names == [f"{use}.{p}" for use in aot.USES for p in ("fwd", "dx", "dw")]
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", DEFAULT_DTYPES)
+def test_no_spills_and_shared_memory_fits(dtype, arch, kernel):
+    _check(_results(DEFAULT_DTYPES), dtype, arch, kernel)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", SLOW_DTYPES)
+def test_no_spills_and_shared_memory_fits_other_dtypes(dtype, arch, kernel):
+    _check(_results(SLOW_DTYPES), dtype, arch, kernel)
+
+
+if not IN_PROCESS:
+    delegate_module(globals(), {"TRITON_INTERPRET": None})
