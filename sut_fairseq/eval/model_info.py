@@ -11,7 +11,7 @@ import sys
 from typing import Optional
 
 MACS_MODULE = "sut_fairseq.macs"
-DEFAULT_MACS_COMMAND = "{python} -m sut_fairseq.macs --path {checkpoint} --data {data}"
+DEFAULT_MACS_COMMAND = "{python} -m sut_fairseq.macs --path {checkpoint} --data {data} --max-sentences 200"
 
 
 def count_parameters(checkpoint: str, data_bin: Optional[str] = None) -> int:
@@ -35,7 +35,7 @@ def macs_available() -> bool:
 
 
 def measure_macs(checkpoint: str, data_bin: str, command: str = DEFAULT_MACS_COMMAND) -> str:
-    """The MACs column: "n/a" while ``sut_fairseq.macs`` does not exist; otherwise the
+    """The MACs column: the
     last number followed by an optional unit (K/M/G) on the last output line of
     ``command`` that mentions MACs (or "n/a (reason)" when that fails)."""
     if not macs_available():

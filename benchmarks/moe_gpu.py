@@ -1,0 +1,174 @@
+"""MoE-FFD expert GEMMs on a GPU: Triton kernels vs dense cuBLAS vs the PyTorch reference.
+
+The two routed projections of MoE-FFD (E=24 experts, top-k=4, d=512, D=512): up
+``(N, d) -> sorted (N*k, D)`` and gated down ``sorted (N*k, D) -> (N, d)``, for 4,096 to
+16,384 tokens, forward and forward+backward, timed three ways:
+
+* ``triton``: ``sut_fairseq.kernels.triton_routed_linear`` (grouped GEMM, no sync);
+* ``dense``: two cuBLAS GEMMs of the same active size, ``(N*k, d) @ (d, D)`` and
+  ``(N*k, D) @ (D, d)``, the speed of light for this work;
+* ``reference``: ``reference_routed_linear`` (gather, one matmul per expert, scatter).
+
+FLOPs counted: 2 * N*k * d * D per projection forward, 3x that with backward. After warm-up
+(and autotuning) the Triton passes also run under ``torch.cuda.set_sync_debug_mode("error")``
+to show they make no device-to-host synchronisation.
+
+    python benchmarks/moe_gpu.py [--tokens 4096 8192 16384] [--dtype bf16] [--repeats 20]
+
+Exits with a message (status 0) when no CUDA device is present. ``--device cpu`` runs the
+same code on tiny shapes through Triton's interpreter (needs ``TRITON_INTERPRET=1``); it
+checks the script, its timings mean nothing.
+"""
+import argparse
+import statistics
+import sys
+import time
+
+import torch
+
+from sut_fairseq.ops.routed_linear import reference_routed_linear
+from sut_fairseq.ops.routing import make_routing
+
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
+
+
+def timed(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
+    """Median seconds of ``fn()``."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        if device.type == "cuda":
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def make_problem(tokens, E, k, d, D, dtype, device, seed=0):
+    g = torch.Generator(device="cpu").manual_seed(seed)
+    logits = torch.randn(tokens, E, generator=g)
+    top = logits.softmax(-1).topk(k, dim=1)
+    gates = (top.values / top.values.sum(1, keepdim=True)).to(device=device, dtype=dtype)
+    routing = make_routing(top.indices.to(device), gates, E)
+
+    def param(*shape, scale):
+        return (torch.randn(*shape, generator=g) * scale).to(device=device, dtype=dtype).requires_grad_()
+
+    return dict(
+        routing=routing, gates=gates,
+        x=param(tokens, d, scale=1.0),
+        w1=param(E, d, D, scale=d ** -0.5), b1=param(E, D, scale=0.1),
+        w2=param(E, D, d, scale=D ** -0.5), b2=param(E, d, scale=0.1),
+        # dense GEMMs of the same active size: N*k rows through d -> D -> d
+        xd=param(tokens * k, d, scale=1.0),
+        wd1=param(d, D, scale=d ** -0.5), wd2=param(D, d, scale=D ** -0.5),
+    )
+
+
+def moe_fn(impl, p):
+    routing, k = p["routing"], p["routing"].k
+
+    def run():
+        h = impl(p["x"], p["w1"], p["b1"], routing, k, grouped_out=True)
+        return impl(h, p["w2"], p["b2"], routing, 1, grouped_in=True, gates=p["gates"])
+
+    return run
+
+
+def dense_fn(p):
+    def run():
+        return (p["xd"] @ p["wd1"]) @ p["wd2"]
+
+    return run
+
+
+def with_backward(fn, params):
+    def run():
+        for t in params:
+            t.grad = None
+        y = fn()
+        y.backward(torch.ones_like(y))
+
+    return run
+
+
+def check_no_sync(fn, device) -> str:
+    if device.type != "cuda":
+        return "n/a"
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        fn()
+        return "none"
+    except RuntimeError as err:
+        return f"SYNC ({str(err).splitlines()[0][:60]})"
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+        torch.cuda.synchronize()
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[4096, 8192, 16384])
+    parser.add_argument("--experts", type=int, default=24)
+    parser.add_argument("--topk", type=int, default=4)
+    parser.add_argument("--dim", type=int, default=512)
+    parser.add_argument("--hidden", type=int, default=512)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    args = parser.parse_args()
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        print("moe_gpu.py: no CUDA device is present; this benchmark needs a GPU "
+              "(benchmarks/moe_cpu.py measures the CPU reference path).")
+        return 0
+    device = torch.device(args.device)
+    from sut_fairseq.kernels import triton_routed_linear
+
+    E, k, d, D = args.experts, args.topk, args.dim, args.hidden
+    dtype = DTYPES[args.dtype]
+    name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu (interpreter)"
+    print(f"{name}; torch {torch.__version__}; MoE-FFD projections E={E} k={k} d={d} D={D} "
+          f"{args.dtype}; median of {args.repeats}")
+    head = (f"{'tokens':>7} {'pass':<8} {'triton ms':>9} {'TFLOP/s':>8} {'dense ms':>9} {'TFLOP/s':>8} "
+            f"{'ref ms':>9} {'TFLOP/s':>8} {'triton/dense':>12} {'host syncs':>10}")
+    print(head)
+    print("-" * len(head))
+    for tokens in args.tokens:
+        p = make_problem(tokens, E, k, d, D, dtype, device)
+        flops_fwd = 2 * (2 * tokens * k * d * D)
+        moe_params = [p[n] for n in ("x", "w1", "b1", "w2", "b2")]
+        dense_params = [p[n] for n in ("xd", "wd1", "wd2")]
+        passes = {
+            "fwd": (moe_fn(triton_routed_linear, p), dense_fn(p), moe_fn(reference_routed_linear, p), 1),
+        }
+        passes["fwd+bwd"] = tuple(with_backward(f, ps) for f, ps in
+                                  zip(passes["fwd"][:3], (moe_params, dense_params, moe_params))) + (3,)
+        for pass_name, (tri, dense, ref, mult) in passes.items():
+            if pass_name == "fwd":
+                tri_, dense_, ref_ = (torch.no_grad()(f) for f in (tri, dense, ref))
+            else:
+                tri_, dense_, ref_ = tri, dense, ref
+            t_tri = timed(tri_, args.repeats, device)
+            t_dense = timed(dense_, args.repeats, device)
+            t_ref = timed(ref_, args.repeats, device)
+            syncs = check_no_sync(tri_, device)
+            flops = mult * flops_fwd
+            print(f"{tokens:>7} {pass_name:<8} {1e3 * t_tri:>9.3f} {flops / t_tri / 1e12:>8.1f} "
+                  f"{1e3 * t_dense:>9.3f} {flops / t_dense / 1e12:>8.1f} {1e3 * t_ref:>9.3f} "
+                  f"{flops / t_ref / 1e12:>8.1f} {t_tri / t_dense:>12.2f} {syncs:>10}")
+        del p
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
