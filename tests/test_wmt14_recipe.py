@@ -218,7 +218,8 @@ def test_end_to_end_prep_train_average_generate_score(e2e):
     assert re.search(r"tokenised BLEU \(compound-split, multi-bleu equivalent\): \d+\.\d\d", out)
     assert re.search(r"SacreBLEU \(detokenised vs raw reference\): \d+\.\d\d", out)
     assert "signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
-    assert re.search(r"\| sut_tiny \| 0\.\dM \([\d,]+\) \| \d+\.\d\d \| \d+\.\d\d \| n/a \|", out)
+    # the MACs column: mean executed MACs per test pair from python -m sut_fairseq.macs
+    assert re.search(r"\| sut_tiny \| 0\.\dM \([\d,]+\) \| \d+\.\d\d \| \d+\.\d\d \| [\d.,]+ ?[KMG]? \|", out), out[-1500:]
     result = json.loads((ckpt / "eval.json").read_text())
     assert result["sentences"] == 8 and result["beam"] == 8 and result["lenpen"] == 0.4
     assert len((ckpt / "hyp.tok.de").read_text().splitlines()) == 8
