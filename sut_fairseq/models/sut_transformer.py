@@ -172,7 +172,10 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
     side.embed_positions = PositionalEmbedding(max_positions, d, side.padding_idx)
     side.dropout = nn.Dropout(args.dropout)
     side.block = SUTBlock(args, decoder=decoder)
-    side.halting = build_halting(getattr(args, f"{prefix}_halting"), d, args.halting_dropout,
+    # with a single step nothing is ever decided: no halting unit (it would get no
+    # gradient, which PyTorch DDP rejects)
+    rule = getattr(args, f"{prefix}_halting") if side.num_steps > 1 else "none"
+    side.halting = build_halting(rule, d, args.halting_dropout,
                                  args.halting_threshold, normalize_before,
                                  transition=args.halting_transition, causal=decoder)
     side.final_norm = LayerNorm(d) if normalize_before else None

@@ -1,6 +1,28 @@
 """Configuration checks at model build time: each error names the option, the bad value
-and what is allowed (instead of a shape error deep inside torch)."""
+and what is allowed (instead of a shape error deep inside torch).
+
+``SUTTransformerModel.build_model`` calls ``validate_args`` after the preset has filled
+every option, so the checks see the values the model would be built with: those from the
+command line, from a preset, or from a checkpoint with ``--model-overrides``. Under
+``fairseq-train`` the error ends fairseq's traceback as its last line, e.g.::
+
+    ValueError: --att-topk=5 is invalid: must satisfy 1 <= k <= --att-experts (4)
+"""
+import numbers
+
 from ..modules.halting import HALTING_RULES
+
+POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers", "decoder_layers",
+                     "att_experts", "att_heads", "att_head_dim", "ffd_experts", "ffd_hidden_dim",
+                     "max_source_positions", "max_target_positions")
+PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout", "gating_dropout",
+                 "halting_dropout")
+REL_POS = ("clipped", "t5", "none")
+TRANSITION_RULES = ("stick-breaking", "global-mean", "none")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
 
 
 def _require(ok: bool, option: str, value, allowed: str) -> None:
@@ -8,35 +30,47 @@ def _require(ok: bool, option: str, value, allowed: str) -> None:
         raise ValueError(f"{option}={value!r} is invalid: {allowed}")
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_real(value) -> bool:
+    return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
 def validate_args(args) -> None:
-    for opt in ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers", "decoder_layers",
-                "att_experts", "att_heads", "att_head_dim", "ffd_experts", "ffd_hidden_dim"):
+    """Raise ``ValueError("--option=value is invalid: what is allowed")`` on the first bad
+    option."""
+    for opt in POSITIVE_INTEGERS:
         value = getattr(args, opt)
-        _require(isinstance(value, int) and value >= 1, "--" + opt.replace("_", "-"), value,
-                 "must be a positive integer")
-    _require(1 <= args.att_topk <= args.att_experts, "--att-topk", args.att_topk,
-             f"must satisfy 1 <= k <= --att-experts ({args.att_experts})")
-    _require(1 <= args.ffd_topk <= args.ffd_experts, "--ffd-topk", args.ffd_topk,
-             f"must satisfy 1 <= k <= --ffd-experts ({args.ffd_experts})")
-    _require(0 <= args.sample_topk <= min(args.att_topk, args.ffd_topk), "--sample-topk",
-             args.sample_topk, "must be between 0 and the smaller top-k")
-    _require(args.rel_window >= 0, "--rel-window", args.rel_window, "must be >= 0")
-    _require(args.router_hidden_dim >= 0, "--router-hidden-dim", args.router_hidden_dim,
-             "must be >= 0 (0 = model width)")
-    _require(0.0 < args.halting_threshold <= 1.0, "--halting-threshold",
+        _require(_is_int(value) and value >= 1, _flag(opt), value, "must be a positive integer")
+    _require(_is_int(args.att_topk) and 1 <= args.att_topk <= args.att_experts, "--att-topk",
+             args.att_topk, f"must satisfy 1 <= k <= --att-experts ({args.att_experts})")
+    _require(_is_int(args.ffd_topk) and 1 <= args.ffd_topk <= args.ffd_experts, "--ffd-topk",
+             args.ffd_topk, f"must satisfy 1 <= k <= --ffd-experts ({args.ffd_experts})")
+    _require(_is_int(args.sample_topk) and 0 <= args.sample_topk <= min(args.att_topk, args.ffd_topk),
+             "--sample-topk", args.sample_topk,
+             f"must be between 0 and the smaller top-k ({min(args.att_topk, args.ffd_topk)})")
+    _require(args.rel_pos in REL_POS, "--rel-pos", args.rel_pos, f"choose from {REL_POS}")
+    _require(_is_int(args.rel_window) and args.rel_window >= 0, "--rel-window", args.rel_window,
+             "must be an integer >= 0")
+    _require(_is_int(args.router_hidden_dim) and args.router_hidden_dim >= 0, "--router-hidden-dim",
+             args.router_hidden_dim, "must be an integer >= 0 (0 = model width)")
+    # `not (0 < x <= 1)` rather than `x <= 0 or x > 1`: also rejects NaN
+    _require(_is_real(args.halting_threshold)
+             and 0.0 < args.halting_threshold <= 1.0, "--halting-threshold",
              args.halting_threshold, "must be in (0, 1]")
     for side in ("encoder_halting", "decoder_halting"):
-        _require(getattr(args, side) in HALTING_RULES, "--" + side.replace("_", "-"),
-                 getattr(args, side), f"choose from {HALTING_RULES}")
+        _require(getattr(args, side) in HALTING_RULES, _flag(side), getattr(args, side),
+                 f"choose from {HALTING_RULES}")
     if args.halting_transition:
         for side in ("encoder_halting", "decoder_halting"):
-            _require(getattr(args, side) in ("stick-breaking", "global-mean", "none"),
-                     "--" + side.replace("_", "-"), getattr(args, side),
+            _require(getattr(args, side) in TRANSITION_RULES, _flag(side), getattr(args, side),
                      "--halting-transition needs 'stick-breaking' or 'global-mean' (or 'none')")
-    for opt in ("dropout", "attention_dropout", "activation_dropout", "gating_dropout",
-                "halting_dropout"):
+    for opt in PROBABILITIES:
         value = getattr(args, opt)
-        _require(0.0 <= value < 1.0, "--" + opt.replace("_", "-"), value, "must be in [0, 1)")
+        _require(_is_real(value) and 0.0 <= value < 1.0, _flag(opt), value,
+                 "must be in [0, 1)")
     if args.share_all_embeddings:
         _require(args.encoder_embed_dim == args.decoder_embed_dim, "--decoder-embed-dim",
                  args.decoder_embed_dim,

@@ -1,0 +1,89 @@
+#!/usr/bin/env python3
+"""Average halting depth per operator count (paper Figure 4) from the teacher-forced
+halting analysis (``sut_fairseq.halting_analysis``) of a trained SUT / UT checkpoint.
+
+    python scripts/logic/halting_depth.py DATA_BIN --path CKPT --subsets test7 test8 ...
+        --keys 7 8 ... [--threshold A] [--batch-size 64] --json OUT
+
+For each binarized split the checkpoint is run teacher-forced on every source-target pair
+(``halting_analysis.analyse``) and the executed steps of every real position are read.
+Per split the JSON holds, for each side (``encoder``, ``decoder``):
+
+* ``mean_depth`` -- the mean over sentences of the sentence's mean executed steps over its
+  positions (the "average halting depth" of Figure 4; the encoder's is plotted);
+* ``mean_max_depth`` -- the mean over sentences of the deepest position's steps;
+* ``position_mean_steps`` / ``executed_fraction`` -- ``analyse``'s pooled figures
+  (executed (position, step) pairs over all positions, over L x positions);
+
+and ``sentences``, ``max_steps`` and the threshold used. Needs torch and fairseq; the
+JSON is written atomically. The analysis runs on the CPU (``analyse`` keeps the batches
+there); it is one forward pass per pair.
+"""
+import argparse
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import logic_recipe as recipe  # noqa: E402
+
+
+def _mean(values):
+    return sum(values) / len(values) if values else None
+
+
+def depth_summary(analysis, max_steps):
+    """Per side: mean / max depth over sentences, from ``analyse``'s output."""
+    summary = {"sentences": len(analysis["sentences"]), "threshold": analysis["threshold"]}
+    for side in ("encoder", "decoder"):
+        per_sentence = [s[f"{side}_steps"] for s in analysis["sentences"] if s[f"{side}_steps"]]
+        summary[side] = {
+            "mean_depth": _mean([sum(steps) / len(steps) for steps in per_sentence]),
+            "mean_max_depth": _mean([max(steps) for steps in per_sentence]),
+            "position_mean_steps": analysis[side]["mean_steps"],
+            "executed_fraction": analysis[side]["executed_fraction"],
+            "max_steps": max_steps[side],
+        }
+    return summary
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("data", help="the binarized data directory")
+    parser.add_argument("--path", required=True, help="checkpoint")
+    parser.add_argument("--subsets", nargs="+", required=True, help="binarized split names")
+    parser.add_argument("--keys", nargs="+", default=None,
+                        help="names of the splits in the JSON (default: the split names)")
+    parser.add_argument("--threshold", type=float, default=None,
+                        help="alpha_thresh (default: the checkpoint's)")
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--json", required=True, help="output JSON")
+    args = parser.parse_args(argv)
+    keys = args.keys or args.subsets
+    if len(keys) != len(args.subsets):
+        parser.error("--keys must name every --subsets entry")
+
+    from sut_fairseq.halting_analysis import analyse, load
+
+    start = time.time()
+    model, task = load(args.data, args.path, args.threshold, args.subsets[0])
+    max_steps = {"encoder": model.encoder.num_steps, "decoder": model.decoder.num_steps}
+    result = {"checkpoint": os.path.abspath(args.path), "data": os.path.abspath(args.data),
+              "splits": {}}
+    for key, subset in zip(keys, args.subsets):
+        task.load_dataset(subset)
+        analysis = analyse(model, task, subset, args.threshold, batch_size=args.batch_size)
+        summary = depth_summary(analysis, max_steps)
+        summary["subset"] = subset
+        result["splits"][key] = summary
+        print(f"{subset}: {summary['sentences']} sentences, mean encoder depth "
+              f"{summary['encoder']['mean_depth']:.3f} of {max_steps['encoder']}, decoder "
+              f"{summary['decoder']['mean_depth']:.3f} of {max_steps['decoder']}", flush=True)
+    result["seconds"] = round(time.time() - start, 1)
+    recipe.write_json_atomic(args.json, result)
+    print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

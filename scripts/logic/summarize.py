@@ -1,0 +1,205 @@
+#!/usr/bin/env python3
+"""Paper Table 5 and Figure 4 from per-run results of ``table5.py``.
+
+    python scripts/logic/summarize.py WORK_DIR [--out-dir DIR]
+
+Reads every ``WORK_DIR/MODEL/PROTOCOL/seedN/result.json`` (``model``, ``protocol``,
+``seed``, ``accuracy`` {bucket or A/B/C: {"accuracy": %, ...}}, ``halting_depth``).
+A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed:
+
+* Table 5: accuracy (%) per operator count 7..12 (standard protocol) and on the
+  compositional splits A/B/C, one row per model, the paper's SUT and LSTM rows beneath;
+* the in-distribution buckets 0..6 when they were evaluated;
+* the average encoder halting depth per operator count (teacher-forced, standard protocol).
+
+Written into ``--out-dir`` (default WORK_DIR), each atomically: ``table5.md`` (the printed
+text), ``table5.json`` (the same numbers) and ``figure4.png`` (paper Figure 4: x = number
+of operators, y = average halting depth of the encoder, one line per model with halting;
+matplotlib's Agg backend).
+"""
+import argparse
+import glob
+import json
+import os
+import statistics
+import sys
+import tempfile
+from collections import defaultdict
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import logic_recipe as recipe  # noqa: E402
+
+TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
+IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
+
+
+def load_results(work_dir: str) -> List[Dict]:
+    results = []
+    for path in sorted(glob.glob(os.path.join(work_dir, "*", "*", "seed*", "result.json"))):
+        with open(path) as handle:
+            try:
+                result = json.load(handle)
+            except json.JSONDecodeError as err:
+                raise SystemExit(f"error: {path}: malformed JSON: {err}")
+        for key in ("model", "protocol", "seed", "accuracy"):
+            if key not in result:
+                raise SystemExit(f"error: {path}: no {key!r}")
+        result["_path"] = path
+        results.append(result)
+    return results
+
+
+def _order(models):
+    known = [m for m in recipe.MODELS if m in models]
+    return known + sorted(set(models) - set(known))
+
+
+def summarize_results(results: List[Dict]) -> Dict:
+    """The numbers behind the tables and the figure (the content of table5.json)."""
+    acc = defaultdict(lambda: defaultdict(list))      # model -> key -> [accuracy per seed]
+    depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [(enc, dec)]
+    meta = defaultdict(lambda: {"configs": set(), "params": set(), "seeds": set()})
+    for r in results:
+        model = r["model"]
+        meta[model]["configs"].add(r.get("config", "?"))
+        meta[model]["seeds"].add(r["seed"])
+        if r.get("params"):
+            meta[model]["params"].add(r["params"])
+        for key, scored in r["accuracy"].items():
+            acc[model][key].append(float(scored["accuracy"]))
+        if r["protocol"] == "standard" and r.get("halting_depth"):
+            for key, d in r["halting_depth"].items():
+                depth[model][key].append((d["encoder"]["mean_depth"], d["decoder"]["mean_depth"]))
+    rows = {}
+    for model in _order(set(acc) | set(meta)):
+        cells = {key: {"accuracy": statistics.mean(v), "n": len(v)} for key, v in acc[model].items()}
+        params = sorted(meta[model]["params"])
+        rows[model] = {"label": recipe.label(model), "halting": _halting(model),
+                       "configs": sorted(meta[model]["configs"]),
+                       "params": params[0] if len(params) == 1 else (params or None),
+                       "seeds": sorted(meta[model]["seeds"]), "cells": cells}
+    depths = {}
+    for model in _order(depth):
+        depths[model] = {key: {"encoder": statistics.mean(e for e, _ in v),
+                               "decoder": statistics.mean(d for _, d in v), "n": len(v)}
+                         for key, v in sorted(depth[model].items(), key=lambda kv: int(kv[0]))}
+    return {"runs": len(results), "columns": TABLE_KEYS, "rows": rows, "halting_depth": depths,
+            "paper": {name: {str(k): v for k, v in row.items()}
+                      for name, row in recipe.PAPER_TABLE5.items()}}
+
+
+def _halting(model):
+    try:
+        return recipe.has_halting(model)
+    except recipe.RecipeError:
+        return False
+
+
+def _cell(cell) -> str:
+    if cell is None:
+        return "–"
+    return f"{cell['accuracy']:.1f}" + ("" if cell["n"] == 1 else f" (n={cell['n']})")
+
+
+def _row_label(row) -> str:
+    configs = ", ".join(row["configs"])
+    return f"{row['label']} (ours, {configs})"
+
+
+def format_tables(summary: Dict) -> str:
+    rows = summary["rows"]
+    header = "| Model | params | " + " | ".join(TABLE_KEYS) + " |"
+    lines = ["Table 5: accuracy (%) per number of operators (trained on 0-6) and on the "
+             "compositional splits A/B/C", "", header, "|---|---:|" + "---:|" * len(TABLE_KEYS)]
+    for model, row in rows.items():
+        params = f"{row['params']:,}" if isinstance(row["params"], int) else "–"
+        lines.append(f"| {_row_label(row)} | {params} | "
+                     + " | ".join(_cell(row["cells"].get(k)) for k in TABLE_KEYS) + " |")
+    for name, paper in summary["paper"].items():
+        lines.append(f"| {name} (paper) | – | "
+                     + " | ".join(str(paper[k]) if k in paper else "–" for k in TABLE_KEYS) + " |")
+    seen = [k for k in IN_DISTRIBUTION_KEYS if any(k in r["cells"] for r in rows.values())]
+    if seen:
+        lines += ["", "In-distribution buckets (accuracy %, standard protocol)", "",
+                  "| Model | " + " | ".join(seen) + " |", "|---|" + "---:|" * len(seen)]
+        for model, row in rows.items():
+            lines.append(f"| {_row_label(row)} | " + " | ".join(_cell(row["cells"].get(k)) for k in seen) + " |")
+    depths = summary["halting_depth"]
+    if depths:
+        keys = sorted({k for d in depths.values() for k in d}, key=int)
+        lines += ["", "Average halting depth of the encoder (mean over sentences of the mean "
+                  "executed steps per position; teacher-forced; standard protocol)", "",
+                  "| Model | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
+        for model, d in depths.items():
+            lines.append(f"| {recipe.label(model)} | "
+                         + " | ".join(f"{d[k]['encoder']:.2f}" if k in d else "–" for k in keys) + " |")
+    return "\n".join(lines)
+
+
+def plot_figure4(summary: Dict, path: str) -> bool:
+    """Figure 4 as a PNG (atomically); False when no model with halting has depths."""
+    lines = {m: d for m, d in summary["halting_depth"].items()
+             if summary["rows"].get(m, {}).get("halting")}
+    if not lines:
+        return False
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    for model, d in lines.items():
+        keys = sorted(d, key=int)
+        ax.plot([int(k) for k in keys], [d[k]["encoder"] for k in keys], marker="o",
+                label=recipe.label(model))
+    ax.set_xticks(sorted({int(k) for d in lines.values() for k in d}))
+    ax.set_xlabel("number of operators")
+    ax.set_ylabel("average halting depth")
+    ax.set_title("Average encoder halting depth (logical inference)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, dpi=120)
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return True
+
+
+def summarize(work_dir: str, out_dir: str = None) -> str:
+    """Print-ready text; writes table5.md, table5.json and figure4.png into ``out_dir``."""
+    out_dir = out_dir or work_dir
+    results = load_results(work_dir)
+    if not results:
+        raise SystemExit(f"error: no */*/seed*/result.json under {work_dir}")
+    summary = summarize_results(results)
+    summary["work_dir"] = os.path.abspath(work_dir)
+    text = f"{len(results)} runs from {work_dir}\n\n" + format_tables(summary)
+    figure = os.path.join(out_dir, "figure4.png")
+    if plot_figure4(summary, figure):
+        summary["figure"] = os.path.abspath(figure)
+        text += f"\n\nFigure 4 (average halting depth per number of operators): {figure}"
+    recipe.write_text_atomic(os.path.join(out_dir, "table5.md"), text + "\n")
+    recipe.write_json_atomic(os.path.join(out_dir, "table5.json"), summary)
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser.add_argument("work_dir", help="table5.py's --work-dir")
+    parser.add_argument("--out-dir", default=None, help="where table5.md/.json and figure4.png go")
+    args = parser.parse_args(argv)
+    print(summarize(args.work_dir, args.out_dir))
+
+
+if __name__ == "__main__":
+    main()
