@@ -1,0 +1,236 @@
+"""Ahead-of-time compilation of the kernels for GPUs that are not here (SPEC §6).
+
+``shipped_launches(dtype)`` runs the forward and backward of the four routed-linear uses
+(MoE-FFD up/down, MoMHA query/output) on "meta" tensors, recording each kernel launch
+instead of running it, so the specialisations compiled here are exactly the ones the
+autograd Function launches (argument dtypes, layout constants, strides equal to 1 and
+16-divisible integers specialised as the Triton runtime does).
+``compile_launch`` builds one of them for ``GPUTarget("cuda", arch, 32)`` with one
+configuration and reads its registers / stack (spill) bytes from
+``cuobjdump -res-usage`` and its shared memory from ``compiled.metadata.shared``.
+
+    python -m sut_fairseq.kernels.aot [--dtype fp16] [--jobs 2]   # prints the table
+"""
+import argparse
+import concurrent.futures
+import contextlib
+import multiprocessing
+import os
+import re
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import List, Tuple
+
+import torch
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+
+from . import grouped_gemm as gg
+from . import routed_linear_function as rlf
+
+ARCHS = (80, 90)
+# Largest dynamic shared memory one block may opt into (bytes).
+SHARED_LIMITS = {80: 163 * 1024, 90: 227 * 1024}
+# operand type -> (torch dtype, torch.backends.cuda.matmul.allow_tf32)
+DTYPES = {"fp16": (torch.float16, False), "bf16": (torch.bfloat16, False),
+          "fp32": (torch.float32, True), "fp32-ieee": (torch.float32, False)}
+_TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
+               torch.int64: "i64", torch.int32: "i32"}
+
+# name -> (rows of x: "token" (N), "slot" or "sorted" (M), keyword arguments, has bias)
+USES = {
+    "ffd_up": ("token", dict(grouped_out=True), True),
+    "ffd_down": ("sorted", dict(grouped_in=True, gated=True), True),
+    "momha_q": ("token", dict(), True),
+    "momha_out": ("slot", dict(gated=True), False),
+}
+
+
+@contextlib.contextmanager
+def record_launches():
+    """Collect ``(kernel, args)`` of every launch in the block instead of running it."""
+    launches = []
+    previous = rlf._launch_recorder
+    rlf._launch_recorder = lambda kernel, args: launches.append((kernel, dict(args)))
+    try:
+        yield launches
+    finally:
+        rlf._launch_recorder = previous
+
+
+def shipped_launches(dtype: str, E: int = 24, d: int = 512, D: int = 512, k: int = 4,
+                     N: int = 4096) -> List[Tuple[str, object, dict]]:
+    """``(name, kernel, args)`` for the forward and backward launches of every use, with
+    operands of type ``dtype`` (a key of ``DTYPES``)."""
+    dtype, allow_tf32 = DTYPES[dtype]
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = allow_tf32
+    try:
+        return _shipped_launches(dtype, E, d, D, k, N)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
+
+
+def _shipped_launches(dtype, E, d, D, k, N):
+    M = N * k
+    meta = dict(device="meta")
+    routing = SimpleNamespace(
+        expert_idxs=torch.empty(N, k, dtype=torch.long, **meta),
+        sorted_expert_idxs=torch.empty(M, dtype=torch.long, **meta),
+        sorted_scattered_idxs=torch.empty(M, dtype=torch.long, **meta),
+        expert_offsets=torch.empty(E, dtype=torch.long, **meta),
+        num_experts=E, num_slots=M, num_tokens=N, k=k,
+    )
+    out = []
+    for use, (rows, kwargs, has_bias) in USES.items():
+        kwargs = dict(kwargs)
+        gated = kwargs.pop("gated", False)
+        x = torch.empty(N if rows == "token" else M, d, dtype=dtype, requires_grad=True, **meta)
+        w = torch.empty(E, d, D, dtype=dtype, requires_grad=True, **meta)
+        b = torch.empty(E, D, dtype=dtype, requires_grad=True, **meta) if has_bias else None
+        gates = torch.empty(N, k, dtype=torch.float32, requires_grad=True, **meta) if gated else None
+        fan_out = k if rows == "token" else 1
+        with record_launches() as launches:
+            y = rlf.triton_routed_linear(x, w, b, routing, fan_out, gates=gates, **kwargs)
+            y.backward(torch.empty_like(y))
+        names = ["fwd", "dx", "dw"]
+        assert len(launches) == 3, launches
+        out += [(f"{use}.{n}", kernel, args) for n, (kernel, args) in zip(names, launches)]
+    return out
+
+
+def specialize(kernel, args: dict, config: triton.Config) -> ASTSource:
+    """The ``ASTSource`` the runtime would build for ``args`` (pointers 16-byte aligned)."""
+    signature, constexprs, attrs = {}, {}, {}
+    for i, param in enumerate(kernel.params):
+        name = param.name
+        if name in config.kwargs:
+            signature[name], constexprs[name] = "constexpr", config.kwargs[name]
+            continue
+        value = args[name]
+        if param.is_constexpr:
+            signature[name], constexprs[name] = "constexpr", value
+        elif isinstance(value, torch.Tensor):
+            signature[name] = "*" + _TYPE_NAMES[value.dtype]
+            attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, int):
+            if value == 1:
+                signature[name], constexprs[name] = "constexpr", 1
+            else:
+                signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
+                if value % 16 == 0:
+                    attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise TypeError(f"{name}: unexpected argument {value!r}")
+    return ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
+
+
+def cuobjdump() -> str:
+    return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """``{"regs", "stack", "shared", "local"}`` of the single function in ``cubin``."""
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([cuobjdump(), "-res-usage", f.name], check=True,
+                              capture_output=True, text=True).stdout
+    found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
+    if not found:
+        raise RuntimeError(f"unexpected cuobjdump output:\n{text}")
+    return dict(zip(("regs", "stack", "shared", "local"), map(int, found.groups())))
+
+
+@dataclass
+class Result:
+    launch: str
+    kernel: str
+    config: str
+    arch: int
+    dtype: str  # operand type, a key of DTYPES
+    regs: int
+    spill_bytes: int  # stack frame + local memory: spills are the only source here
+    shared: int
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.spill_bytes == 0 and self.shared <= SHARED_LIMITS[self.arch]
+
+
+def config_name(config: triton.Config) -> str:
+    kw = config.kwargs
+    return (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} "
+            f"w{config.num_warps} s{config.num_stages}")
+
+
+def compile_launch(name: str, dtype: str, kernel, args: dict, config: triton.Config, arch: int) -> Result:
+    """Build one launch for ``sm_<arch>`` and read its resource usage."""
+    start = time.perf_counter()
+    compiled = triton.compile(specialize(kernel, args, config), target=GPUTarget("cuda", arch, 32),
+                              options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
+    usage = resource_usage(compiled.asm["cubin"])
+    return Result(name, kernel.__name__, config_name(config), arch, dtype, usage["regs"],
+                  usage["stack"] + usage["local"], compiled.metadata.shared,
+                  time.perf_counter() - start)
+
+
+def all_jobs(dtypes=("fp16",), archs=ARCHS, launch_filter=None):
+    """Every (launch, kernel, args, config, arch) to build: each shipped configuration."""
+    jobs = []
+    for dtype in dtypes:
+        for name, kernel, args in shipped_launches(dtype):
+            if launch_filter is not None and not launch_filter(name):
+                continue
+            for config in gg.shipped_configs(kernel, args["INPUT_PRECISION"]):
+                for arch in archs:
+                    jobs.append((name, dtype, kernel, args, config, arch))
+    return jobs
+
+
+_JOBS = []
+
+
+def _run_job(i: int) -> Result:
+    return compile_launch(*_JOBS[i])
+
+
+def compile_all(jobs, processes: int = 1) -> List[Result]:
+    """Compile ``jobs`` (see ``all_jobs``), in ``processes`` forked workers if > 1."""
+    global _JOBS
+    _JOBS = list(jobs)
+    if processes <= 1 or "fork" not in multiprocessing.get_all_start_methods():
+        return [_run_job(i) for i in range(len(_JOBS))]
+    with concurrent.futures.ProcessPoolExecutor(processes, mp_context=multiprocessing.get_context("fork")) as pool:
+        return list(pool.map(_run_job, range(len(_JOBS))))
+
+
+def format_table(results: List[Result]) -> str:
+    head = f"{'launch':<16} {'config':<18} {'dtype':<9} {'sm':>3} {'regs':>4} {'spill B':>7} {'shared B':>8} {'limit B':>7} ok"
+    lines = [head, "-" * len(head)]
+    for r in results:
+        lines.append(f"{r.launch:<16} {r.config:<18} {r.dtype:<9} {r.arch:>3} {r.regs:>4} "
+                     f"{r.spill_bytes:>7} {r.shared:>8} {SHARED_LIMITS[r.arch]:>7} {'yes' if r.ok else 'NO'}")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dtype", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
+    args = parser.parse_args()
+    start = time.perf_counter()
+    results = compile_all(all_jobs(args.dtype), args.jobs)
+    print(format_table(results))
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results)} builds in {time.perf_counter() - start:.0f} s; {len(bad)} over budget")
+    raise SystemExit(1 if bad else 0)
+
+
+if __name__ == "__main__":
+    main()

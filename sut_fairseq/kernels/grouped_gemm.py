@@ -1,0 +1,298 @@
+"""Triton kernels for the routed linear map (``sut_fairseq.ops.routed_linear``).
+
+Layout (see ``sut_fairseq/ops/routing.py``): M = N * k slots, sorted by expert. Sorted row
+``m`` belongs to expert ``e_m = sorted_expert_idxs[m]`` and to slot
+``s_m = sorted_scattered_idxs[m]``; rows at and after ``expert_offsets[E - 1]`` (the
+number of active rows) belong to the sentinel expert E (halted / padding positions).
+
+A tensor with rows of width W is read or written in one of three row orders, chosen by
+two compile-time constants ``*_GROUPED`` and ``*_FAN``:
+
+* grouped (``GROUPED=True``): row ``m`` of an (M, W) tensor, the sorted order itself;
+* scattered (``GROUPED=False``): row ``s_m // FAN`` of an (M / FAN, W) tensor: ``FAN=1``
+  is slot order, ``FAN=k`` token order (one row serves the k slots of a token).
+
+Kernels:
+
+* ``routed_gemm_kernel``: ``Y[row_y(m)] = g_m * (X[row_x(m)] @ W[e_m] + b[e_m])`` for every
+  active row m, one (BLOCK_M, BLOCK_N) tile of one expert's sorted rows x output columns
+  per program. Expert e owns ``cdiv(count_e, BLOCK_M)`` consecutive row tiles; each
+  program finds its expert from ``expert_offsets`` on the device (a cumsum over E), so
+  tokens are never copied or padded to a capacity: only the last tile of an expert has
+  masked rows. Grid: ``(cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N)``. Serves the forward pass
+  (W = (E, in, out)) and the input gradient (W read transposed through its strides).
+  With ``HAS_DG`` it also emits the gate-gradient partial sums
+  ``DG[pid_n, s_m] = sum_cols(acc_m * AUX[row_aux(m)])`` (see ``routed_linear_function``).
+* ``routed_wgrad_kernel``: ``dW[e] = sum_{m in e} X[row_x(m)]^T (g_m * DY[row_dy(m)])``
+  and ``db[e] = sum_{m in e} g_m * DY[row_dy(m)]``; one (BLOCK_K, BLOCK_N) tile of one
+  expert's weight per program, looping over that expert's rows (bounds read on device).
+
+Neither kernel needs a host-side count: grids come from the static upper bound M, and a
+program whose row tile lies past the last expert's rows (at/after
+``expert_offsets[E - 1]``) does nothing, so rows routed to the sentinel expert cost one
+early exit per tile and are never read or written (the caller pre-zeroes outputs).
+Operands come in ``X``'s dtype (the compute dtype: the caller casts weights, e.g. to the
+autocast dtype); products accumulate in fp32 and gates are applied in fp32.
+
+The kernels are built as plain ``JITFunction`` objects regardless of ``TRITON_INTERPRET``;
+``interpreted(kernel)`` gives the CPU-interpreter version (used for CPU tensors), so
+ahead-of-time compilation and interpretation both work in one process.
+"""
+import functools
+
+import triton
+import triton.language as tl
+from triton.runtime.jit import JITFunction
+
+
+def _routed_gemm(
+    X, W, B, Y, G, AUX, DG,
+    sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
+    M, K, N, E,
+    stride_xm, stride_xk,
+    stride_we, stride_wk, stride_wn,
+    stride_be, stride_bn,
+    stride_ym, stride_yn,
+    stride_am, stride_ak,
+    stride_dg,
+    X_GROUPED: tl.constexpr, X_FAN: tl.constexpr, Y_GROUPED: tl.constexpr,
+    HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
+    HAS_DG: tl.constexpr, A_GROUPED: tl.constexpr, A_FAN: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr, E_POW2: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+):
+    """X: rows of width K; W: (E, K, N) via strides; B: (E, N); Y: rows of width N;
+    G: (M,) gates by slot; AUX: rows of width N (HAS_DG); DG: (>= cdiv(N, BLOCK_N), M) fp32.
+    Grid: (cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N) programs."""
+    pid = tl.program_id(0)
+    num_pid_m = tl.cdiv(M, BLOCK_M) + E
+    num_pid_n = tl.cdiv(N, BLOCK_N)
+    # Grouped launch order: GROUP_M row tiles sweep all column tiles together, so
+    # consecutive programs share the same expert's weight panel in L2.
+    width = GROUP_M * num_pid_n
+    first_m = (pid // width) * GROUP_M
+    group_size = min(num_pid_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % width) % group_size
+    pid_n = (pid % width) // group_size
+
+    # Row tile pid_m -> (expert e, its rows [row0, row0 + BLOCK_M) clipped to `end`):
+    # expert e owns cdiv(count_e, BLOCK_M) consecutive tiles; read on device, no sync.
+    eids = tl.arange(0, E_POW2)
+    ends = tl.load(expert_offsets + eids, mask=eids < E, other=0)
+    starts = tl.load(expert_offsets + eids - 1, mask=(eids > 0) & (eids < E), other=0)
+    tiles = tl.cdiv(ends - starts, BLOCK_M)
+    tiles_end = tl.cumsum(tiles, 0)
+    e = tl.sum((tiles_end <= pid_m).to(tl.int32), 0)
+    if e < E:
+        this = eids == e
+        end = tl.sum(tl.where(this, ends, 0), 0)
+        row0 = tl.sum(tl.where(this, starts + (pid_m - (tiles_end - tiles)) * BLOCK_M, 0), 0)
+        rm = row0 + tl.arange(0, BLOCK_M)
+        row_ok = rm < end
+        slot = tl.load(sorted_scattered_idxs + rm, mask=row_ok, other=0)
+        if X_GROUPED:
+            x_row = rm
+        else:
+            x_row = slot // X_FAN
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        n_ok = rn < N
+        rk = tl.arange(0, BLOCK_K)
+
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        x_ptrs = X + x_row[:, None] * stride_xm + rk[None, :] * stride_xk
+        w_ptrs = W + e * stride_we + rk[:, None] * stride_wk + rn[None, :] * stride_wn
+        for k0 in range(0, K, BLOCK_K):
+            k_ok = rk < K - k0
+            a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+            w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
+            acc = tl.dot(a, w.to(X.dtype.element_ty), acc, input_precision=INPUT_PRECISION)
+            x_ptrs += BLOCK_K * stride_xk
+            w_ptrs += BLOCK_K * stride_wk
+
+        out_mask = row_ok[:, None] & n_ok[None, :]
+        if HAS_BIAS:
+            b = tl.load(B + e * stride_be + rn * stride_bn, mask=n_ok, other=0.0)
+            acc += b.to(tl.float32)[None, :]
+        if HAS_DG:
+            if A_GROUPED:
+                a_row = rm
+            else:
+                a_row = slot // A_FAN
+            aux = tl.load(AUX + a_row[:, None] * stride_am + rn[None, :] * stride_ak, mask=out_mask, other=0.0)
+            dg = tl.sum(acc * aux.to(tl.float32), axis=1)
+            tl.store(DG + pid_n * stride_dg + slot, dg, mask=row_ok)
+        if GATED:
+            g = tl.load(G + slot, mask=row_ok, other=0.0).to(tl.float32)
+            acc = acc * g[:, None]
+        if Y_GROUPED:
+            y_row = rm
+        else:
+            y_row = slot
+        tl.store(Y + y_row[:, None] * stride_ym + rn[None, :] * stride_yn,
+                 acc.to(Y.dtype.element_ty), mask=out_mask)
+
+
+def _routed_wgrad(
+    X, DY, G, DW, DB,
+    sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
+    K, N, E,
+    stride_xm, stride_xk,
+    stride_dym, stride_dyn,
+    stride_dwe, stride_dwk, stride_dwn,
+    stride_dbe, stride_dbn,
+    X_GROUPED: tl.constexpr, X_FAN: tl.constexpr, DY_GROUPED: tl.constexpr, DY_FAN: tl.constexpr,
+    GATED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    INPUT_PRECISION: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """X: rows of width K; DY: rows of width N; G: (M,) gates by slot; DW: (E, K, N);
+    DB: (E, N). Grid: E * cdiv(K, BLOCK_K) * cdiv(N, BLOCK_N) programs."""
+    pid = tl.program_id(0)
+    num_k = tl.cdiv(K, BLOCK_K)
+    num_n = tl.cdiv(N, BLOCK_N)
+    e = pid // (num_k * num_n)
+    tile = pid % (num_k * num_n)
+    pid_k = tile // num_n
+    pid_n = tile % num_n
+
+    end = tl.load(expert_offsets + e).to(tl.int32)
+    start = tl.where(e > 0, tl.load(expert_offsets + tl.maximum(e - 1, 0)), 0).to(tl.int32)
+    rk = pid_k * BLOCK_K + tl.arange(0, BLOCK_K)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    k_ok = rk < K
+    n_ok = rn < N
+    acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
+    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    for m0 in range(start, end, BLOCK_M):
+        rm = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
+        row_ok = rm < end
+        slot = tl.load(sorted_scattered_idxs + rm, mask=row_ok, other=0)
+        if X_GROUPED:
+            x_row = rm
+        else:
+            x_row = slot // X_FAN
+        if DY_GROUPED:
+            dy_row = rm
+        else:
+            dy_row = slot // DY_FAN
+        x = tl.load(X + x_row[:, None] * stride_xm + rk[None, :] * stride_xk,
+                    mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        dy = tl.load(DY + dy_row[:, None] * stride_dym + rn[None, :] * stride_dyn,
+                     mask=row_ok[:, None] & n_ok[None, :], other=0.0)
+        if GATED:
+            g = tl.load(G + slot, mask=row_ok, other=0.0).to(tl.float32)
+            dy = (dy.to(tl.float32) * g[:, None]).to(X.dtype.element_ty)
+        else:
+            dy = dy.to(X.dtype.element_ty)
+        if HAS_BIAS:
+            db += tl.sum(dy.to(tl.float32), axis=0)
+        acc = tl.dot(tl.trans(x), dy, acc, input_precision=INPUT_PRECISION)
+
+    tl.store(DW + e * stride_dwe + rk[:, None] * stride_dwk + rn[None, :] * stride_dwn,
+             acc.to(DW.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
+    if HAS_BIAS:
+        if pid_k == 0:
+            tl.store(DB + e * stride_dbe + rn * stride_dbn, db.to(DB.dtype.element_ty), mask=n_ok)
+
+
+routed_gemm_kernel = JITFunction(_routed_gemm)
+routed_wgrad_kernel = JITFunction(_routed_wgrad)
+KERNELS = (routed_gemm_kernel, routed_wgrad_kernel)
+
+
+# Configurations autotuned over on GPUs. Each compiles for sm_80 and sm_90 with no register
+# spills and shared memory within both limits (tests/test_kernels_aot.py checks every one
+# against every launch the autograd Function makes). Tensor-core lists serve fp16, bf16
+# and fp32 with TF32; BLOCK_K = 32 keeps 128-wide fp32 tiles in budget and 128-row tiles
+# use 8 warps (4 warps spill on sm_80). The *_IEEE lists serve fp32 when
+# ``torch.backends.cuda.matmul.allow_tf32`` is off: ``tl.dot`` then runs on FMA units and
+# needs small tiles.
+GEMM_CONFIGS = [
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 128, "BLOCK_N": 64, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
+]
+GEMM_CONFIGS_IEEE = [
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 8, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=2),
+]
+WGRAD_CONFIGS = [
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=4),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 128, "BLOCK_K": 128}, num_warps=8, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+]
+WGRAD_CONFIGS_IEEE = [
+    triton.Config({"BLOCK_M": 8, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=8, num_stages=2),
+    triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}, num_warps=4, num_stages=2),
+]
+CONFIGS = {
+    routed_gemm_kernel: {"tf32": GEMM_CONFIGS, "ieee": GEMM_CONFIGS_IEEE},
+    routed_wgrad_kernel: {"tf32": WGRAD_CONFIGS, "ieee": WGRAD_CONFIGS_IEEE},
+}
+
+
+def shipped_configs(kernel, input_precision: str):
+    """The configurations ``kernel`` is autotuned over for ``INPUT_PRECISION``
+    ("tf32": tensor cores, used for fp16/bf16 too; "ieee": fp32 on FMA units)."""
+    return CONFIGS[kernel][input_precision]
+
+
+# Small blocks for the CPU interpreter: tiles straddle experts and dims, as on a GPU.
+INTERPRET_CONFIGS = {
+    routed_gemm_kernel: triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16, "GROUP_M": 2}),
+    routed_wgrad_kernel: triton.Config({"BLOCK_M": 16, "BLOCK_N": 16, "BLOCK_K": 16}),
+}
+
+def _prune_by_precision(kernel):
+    def prune(configs, named_args, **kwargs):
+        wanted = shipped_configs(kernel, {**named_args, **kwargs}["INPUT_PRECISION"])
+        return [c for c in configs if any(c is w for w in wanted)]
+
+    return {"early_config_prune": prune}
+
+
+_GEMM_KEY = ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "INPUT_PRECISION"]
+_WGRAD_KEY = ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "INPUT_PRECISION"]
+AUTOTUNED = {
+    routed_gemm_kernel: triton.autotune(
+        configs=GEMM_CONFIGS + GEMM_CONFIGS_IEEE, key=_GEMM_KEY,
+        prune_configs_by=_prune_by_precision(routed_gemm_kernel))(routed_gemm_kernel),
+    routed_wgrad_kernel: triton.autotune(
+        configs=WGRAD_CONFIGS + WGRAD_CONFIGS_IEEE, key=_WGRAD_KEY,
+        prune_configs_by=_prune_by_precision(routed_wgrad_kernel))(routed_wgrad_kernel),
+}
+
+
+@functools.lru_cache(maxsize=None)
+def interpreted(kernel):
+    """The CPU-interpreter version of ``kernel``. The interpreter also needs
+    ``TRITON_INTERPRET=1`` set before ``triton`` was imported (see ``testing.py``)."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    _fix_interpreter_bf16_dot()
+    return InterpretedFunction(kernel.fn)
+
+
+@functools.lru_cache(maxsize=None)
+def _fix_interpreter_bf16_dot():
+    """Triton 3.9's interpreter keeps bf16 data as raw uint16 bits and ``tl.dot`` multiplies
+    those bits as integers; widen bf16 operands to fp32 first (exact)."""
+    import numpy as np
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_dot
+
+    def widen(handle):
+        if handle.dtype == tl.bfloat16:
+            bits = handle.data.astype(np.uint32) << 16
+            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
+        return handle
+
+    def create_dot(self, a, b, d, *args, **kwargs):
+        return original(self, widen(a), widen(b), d, *args, **kwargs)
+
+    builder.create_dot = create_dot

@@ -1,0 +1,287 @@
+"""The routed linear map on the Triton kernels: an autograd Function and its launchers.
+
+``triton_routed_linear`` has the signature and semantics of
+``sut_fairseq.ops.routed_linear.reference_routed_linear`` (see that module for the row
+layouts). Shapes: N tokens, k slots each, M = N * k; x (N | M, in), weight (E, in, out),
+bias (E, out) or None, gates (N, k) or None; the result is (M, out), or (N, out) with gates.
+
+Passes (no device-to-host synchronisation in any of them):
+
+* forward: one ``routed_gemm_kernel`` launch writes ``y_s = g_s (x W_e + b_e)`` for every
+  active slot into a zeroed (M, out) buffer, sorted (``grouped_out``) or in slot order.
+  With gates, the k slots of a token are then summed by ``y.view(N, k, out).sum(1)``
+  (deterministic, no atomics; a token's slots lie in different experts' tiles).
+* input gradient: ``routed_gemm_kernel`` again, reading ``dout`` in the forward output's
+  row order, ``W_e`` transposed through its strides and scaling rows by the gate; it
+  writes the forward input's row order (token rows read by ``fan_out`` slots are summed
+  like the gated output).
+* gate gradient: ``dg_s = dout_n . (x_s W_e + b_e) = x_s . (dout_n W_e^T) + dout_n . b_e``.
+  The first term is summed in the epilogue of the input-gradient kernel (per column tile,
+  then over tiles), the second is a small (N, E) matmul; no (M, out) activation is saved.
+* weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
+
+Mixed precision: under autocast the inputs, weights and bias are cast to the autocast
+dtype here (as ``nn.Linear`` does) and the kernels run with autocast off; products
+accumulate in fp32, gate scaling and the gate gradient are done in fp32. fp32 operands
+use TF32 only when ``torch.backends.cuda.matmul.allow_tf32`` allows it.
+
+CPU tensors run the same kernels in Triton's interpreter (tests; slow; needs
+``TRITON_INTERPRET=1`` before ``triton`` is imported), with the small blocks of
+``grouped_gemm.INTERPRET_CONFIGS``; CUDA tensors use the autotuned kernels.
+"""
+import contextlib
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+from triton.runtime.interpreter import InterpretedFunction
+
+from . import grouped_gemm as gg
+
+
+def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
+    """The autocast dtype active for ``device_type`` ("cuda" or "cpu"), or None."""
+    if device_type not in ("cuda", "cpu"):
+        return None
+    try:
+        if torch.is_autocast_enabled(device_type):
+            return torch.get_autocast_dtype(device_type)
+        return None
+    except TypeError:  # torch < 2.4: no device_type argument
+        if device_type == "cuda" and torch.is_autocast_enabled():
+            return torch.get_autocast_gpu_dtype()
+        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
+            return torch.get_autocast_cpu_dtype()
+        return None
+
+
+def _no_autocast(device_type: str):
+    if device_type in ("cuda", "cpu"):
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _input_precision(dtype: torch.dtype) -> str:
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+# Set by ``aot.record_launches`` to collect launches (e.g. on "meta" tensors) instead.
+_launch_recorder = None
+
+
+def _launch(kernel, grid_fn, args: dict, device: torch.device) -> None:
+    """Launch ``kernel`` with keyword ``args``: autotuned on GPUs, interpreted on CPU."""
+    if _launch_recorder is not None:
+        _launch_recorder(kernel, args)
+    elif device.type == "cpu":
+        if not isinstance(tl.sum, InterpretedFunction):
+            raise RuntimeError("the Triton kernels run on CPU tensors only in Triton's interpreter: "
+                               "set TRITON_INTERPRET=1 before triton is imported")
+        config = gg.INTERPRET_CONFIGS[kernel]
+        meta = dict(config.kwargs)
+        gg.interpreted(kernel)[grid_fn(meta)](**args, **meta)
+    else:
+        gg.AUTOTUNED[kernel][grid_fn](**args)
+
+
+def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates, routing,
+                aux=None, aux_grouped=False, aux_fan=1, dg=None):
+    """Launch ``routed_gemm_kernel``: ``y[row_y(m)] = g (x[row_x(m)] @ W_e(^T) + b_e)``.
+
+    x: rows of width K; w: (E, K, N), or (E, N, K) read transposed when ``w_transposed``;
+    y: zeroed rows of width N; gates: (M,) or None; aux/dg: gate-gradient partials
+    (``dg`` (T, M) fp32 zeros with T >= cdiv(N, min BLOCK_N)), see the kernel docstring.
+    """
+    E = routing.num_experts
+    M = routing.num_slots
+    if w_transposed:
+        K, N = w.size(2), w.size(1)
+        stride_wk, stride_wn = w.stride(2), w.stride(1)
+    else:
+        K, N = w.size(1), w.size(2)
+        stride_wk, stride_wn = w.stride(1), w.stride(2)
+    has_dg = dg is not None
+    args = dict(
+        X=x, W=w, B=bias if bias is not None else w, Y=y,
+        G=gates if gates is not None else y, AUX=aux if has_dg else x, DG=dg if has_dg else y,
+        sorted_expert_idxs=routing.sorted_expert_idxs,
+        sorted_scattered_idxs=routing.sorted_scattered_idxs,
+        expert_offsets=routing.expert_offsets,
+        M=M, K=K, N=N, E=E,
+        stride_xm=x.stride(0), stride_xk=x.stride(1),
+        stride_we=w.stride(0), stride_wk=stride_wk, stride_wn=stride_wn,
+        stride_be=bias.stride(0) if bias is not None else 0,
+        stride_bn=bias.stride(1) if bias is not None else 0,
+        stride_ym=y.stride(0), stride_yn=y.stride(1),
+        stride_am=aux.stride(0) if has_dg else 0, stride_ak=aux.stride(1) if has_dg else 0,
+        stride_dg=dg.stride(0) if has_dg else 0,
+        X_GROUPED=x_grouped, X_FAN=1 if x_grouped else x_fan, Y_GROUPED=y_grouped,
+        HAS_BIAS=bias is not None, GATED=gates is not None,
+        HAS_DG=has_dg, A_GROUPED=aux_grouped, A_FAN=1 if aux_grouped else aux_fan,
+        INPUT_PRECISION=_input_precision(x.dtype),
+        E_POW2=triton.next_power_of_2(max(E, 2)),
+    )
+
+    def grid(meta):
+        return ((triton.cdiv(M, meta["BLOCK_M"]) + E) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _launch(gg.routed_gemm_kernel, grid, args, x.device)
+
+
+def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, routing):
+    """Launch ``routed_wgrad_kernel``: ``dw[e] = sum_m x_m^T (g_m dy_m)``, ``db[e] = sum_m g_m dy_m``.
+
+    x: rows of width K; dy: rows of width N; dw: (E, K, N); db: (E, N) or None.
+    Every expert's tile is written (zeros for an expert with no rows).
+    """
+    E = routing.num_experts
+    K, N = dw.size(1), dw.size(2)
+    args = dict(
+        X=x, DY=dy, G=gates if gates is not None else dy, DW=dw, DB=db if db is not None else dw,
+        sorted_expert_idxs=routing.sorted_expert_idxs,
+        sorted_scattered_idxs=routing.sorted_scattered_idxs,
+        expert_offsets=routing.expert_offsets,
+        K=K, N=N, E=E,
+        stride_xm=x.stride(0), stride_xk=x.stride(1),
+        stride_dym=dy.stride(0), stride_dyn=dy.stride(1),
+        stride_dwe=dw.stride(0), stride_dwk=dw.stride(1), stride_dwn=dw.stride(2),
+        stride_dbe=db.stride(0) if db is not None else 0,
+        stride_dbn=db.stride(1) if db is not None else 0,
+        X_GROUPED=x_grouped, X_FAN=1 if x_grouped else x_fan,
+        DY_GROUPED=dy_grouped, DY_FAN=1 if dy_grouped else dy_fan,
+        GATED=gates is not None, HAS_BIAS=db is not None,
+        INPUT_PRECISION=_input_precision(x.dtype),
+    )
+
+    def grid(meta):
+        return (E * triton.cdiv(K, meta["BLOCK_K"]) * triton.cdiv(N, meta["BLOCK_N"]),)
+
+    _launch(gg.routed_wgrad_kernel, grid, args, x.device)
+
+
+def _max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
+    """An upper bound on ``cdiv(n, BLOCK_N)`` for the gemm configuration that will run."""
+    if device.type == "cpu":
+        configs = [gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel]]
+    else:
+        configs = gg.shipped_configs(gg.routed_gemm_kernel, _input_precision(dtype))
+    return triton.cdiv(n, min(c.kwargs["BLOCK_N"] for c in configs))
+
+
+def _sum_rows(rows: torch.Tensor, fan: int, num_rows: int) -> torch.Tensor:
+    """(M, W) slot rows -> (num_rows, W): row r sums slots r*fan .. r*fan+fan-1."""
+    M, W = rows.shape
+    out = rows if fan == 1 else rows.view(M // fan, fan, W).sum(1)
+    if out.size(0) < num_rows:
+        out = torch.cat([out, out.new_zeros(num_rows - out.size(0), W)], 0)
+    return out
+
+
+class RoutedLinearFunction(torch.autograd.Function):
+    """Autograd for ``triton_routed_linear``; inputs already in the compute dtype."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out):
+        M, N, k = routing.num_slots, routing.num_tokens, routing.k
+        out_dim = weight.size(2)
+        x = x.contiguous()
+        gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
+        y = x.new_zeros(M, out_dim)
+        routed_gemm(x, grouped_in, fan_out, weight, False, bias, y, grouped_out, gates_flat, routing)
+        if gates is not None:
+            y = y.view(N, k, out_dim).sum(1)
+        ctx.save_for_backward(x, weight, bias, gates_flat)
+        ctx.routing, ctx.fan_out = routing, fan_out
+        ctx.grouped_in, ctx.grouped_out = grouped_in, grouped_out
+        ctx.gates_dtype = gates.dtype if gates is not None else None
+        return y
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias, gates_flat = ctx.saved_tensors
+        routing, fan_out = ctx.routing, ctx.fan_out
+        grouped_in, grouped_out = ctx.grouped_in, ctx.grouped_out
+        M, N, k, E = routing.num_slots, routing.num_tokens, routing.k, routing.num_experts
+        need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
+        gated = gates_flat is not None
+        dout = dout.contiguous().to(x.dtype)
+        # Row order of dout = the forward output's: sorted, token rows (gated) or slot rows.
+        dy_grouped, dy_fan = grouped_out, (k if gated else 1)
+        dx = dw = db = dg = None
+
+        need_g = need_g and gated
+        if need_x or need_g:
+            in_dim = weight.size(1)
+            dx_rows = x.new_zeros(x.shape if grouped_in else (M, in_dim))
+            partial = None
+            if need_g:
+                partial = torch.zeros(_max_column_tiles(in_dim, x.dtype, x.device), M,
+                                      dtype=torch.float32, device=x.device)
+            routed_gemm(dout, dy_grouped, dy_fan, weight, True, None, dx_rows, grouped_in,
+                        gates_flat, routing, aux=x, aux_grouped=grouped_in, aux_fan=fan_out,
+                        dg=partial)
+            if need_x:
+                dx = dx_rows if grouped_in else _sum_rows(dx_rows, fan_out, x.size(0))
+            if need_g:
+                dg = partial.sum(0).view(N, k)
+                if bias is not None:  # dout_n . b_e, zero for the sentinel expert E
+                    per_expert = dout.float() @ bias.float().t()  # (N, E)
+                    per_expert = torch.cat([per_expert, per_expert.new_zeros(N, 1)], 1)
+                    dg = dg + per_expert.gather(1, routing.expert_idxs)
+                dg = dg.to(ctx.gates_dtype)
+        if need_w or need_b:
+            dw = torch.empty_like(weight)
+            db = torch.empty_like(bias) if bias is not None else None
+            routed_wgrad(x, grouped_in, fan_out, dout, dy_grouped, dy_fan, gates_flat, dw, db, routing)
+            if not need_w:
+                dw = None
+            if not need_b:
+                db = None
+        return dx, dw, db, dg, None, None, None, None
+
+
+def triton_routed_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: Optional[torch.Tensor],
+    routing,
+    fan_out: int,
+    grouped_in: bool = False,
+    grouped_out: bool = False,
+    gates: Optional[torch.Tensor] = None,
+) -> torch.Tensor:
+    """``reference_routed_linear`` on the Triton kernels (same arguments and result).
+
+    Args:
+        x: (N, in) token rows (``fan_out = k``), (M, in) slot rows (``fan_out = 1``), or
+            (>= M, in) sorted rows (``grouped_in``).
+        weight: (E, in, out); bias: (E, out) or None; routing: ``ops.routing.Routing``.
+        gates: (N, k) or None (then the result is (M, out), else (N, out)).
+    """
+    if gates is not None and grouped_out:
+        raise ValueError("gates combine a token's slots and need grouped_out=False")
+    M, E = routing.num_slots, routing.num_experts
+    if weight.dim() != 3 or weight.size(0) != E or x.dim() != 2 or x.size(1) != weight.size(1):
+        raise ValueError(f"x (rows, in) and weight (E={E}, in, out) do not match: "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (E, weight.size(2)):
+        raise ValueError(f"bias must be (E, out); got {tuple(bias.shape)}")
+    if gates is not None and tuple(gates.shape) != tuple(routing.expert_idxs.shape):
+        raise ValueError(f"gates must be (N, k) = {tuple(routing.expert_idxs.shape)}; "
+                         f"got {tuple(gates.shape)}")
+    if grouped_in:
+        if x.size(0) < M:
+            raise ValueError(f"grouped x needs >= M = {M} rows; got {x.size(0)}")
+    elif fan_out < 1 or M % fan_out or x.size(0) < M // fan_out:
+        raise ValueError(f"x with fan_out={fan_out} needs M / fan_out = {M}/{fan_out} rows; "
+                         f"got {x.size(0)}")
+    dtype = _autocast_dtype(x.device.type) or x.dtype
+    if M == 0:  # no tokens: nothing to launch
+        return x.new_zeros(routing.num_tokens if gates is not None else M, weight.size(2), dtype=dtype)
+    x, weight = x.to(dtype), weight.to(dtype)
+    bias = bias.to(dtype) if bias is not None else None
+    with _no_autocast(x.device.type):
+        return RoutedLinearFunction.apply(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
