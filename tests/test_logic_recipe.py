@@ -138,16 +138,17 @@ def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
     assert commands(out, "summarize.py")
 
 
-def test_dry_run_reduced_gives_every_model_the_same_cpu_budget(tmp_path):
+def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
     out = run([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
                "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "--buckets", "all"]).stdout
     trains = commands(out, "fairseq-train")
     assert len(trains) == 4
     for argv in trains:
         check_model_flags(value(argv, "--save-dir").split(os.sep)[-4], argv)
-        assert value(argv, "--stop-time-hours") == "0.9" and value(argv, "--max-update") == "20000"
+        # the budget is the update count (the same batches for every model); one hour caps it
+        assert value(argv, "--max-update") == "2400" and value(argv, "--stop-time-hours") == "1"
         assert value(argv, "--max-tokens") == "2048" and value(argv, "--lr") == "1e-3"
-        assert value(argv, "--warmup-updates") == "400" and value(argv, "--validate-interval-updates") == "1000"
+        assert value(argv, "--warmup-updates") == "400" and value(argv, "--validate-interval-updates") == "800"
     subsets = [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")]
     assert subsets[:13] == ["test"] + [f"test{k}" for k in range(1, 13)]  # bucket 0 is split "test"
     # one budget override applies to every model
@@ -159,6 +160,23 @@ def test_dry_run_reduced_gives_every_model_the_same_cpu_budget(tmp_path):
     assert not (tmp_path / "d").exists()
 
 
+def test_dry_run_replaces_incomplete_data_directories_and_only_those(tmp_path):
+    """prepare.py / generate.py refuse a non-empty --out unless --overwrite: table5.py asks
+    for it only when the directory exists without a complete binarization (never trusted)."""
+    data = tmp_path / "d"
+    (data / "original").mkdir(parents=True)
+    (data / "original" / "train0").write_text("# ( a ) ( b )\n")  # 1 of 26 files
+    (data / "A").mkdir()
+    (data / "A" / "train.src").write_text("a #SEP# b\n")  # text only, no bin/
+    out = run([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(data),
+               "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "A"]).stdout
+    (gen,) = commands(out, "generate.py")
+    assert "--overwrite" in gen
+    prepared = {value(c, "--protocol"): c for c in commands(out, "prepare.py")}
+    assert "--overwrite" in prepared["A"] and "--overwrite" not in prepared["standard"]
+    assert sorted(os.listdir(data)) == ["A", "original"]  # a dry run changes nothing
+
+
 @pytest.mark.parametrize("model", recipe.MODELS)
 def test_train_py_dry_run(model, tmp_path):
     for reduced in (False, True):
@@ -167,7 +185,8 @@ def test_train_py_dry_run(model, tmp_path):
                   + ["--", "--encoder-layers", "2", "--patience", "3"]).stdout
         (argv,) = commands(out, "fairseq-train")
         assert argv[1] == "BIN"
-        assert value(argv, "--stop-time-hours") == ("0.9" if reduced else "12")
+        assert value(argv, "--stop-time-hours") == ("1" if reduced else "12")
+        assert value(argv, "--max-update") == ("2400" if reduced else "50000")
         assert value(argv, "--encoder-layers") == "2" and value(argv, "--patience") == "3"  # extra wins
         assert value(argv, "--log-file") == str(tmp_path / "ck" / "train.log")
         assert ("reduced" if reduced else "full") + " configuration" in out
@@ -321,7 +340,7 @@ def test_smoke_trains_the_reduced_sut_and_scores_every_line_of_buckets_7_to_12(s
     assert value(prep, "--protocol") == "standard" and "--binarize" in prep
     assert not commands(out, "generate.py")  # --original given: nothing generated
     (train,) = commands(out, "fairseq-train")
-    assert value(train, "--arch") == "sut_logic" and value(train, "--stop-time-hours") == "0.9"
+    assert value(train, "--arch") == "sut_logic" and value(train, "--stop-time-hours") == "1"
     assert value(train, "--max-update") == "3" and value(train, "--encoder-embed-dim") == "32"
     assert [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")] == [f"test{k}" for k in range(7, 13)]
     result = json.load(open(run_dir / "result.json"))

@@ -203,8 +203,11 @@ def test_resume_reruns_only_what_is_missing_or_changed(tmp_path, capsys):
     assert run_prep(tmp_path) == 0
     ran = [l.split()[-1] for l in capsys.readouterr().out.splitlines() if l.startswith("[run ]")]
     assert ran == ["tokenise-newstest2013.de", "apply-bpe-valid.de"]
-    # a changed parameter reruns its step and everything downstream of it only
-    assert run_prep(tmp_path, "--max-len", "12") == 0
+    # a changed parameter is refused unless --overwrite; with it, it reruns its step and
+    # everything downstream of it only
+    assert run_prep(tmp_path, "--max-len", "12") == 2
+    assert "clean-train: max_len 80 -> 12" in capsys.readouterr().err
+    assert run_prep(tmp_path, "--max-len", "12", "--overwrite") == 0
     ran = [l.split()[-1] for l in capsys.readouterr().out.splitlines() if l.startswith("[run ]")]
     assert ran == ["clean-train", "learn-bpe"] + [f"apply-bpe-{s}.{l}" for s in
                                                   ("train", "valid", "test") for l in ("en", "de")]

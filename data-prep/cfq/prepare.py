@@ -24,15 +24,25 @@ split ``LABEL`` (the name, or the file name without ``.json``) the files are::
     OUT/LABEL/bin/                       with --binarize: fairseq-preprocess output (src-tgt,
                                          joined dictionary built from train)
 
-Lines follow the order of the index lists in the split file; every file is written
-atomically. Errors (a missing or malformed file, a record without
-questionPatternModEntities / sparqlPatternModEntities, a split index out of range) name
-the file and the record index and exit with status 1.
+Lines follow the order of the index lists in the split file. Errors (a missing or
+malformed file, a record without questionPatternModEntities / sparqlPatternModEntities, a
+split index out of range) name the file and the record index and exit with status 1.
+
+Each ``OUT/LABEL`` is written as a whole: its files (and, with ``--binarize``, what
+``fairseq-preprocess`` writes into ``bin/``) go into a temporary sibling
+``OUT/.LABEL.tmp-PID-XXXX`` that is renamed to ``OUT/LABEL`` only when every requested
+split is complete; a failed or interrupted run leaves the previous ``OUT/LABEL`` as it
+was and no partial one. Before anything is read, a requested ``OUT/LABEL`` that exists and
+is not empty -- including the complete output of an earlier run with the same arguments
+-- is refused (error, exit status 2) unless ``--overwrite`` is given, which replaces the
+whole ``OUT/LABEL`` (no file of the earlier run survives). Other entries of ``OUT`` (other
+splits, the ``download/`` cache) are never touched, so splits can be added one at a time.
 
 The library is ``sut_fairseq/data/cfq.py``; this script loads it by file path, so
 preparing text files needs neither torch nor fairseq.
 """
 import argparse
+import contextlib
 import importlib
 import importlib.util
 import os
@@ -58,6 +68,12 @@ def load_cfq_module():
         sys.modules[name] = package
         spec.loader.exec_module(package)
     return importlib.import_module(name + ".cfq")
+
+
+def load_output_dir_module():
+    """``sut_fairseq/data/output_dir.py``, loaded as :func:`load_cfq_module` loads cfq.py."""
+    load_cfq_module()
+    return importlib.import_module("_sut_data.output_dir")
 
 
 def find_tool(name, explicit=None):
@@ -99,7 +115,8 @@ def main(argv=None):
                         help="training targets: simplified (default, SPEC §4.2) or only preprocessed")
     parser.add_argument("--binarize", action="store_true", help="run fairseq-preprocess per split")
     parser.add_argument("--overwrite", action="store_true",
-                        help="with --binarize: replace an existing OUT/LABEL/bin")
+                        help="replace a requested OUT/LABEL that exists and is not empty "
+                             "(else: error, exit 2), its bin/ included")
     parser.add_argument("--workers", type=int, default=1, help="fairseq-preprocess workers")
     parser.add_argument("--fairseq-preprocess", default=None, help="fairseq-preprocess executable")
     parser.add_argument("--no-progress", action="store_true", help="no progress bars")
@@ -107,44 +124,57 @@ def main(argv=None):
     args = parser.parse_args(argv)
 
     cfq = load_cfq_module()
+    od = load_output_dir_module()
     start = time.time()
     progress = not args.no_progress
     archive = args.archive
+    labels = [cfq.split_label(s) for s in args.split]
+    label_dirs = {label: os.path.join(args.out, label) for label in labels}
+    cache = args.cache_dir or os.path.join(args.out, "download")
+    inputs = [args.cfq_dir, args.archive, cache] + [s for s in args.split if s.endswith(".json")]
     try:
-        if args.cfq_dir is None and archive is None:
-            cache = args.cache_dir or os.path.join(args.out, "download")
-            archive = os.path.join(cache, cfq.ARCHIVE_NAME)
-            url = args.url or cfq.CFQ_URL
-            if not os.path.exists(archive):
-                print(f"downloading {url} -> {archive}", flush=True)
-            cfq.download(url, archive, progress)
-        origin = args.cfq_dir or archive
-        print(f"reading {origin}: splits {', '.join(args.split)}", flush=True)
-        summary = cfq.prepare(args.out, args.split, cfq_dir=args.cfq_dir, archive=archive,
-                              target_form=args.target_form, progress=progress,
-                              **({"chunk_chars": args.chunk_chars} if args.chunk_chars else {}))
-    except cfq.CfqDataError as err:
-        raise SystemExit(f"error: {err}")
-    for label, counts in summary.items():
-        sizes = " / ".join(f"{counts[s]:,} {s}" for s in ("train", "valid", "test"))
-        print(f"  {label}: {sizes} -> {os.path.join(args.out, label)}")
+        for directory in label_dirs.values():
+            od.check_output_dir(directory, args.overwrite, inputs=inputs)
+    except od.OutputExistsError as err:
+        return od.refuse(err)
+    for directory in label_dirs.values():
+        od.remove_stale(directory)
+    executable = find_tool("fairseq-preprocess", args.fairseq_preprocess) if args.binarize else None
+    try:
+        with contextlib.ExitStack() as stack:
+            stages = {label: stack.enter_context(od.StagedDir(directory, overwrite=args.overwrite))
+                      for label, directory in label_dirs.items()}
+            try:
+                if args.cfq_dir is None and archive is None:
+                    archive = os.path.join(cache, cfq.ARCHIVE_NAME)
+                    url = args.url or cfq.CFQ_URL
+                    if not os.path.exists(archive):
+                        print(f"downloading {url} -> {archive}", flush=True)
+                    cfq.download(url, archive, progress)
+                origin = args.cfq_dir or archive
+                print(f"reading {origin}: splits {', '.join(args.split)}", flush=True)
+                summary = cfq.prepare(args.out, args.split, cfq_dir=args.cfq_dir, archive=archive,
+                                      target_form=args.target_form, progress=progress,
+                                      label_dirs={label: stage.path for label, stage in stages.items()},
+                                      **({"chunk_chars": args.chunk_chars} if args.chunk_chars else {}))
+            except cfq.CfqDataError as err:
+                raise SystemExit(f"error: {err}")
+            for label, counts in summary.items():
+                sizes = " / ".join(f"{counts[s]:,} {s}" for s in ("train", "valid", "test"))
+                print(f"  {label}: {sizes} -> {label_dirs[label]}")
 
-    if args.binarize:
-        executable = find_tool("fairseq-preprocess", args.fairseq_preprocess)
-        for label in summary:
-            split_dir = os.path.join(args.out, label)
-            bin_dir = os.path.join(split_dir, "bin")
-            if os.path.exists(bin_dir):
-                if not args.overwrite:
-                    raise SystemExit(f"error: {bin_dir} exists (fairseq-preprocess refuses to "
-                                     f"overwrite a dictionary); pass --overwrite or remove it")
-                shutil.rmtree(bin_dir)
-            command = binarize_command(executable, split_dir, bin_dir, args.workers)
-            print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
-            returncode = subprocess.run(command).returncode
-            if returncode != 0:
-                raise SystemExit(f"error: fairseq-preprocess failed for {label} (exit {returncode})")
-            print(f"  {label}: binarized into {bin_dir}")
+            if args.binarize:
+                for label in summary:
+                    split_dir = stages[label].path
+                    command = binarize_command(executable, split_dir, os.path.join(split_dir, "bin"),
+                                               args.workers)
+                    print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
+                    returncode = subprocess.run(command).returncode
+                    if returncode != 0:
+                        raise SystemExit(f"error: fairseq-preprocess failed for {label} (exit {returncode})")
+                    print(f"  {label}: binarized into {os.path.join(label_dirs[label], 'bin')}")
+    except od.OutputExistsError as err:
+        return od.refuse(err)
     print(f"done in {time.time() - start:.0f} s")
     return 0
 

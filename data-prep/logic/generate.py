@@ -8,6 +8,13 @@ into ``--out`` and prints per-bucket train/test sizes next to the original sizes
 the SPEC (scaled by ``--pairs / 500000`` when ``--pairs`` differs; the scaled numbers are
 then only a rough guide, since deduplication does not scale linearly).
 
+``--out`` is written as a whole: the files go into a temporary sibling directory
+(``.NAME.tmp-PID-XXXX``) that is renamed to ``--out`` once all 26 are written, so an
+interrupted run leaves no ``--out`` (or the previous one) and a directory of that name
+always holds a complete output. An existing non-empty ``--out`` -- including the
+complete output of an earlier run with the same arguments -- is refused (error, exit
+status 2) unless ``--overwrite`` is given, which replaces the whole directory.
+
 The generator lives in ``sut_fairseq/data/logic_inference.py``; this script loads it by
 file path, so it needs neither torch nor fairseq (importing the ``sut_fairseq`` package
 registers the models and so imports both). A progress bar is shown when ``tqdm`` is
@@ -22,16 +29,25 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def load_logic_module():
-    """Load ``sut_fairseq/data/logic_inference.py`` without importing the package."""
-    name = "_sut_logic_inference"
+def _load(name, filename):
+    """Load ``sut_fairseq/data/FILENAME`` as module ``name`` without importing the package."""
     if name not in sys.modules:
-        path = os.path.join(REPO, "sut_fairseq", "data", "logic_inference.py")
+        path = os.path.join(REPO, "sut_fairseq", "data", filename)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def load_logic_module():
+    """Load ``sut_fairseq/data/logic_inference.py`` without importing the package."""
+    return _load("_sut_logic_inference", "logic_inference.py")
+
+
+def load_output_dir_module():
+    """Load ``sut_fairseq/data/output_dir.py`` without importing the package."""
+    return _load("_sut_output_dir", "output_dir.py")
 
 
 def size_table(li, buckets, splits, n_pairs):
@@ -79,10 +95,18 @@ def main(argv=None):
                              "the SPEC's original sizes correspond to)")
     parser.add_argument("--seed", type=int, default=1, help="seed of random.Random (default 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out when it exists and is not empty (else: error, exit 2)")
     args = parser.parse_args(argv)
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
 
+    od = load_output_dir_module()
+    try:
+        od.check_output_dir(args.out, args.overwrite)
+    except od.OutputExistsError as err:
+        return od.refuse(err)
+    od.remove_stale(args.out)
     li = load_logic_module()
     bar = None
     if not args.no_progress:
@@ -98,7 +122,11 @@ def main(argv=None):
         if bar is not None:
             bar.close()
     splits = li.split_buckets(buckets)
-    li.write_original(args.out, splits)
+    try:
+        with od.StagedDir(args.out, overwrite=args.overwrite) as stage:
+            li.write_original(stage.path, splits)
+    except od.OutputExistsError as err:
+        return od.refuse(err)
     elapsed = time.time() - start
 
     header, rows, worst = size_table(li, buckets, splits, args.pairs)

@@ -26,10 +26,22 @@ as ``--testpref OUT/test0,OUT/test1,...,OUT/test12``; fairseq names the k-th tes
 (e.g. ``fairseq-generate BIN --gen-subset test7`` scores bucket 7). For A/B/C the single
 test file becomes split ``test``. The command is printed before it runs.
 
+Outputs are written as a whole: the text files (and, with ``--binarize``, what
+``fairseq-preprocess`` writes) go into a temporary sibling directory
+(``.NAME.tmp-PID-XXXX``) that is renamed to ``--out`` (and ``--bin-dir``, when it lies
+outside ``--out``) only when everything has succeeded. An interrupted or failed run
+leaves the previous directory as it was and no partial one under the final name, so a
+``bin/`` that exists is always complete. An existing non-empty ``--out`` or ``--bin-dir``
+-- including the complete output of an earlier run with the same arguments -- is refused
+(error, exit status 2) unless ``--overwrite`` is given, which replaces it as a whole (so
+no file of the earlier run, e.g. another protocol's ``test*`` files or an old ``bin/``,
+survives); ``--data`` inside a directory to be replaced is refused.
+
 The library lives in ``sut_fairseq/data/logic_inference.py``; this script loads it by file
 path, so preparing text files needs neither torch nor fairseq.
 """
 import argparse
+import contextlib
 import importlib.util
 import os
 import shlex
@@ -40,16 +52,30 @@ import sys
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def load_logic_module():
-    """Load ``sut_fairseq/data/logic_inference.py`` without importing the package."""
-    name = "_sut_logic_inference"
+def _load(name, filename):
+    """Load ``sut_fairseq/data/FILENAME`` as module ``name`` without importing the package."""
     if name not in sys.modules:
-        path = os.path.join(REPO, "sut_fairseq", "data", "logic_inference.py")
+        path = os.path.join(REPO, "sut_fairseq", "data", filename)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
     return sys.modules[name]
+
+
+def load_logic_module():
+    """Load ``sut_fairseq/data/logic_inference.py`` without importing the package."""
+    return _load("_sut_logic_inference", "logic_inference.py")
+
+
+def load_output_dir_module():
+    """Load ``sut_fairseq/data/output_dir.py`` without importing the package."""
+    return _load("_sut_output_dir", "output_dir.py")
+
+
+def _inside(path, directory):
+    path, directory = os.path.abspath(path), os.path.abspath(directory)
+    return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
 
 
 def find_fairseq_preprocess(explicit=None):
@@ -94,33 +120,56 @@ def main(argv=None):
     parser.add_argument("--bin-dir", default=None, help="binarized output (default OUT/bin)")
     parser.add_argument("--fairseq-preprocess", default=None,
                         help="path of the fairseq-preprocess executable")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="replace --out (and --bin-dir) when it exists and is not empty "
+                             "(else: error, exit 2)")
     args = parser.parse_args(argv)
+
+    od = load_output_dir_module()
+    bin_dir = (args.bin_dir or os.path.join(args.out, "bin")) if args.binarize else None
+    separate_bin = bin_dir is not None and not _inside(bin_dir, args.out)
+    if separate_bin and _inside(args.out, bin_dir):
+        raise SystemExit(f"error: --out {args.out} lies inside --bin-dir {bin_dir}; "
+                         "choose directories that do not contain each other")
+    try:
+        od.check_output_dir(args.out, args.overwrite, inputs=[args.data])
+        if separate_bin:
+            od.check_output_dir(bin_dir, args.overwrite, inputs=[args.data, args.out])
+    except od.OutputExistsError as err:
+        return od.refuse(err)
+    od.remove_stale(args.out)
+    if separate_bin:
+        od.remove_stale(bin_dir)
+    executable = find_fairseq_preprocess(args.fairseq_preprocess) if args.binarize else None
 
     li = load_logic_module()
     try:
         splits = li.make_protocol(args.data, args.protocol, check_relation=args.check_relations)
     except (OSError, ValueError) as err:
         raise SystemExit(f"error: {err}")
-    os.makedirs(args.out, exist_ok=True)
-    print(f"protocol {args.protocol}: {args.data} -> {args.out}")
-    for name, pairs in splits.items():
-        li.write_seq2seq(args.out, name, pairs)
-        print(f"  {name:>7}: {len(pairs):>7,} pairs -> {name}.src, {name}.tgt")
-
+    try:
+        with contextlib.ExitStack() as stack:
+            out_stage = stack.enter_context(od.StagedDir(args.out, overwrite=args.overwrite))
+            print(f"protocol {args.protocol}: {args.data} -> {args.out}")
+            for name, pairs in splits.items():
+                li.write_seq2seq(out_stage.path, name, pairs)
+                print(f"  {name:>7}: {len(pairs):>7,} pairs -> {name}.src, {name}.tgt")
+            if args.binarize:
+                if separate_bin:
+                    staged_bin = stack.enter_context(
+                        od.StagedDir(bin_dir, overwrite=args.overwrite)).path
+                else:
+                    staged_bin = os.path.join(out_stage.path, os.path.relpath(
+                        os.path.abspath(bin_dir), os.path.abspath(args.out)))
+                command = binarize_command(executable, out_stage.path, staged_bin, list(splits))
+                print(f"running (into a temporary directory that becomes {bin_dir} when it "
+                      "succeeds): " + " ".join(shlex.quote(c) for c in command), flush=True)
+                returncode = subprocess.run(command).returncode
+                if returncode != 0:
+                    raise SystemExit(f"error: fairseq-preprocess failed with exit status {returncode}")
+    except od.OutputExistsError as err:
+        return od.refuse(err)
     if args.binarize:
-        bin_dir = args.bin_dir or os.path.join(args.out, "bin")
-        existing = [f for f in ("dict.src.txt", "dict.tgt.txt")
-                    if os.path.exists(os.path.join(bin_dir, f))]
-        if existing:
-            raise SystemExit(f"error: {bin_dir} already holds {', '.join(existing)} "
-                             "(fairseq-preprocess refuses to overwrite a dictionary); "
-                             "remove it or pass another --bin-dir")
-        command = binarize_command(find_fairseq_preprocess(args.fairseq_preprocess),
-                                   args.out, bin_dir, list(splits))
-        print("running: " + " ".join(shlex.quote(c) for c in command), flush=True)
-        returncode = subprocess.run(command).returncode
-        if returncode != 0:
-            raise SystemExit(f"error: fairseq-preprocess failed with exit status {returncode}")
         if args.protocol == "standard":
             print("binarized test splits: bucket 0 -> test, bucket k -> test{k} (k = 1..12)")
         print(f"binarized data in {bin_dir}")

@@ -4,7 +4,8 @@
     python data-prep/wmt14_en_de/prepare.py --workdir data/wmt14_en_de \\
         [--local-dir DIR ...] [--no-download] [--workers N] [--bpe-merges 32764]
 
-Steps (each skipped when its output is complete, see ``done/``; ``--force`` reruns all):
+Steps (each skipped when its output is complete, see ``done/``; ``--force`` reruns all;
+``--overwrite`` accepts changed parameters, see below):
 
   fetch-CORPUS     raw/CORPUS.{en,de}: from an extracted file or an archive in a
                    --local-dir, an archive in WORKDIR/orig, or downloaded into
@@ -24,6 +25,18 @@ Steps (each skipped when its output is complete, see ``done/``; ``--force`` reru
 Kept for scoring (scripts/wmt14/evaluate.py): raw/newstest2014.de (the untouched reference
 for SacreBLEU) and tok/newstest2014.de (the tokenised reference for tokenised BLEU).
 A summary of line counts per step is printed at the end.
+
+Rerunning into WORKDIR: with the same parameters it resumes (complete steps are skipped,
+the rest run). Before anything is written, the run is refused (error, exit status 2) when
+WORKDIR holds entries that are not this script's (anything but orig/ raw/ tok/ clean/ bpe/
+data-bin/ done/, or a --local-dir kept inside it), or when a step's marker in done/
+records other parameters than this run's (the error names the steps and parameters,
+e.g. "clean-train: max_len 80 -> 12"). --overwrite accepts both: the changed steps and
+everything downstream run again and replace their outputs, and the outputs and markers
+of steps this run does not declare that were built from them (e.g. data-bin/ under
+--no-binarize) are deleted, so nothing of the earlier run stays trusted. --force (rerun
+every step) implies it. Every output is renamed into place complete (data-bin/: from a
+temporary sibling directory) before its step's marker is written.
 """
 import argparse
 import os
@@ -64,26 +77,31 @@ def binarize_command(executable: str, bpe_dir: str, dest: str, workers: int):
 
 
 def run_binarize(command, dest: str) -> dict:
+    """Run ``fairseq-preprocess`` into a temporary sibling of ``dest`` that replaces
+    ``dest`` only when it succeeds (a failure or an interruption leaves ``dest`` as it
+    was; the step's marker is gone already, so it is not trusted)."""
     print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
-    if os.path.isdir(dest):
-        shutil.rmtree(dest)
-    tmp = dest + ".tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    command = list(command)
-    command[command.index("--destdir") + 1] = tmp
-    log = os.path.join(tmp, "preprocess.stdout")
-    with open(log, "w") as handle:
-        proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        sys.stdout.write(open(log).read()[-3000:])
-        raise wp.PrepError(f"fairseq-preprocess failed (exit {proc.returncode}); log: {log}")
-    os.replace(tmp, dest)
+    od = wp.output_dir
+    shutil.rmtree(dest + ".tmp", ignore_errors=True)  # the staging name of older versions
+    od.remove_stale(dest)
+    with od.StagedDir(dest, overwrite=True) as stage:
+        tmp = stage.path
+        command = list(command)
+        command[command.index("--destdir") + 1] = tmp
+        log = os.path.join(tmp, "preprocess.stdout")
+        with open(log, "w") as handle:
+            proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            sys.stdout.write(open(log).read()[-3000:])
+            raise wp.PrepError(f"fairseq-preprocess failed (exit {proc.returncode}; the end of "
+                               f"its output is printed above)")
     dict_path = os.path.join(dest, f"dict.{wp.SRC}.txt")
     return {"dictionary_entries": wp.count_lines(dict_path) + 4}  # + <s> <pad> </s> <unk>
 
 
-def build(args) -> wp.Pipeline:
+def build(args, pipe=None) -> wp.Pipeline:
+    """Declare (and, with a :class:`wp.Pipeline`, run) every step; a :class:`wp.Plan`
+    only records them."""
     W = os.path.abspath(args.workdir)
     raw, tok, clean, bpe = (os.path.join(W, d) for d in ("raw", "tok", "clean", "bpe"))
     orig = os.path.join(W, "orig")
@@ -91,7 +109,7 @@ def build(args) -> wp.Pipeline:
     for d in local_dirs:
         if not os.path.isdir(d):
             raise wp.PrepError(f"--local-dir {d} is not a directory")
-    pipe = wp.Pipeline(W, force=args.force)
+    pipe = pipe if pipe is not None else wp.Pipeline(W, force=args.force)
 
     # 1. fetch / extract
     for name, corpus in wp.CORPORA.items():
@@ -111,7 +129,8 @@ def build(args) -> wp.Pipeline:
                       lambda lang=lang, src=src, out=out: wp.tokenise_file(
                           lang, src, out, args.workers, args.chunk_lines),
                       deps=[f"fetch-{name}"], count=[out])
-        wp.check_parallel(*(os.path.join(tok, f"{name}.{l}") for l in wp.LANGS))
+        pipe.check(lambda name=name: wp.check_parallel(*(os.path.join(tok, f"{name}.{l}")
+                                                         for l in wp.LANGS)))
 
     # 3. length filter (train only)
     train = [os.path.join(clean, f"train.{l}") for l in wp.LANGS]
@@ -174,14 +193,53 @@ def parse_args(argv=None):
                         help="joint BPE merge operations (the recipe: 32764)")
     parser.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
     parser.add_argument("--fairseq-preprocess", default=None, help="path of fairseq-preprocess")
-    parser.add_argument("--force", action="store_true", help="rerun every step")
+    parser.add_argument("--force", action="store_true",
+                        help="rerun every step (implies --overwrite)")
+    parser.add_argument("--overwrite", action="store_true",
+                        help="prepare into a WORKDIR that holds other files or the output of a "
+                        "run with other parameters (else: error, exit 2); changed steps and "
+                        "everything built from them run again")
     return parser.parse_args(argv)
+
+
+def check_workdir(args) -> None:
+    """Refuse (PrepError with the ``--overwrite`` hint) a WORKDIR that holds foreign files
+    or the output of other parameters, unless --overwrite/--force; with them, delete the
+    outputs of undeclared steps that the rerun would leave out of date."""
+    W = os.path.abspath(args.workdir)
+    plan = build(args, wp.Plan(W))
+    foreign = plan.foreign_entries(inputs=args.local_dir)
+    changed = plan.changed_parameters()
+    replace = args.overwrite or args.force
+    if foreign and not replace:
+        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} entries)" if len(foreign) > 3 else "")
+        raise WorkdirRefused(f"work directory {W} is not empty and holds entries that are not "
+                             f"prepare.py's ({shown}); pass --overwrite to prepare into it "
+                             "anyway, or choose another directory")
+    if changed and not replace:
+        shown = "; ".join(f"{name}: {', '.join(notes)}" for name, notes in list(changed.items())[:4])
+        more = f"; ... ({len(changed)} steps)" if len(changed) > 4 else ""
+        raise WorkdirRefused(f"work directory {W} holds the output of a run with other "
+                             f"parameters ({shown}{more}); pass --overwrite to replace those "
+                             "steps' outputs (or --force to rerun every step), or choose "
+                             "another directory")
+    if replace:
+        rerun = list(plan.steps) if args.force else list(changed)
+        for name in plan.stale_unplanned(rerun):
+            removed = plan.remove_step(name)
+            print(f"[del ] {name}: built from steps that run again; removed "
+                  f"{', '.join(removed) or 'its marker'}", flush=True)
+
+
+class WorkdirRefused(wp.PrepError):
+    """WORKDIR is not this run's to write (exit status 2 with an ``error:`` line)."""
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     start = time.time()
     try:
+        check_workdir(args)
         pipe = build(args)
     except wp.PrepError as err:
         print(f"error: {err}", file=sys.stderr)

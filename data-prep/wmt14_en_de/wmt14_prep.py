@@ -26,6 +26,7 @@ This module needs neither torch nor fairseq.
 """
 import collections
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import multiprocessing
@@ -52,20 +53,21 @@ class PrepError(Exception):
 
 # --------------------------------------------------------------------------- atomic writes
 
-def _load_write_lines_atomic():
-    """``write_lines_atomic`` from ``sut_fairseq/data/logic_inference.py``, loaded by file
-    path so that importing it does not import fairseq/torch (the package's __init__ does)."""
-    name = "_sut_logic_inference"
+def _load_data_module(name: str, filename: str):
+    """``sut_fairseq/data/FILENAME``, loaded by file path as module ``name`` so that
+    importing it does not import fairseq/torch (the package's __init__ does)."""
     if name not in sys.modules:
-        path = os.path.join(REPO, "sut_fairseq", "data", "logic_inference.py")
+        path = os.path.join(REPO, "sut_fairseq", "data", filename)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         sys.modules[name] = module
         spec.loader.exec_module(module)
-    return sys.modules[name].write_lines_atomic
+    return sys.modules[name]
 
 
-write_lines_atomic = _load_write_lines_atomic()
+write_lines_atomic = _load_data_module("_sut_logic_inference", "logic_inference.py").write_lines_atomic
+#: ``sut_fairseq/data/output_dir.py``: the staging of directory outputs (``data-bin/``).
+output_dir = _load_data_module("_sut_output_dir", "output_dir.py")
 
 
 class AtomicFiles:
@@ -101,11 +103,31 @@ class AtomicFiles:
         return False
 
 
+def _temp_beside(path: str) -> str:
+    """A new empty temporary file in the directory of ``path`` (same file system)."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.close(fd)
+    return tmp
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
 def copy_atomic(src: str, dest: str) -> None:
-    os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
-    tmp = dest + ".tmp"
-    shutil.copyfile(src, tmp)
-    os.replace(tmp, dest)
+    """Copy ``src`` to ``dest`` through a temporary file beside ``dest`` (deleted on failure)."""
+    tmp = _temp_beside(dest)
+    try:
+        shutil.copyfile(src, tmp)
+        os.replace(tmp, dest)
+    except BaseException:
+        _unlink_quietly(tmp)
+        raise
 
 
 # --------------------------------------------------------------------------- line helpers
@@ -466,7 +488,7 @@ def download(url: str, dest: str, timeout: float = 60.0) -> str:
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     part = dest + ".part"
     print(f"downloading {url} -> {dest}", flush=True)
-    try:
+    try:  # (a KeyboardInterrupt leaves ``.part``, which is never read and is overwritten next time)
         with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as out:
             size = response.headers.get("Content-Length")
             with progress(int(size) if size else None, os.path.basename(dest), unit="B") as bar:
@@ -499,11 +521,14 @@ def extract_members(archive: str, wanted: Dict[str, str], dest: Dict[str, str]) 
                 for key, member in list(todo.items()):
                     if name == member or os.path.basename(name) == os.path.basename(member):
                         source = tar.extractfile(info)
-                        os.makedirs(os.path.dirname(os.path.abspath(dest[key])), exist_ok=True)
-                        tmp = dest[key] + ".tmp"
-                        with open(tmp, "wb") as out:
-                            shutil.copyfileobj(source, out, 1 << 20)
-                        os.replace(tmp, dest[key])
+                        tmp = _temp_beside(dest[key])
+                        try:
+                            with open(tmp, "wb") as out:
+                                shutil.copyfileobj(source, out, 1 << 20)
+                            os.replace(tmp, dest[key])
+                        except BaseException:
+                            _unlink_quietly(tmp)
+                            raise
                         del todo[key]
                 if not todo:
                     break
@@ -582,12 +607,23 @@ def source_fingerprint(corpus: Corpus, local_dirs: Sequence[str], orig_dir: str)
 
 # --------------------------------------------------------------------------- resumable steps
 
+#: What a work directory of ``prepare.py`` holds at its top level (``data-bin.tmp``: the
+#: staging name of older versions); anything else there is not ours.
+WORKDIR_ENTRIES = ("orig", "raw", "tok", "clean", "bpe", "data-bin", "done", "data-bin.tmp")
+
+
+def _json_form(value):
+    """``value`` as it reads back from a marker (tuples become lists, ...)."""
+    return json.loads(json.dumps(value))
+
+
 class Pipeline:
     """Runs named steps once. A step is skipped when its marker ``DONE_DIR/NAME.done``
-    exists, records the same parameters, and every output still has the size recorded
-    when the step finished (outputs are renamed into place before the marker is written,
-    so an interrupted step leaves no marker and runs again). A step also runs again when
-    one of the steps it depends on ran in this invocation."""
+    exists, records the same parameters, every output still has the size recorded
+    when the step finished, and the markers of the steps it depends on are the ones it
+    was built from (outputs are renamed into place before the marker is written, so an
+    interrupted step leaves no marker and runs again). A step also runs again when one of
+    the steps it depends on ran in this invocation."""
 
     def __init__(self, workdir: str, force: bool = False):
         self.workdir = workdir
@@ -601,20 +637,36 @@ class Pipeline:
     def marker(self, name: str) -> str:
         return os.path.join(self.done_dir, name + ".done")
 
-    def _complete(self, name: str, outputs: Sequence[str], params: dict) -> Optional[dict]:
-        path = self.marker(name)
-        if not os.path.isfile(path):
-            return None
+    def read_marker(self, name: str) -> Optional[dict]:
+        """The record of step ``name``, or None (no marker, or an unreadable one)."""
         try:
-            with open(path, encoding="utf-8") as handle:
+            with open(self.marker(name), encoding="utf-8") as handle:
                 record = json.load(handle)
         except (OSError, ValueError):
             return None
-        if record.get("params") != json.loads(json.dumps(params)):
+        return record if isinstance(record, dict) else None
+
+    def marker_digest(self, name: str) -> Optional[str]:
+        """SHA-256 of step ``name``'s marker file (None when it has none)."""
+        try:
+            with open(self.marker(name), "rb") as handle:
+                return hashlib.sha256(handle.read()).hexdigest()
+        except OSError:
+            return None
+
+    def _complete(self, name: str, outputs: Sequence[str], params: dict,
+                  deps: Sequence[str] = ()) -> Optional[dict]:
+        record = self.read_marker(name)
+        if record is None:
+            return None
+        if record.get("params") != _json_form(params):
             return None
         if not all(os.path.exists(out) for out in outputs):
             return None
         if record.get("sizes") != self._sizes(outputs):
+            return None
+        # markers written before dependencies were recorded carry no "deps"
+        if "deps" in record and record["deps"] != {d: self.marker_digest(d) for d in deps}:
             return None
         return record
 
@@ -631,12 +683,17 @@ class Pipeline:
                 sizes[os.path.relpath(out, self.workdir)] = os.path.getsize(out)
         return sizes
 
+    def check(self, func: Callable[[], object]) -> None:
+        """Run a check between steps (a :class:`Plan` skips it)."""
+        func()
+
     def step(self, name: str, outputs: Sequence[str], params: dict, run: Callable[[], Optional[dict]],
              deps: Sequence[str] = (), count: Sequence[str] = ()) -> bool:
         """Run ``run()`` unless the step is complete. ``outputs``: files (or directories)
         the step produces; ``count``: the outputs whose line counts go into the summary;
         ``run`` may return a dict of notes for the summary. Returns True if it ran."""
-        record = None if (self.force or self.ran.intersection(deps)) else self._complete(name, outputs, params)
+        record = None if (self.force or self.ran.intersection(deps)) else \
+            self._complete(name, outputs, params, deps)
         if record is not None:
             print(f"[skip] {name}: complete ({self.marker(name)})", flush=True)
             self.skipped.append(name)
@@ -653,7 +710,9 @@ class Pipeline:
         notes = notes if isinstance(notes, dict) else {}
         counts = collections.OrderedDict(
             (os.path.relpath(p, self.workdir), count_lines(p)) for p in count)
-        record = {"params": params, "counts": counts, "sizes": self._sizes(outputs), "notes": notes}
+        record = {"params": params, "counts": counts, "sizes": self._sizes(outputs), "notes": notes,
+                  "outputs": [os.path.relpath(o, self.workdir) for o in outputs],
+                  "deps": {d: self.marker_digest(d) for d in deps}}
         os.makedirs(self.done_dir, exist_ok=True)
         write_lines_atomic(self.marker(name), [json.dumps(record, indent=1, sort_keys=True)])
         self.ran.add(name)
@@ -670,3 +729,109 @@ class Pipeline:
             lines.append(f"{name}: " + ", ".join(f"{k}={v}" for k, v in notes.items()))
         return "\n".join(lines)
 
+
+def _short(value) -> Optional[str]:
+    text = json.dumps(value) if not isinstance(value, str) else value
+    return text if len(text) <= 40 else None
+
+
+class Plan(Pipeline):
+    """The steps a build would run, recorded without running anything (``check`` is
+    skipped too), to compare with what a work directory already holds before any file
+    is touched."""
+
+    def __init__(self, workdir: str):
+        super().__init__(workdir)
+        self.steps: "collections.OrderedDict[str, Tuple[List[str], dict, List[str]]]" = \
+            collections.OrderedDict()
+
+    def check(self, func) -> None:
+        pass
+
+    def step(self, name, outputs, params, run, deps=(), count=()) -> bool:
+        self.steps[name] = (list(outputs), params, list(deps))
+        return False
+
+    def foreign_entries(self, inputs: Sequence[str] = ()) -> List[str]:
+        """Top-level entries of the work directory that are not ``prepare.py``'s own
+        (:data:`WORKDIR_ENTRIES`, staging siblings of ``data-bin``) and hold none of
+        ``inputs`` (e.g. a ``--local-dir`` kept inside the work directory)."""
+        if not os.path.isdir(self.workdir):
+            return []
+        staging = re.compile(r"^\.data-bin\.(tmp|old)-\d+-")
+        held = [os.path.realpath(p) for p in inputs]
+        foreign = []
+        for entry in sorted(os.listdir(self.workdir)):
+            if entry in WORKDIR_ENTRIES or staging.match(entry):
+                continue
+            path = os.path.realpath(os.path.join(self.workdir, entry))
+            if any(h == path or h.startswith(path + os.sep) for h in held):
+                continue
+            foreign.append(entry)
+        return foreign
+
+    def changed_parameters(self) -> "collections.OrderedDict[str, List[str]]":
+        """``{step: [description, ...]}`` for every planned step whose marker records other
+        parameters, e.g. ``{"clean-train": ["max_len 80 -> 12"]}``."""
+        changed = collections.OrderedDict()
+        for name, (_, params, _) in self.steps.items():
+            record = self.read_marker(name)
+            if record is None or "params" not in record:
+                continue
+            old, new = record["params"], _json_form(params)
+            if old == new:
+                continue
+            if not (isinstance(old, dict) and isinstance(new, dict)):
+                changed[name] = ["parameters"]
+                continue
+            notes = []
+            for key in sorted(set(old) | set(new)):
+                if old.get(key) != new.get(key):
+                    a, b = _short(old.get(key)), _short(new.get(key))
+                    notes.append(f"{key} {a} -> {b}" if a is not None and b is not None else f"{key} changed")
+            changed[name] = notes
+        return changed
+
+    def stale_unplanned(self, rerun: Sequence[str]) -> List[str]:
+        """Steps with a marker in ``done/`` that this build does not declare (e.g.
+        ``binarize`` under ``--no-binarize``) and whose outputs were built from a step in
+        ``rerun`` -- or from steps they did not record (older markers) -- so that they
+        would be out of date once ``rerun`` has run."""
+        invalid = set(rerun)
+        for name, (_, _, deps) in self.steps.items():  # declared in dependency order
+            if invalid.intersection(deps):
+                invalid.add(name)
+        if not invalid or not os.path.isdir(self.done_dir):
+            return []
+        stale = []
+        for entry in sorted(os.listdir(self.done_dir)):
+            name = entry[:-len(".done")]
+            if not entry.endswith(".done") or name in self.steps:
+                continue
+            record = self.read_marker(name) or {}
+            deps = record.get("deps")
+            if deps is None or invalid.intersection(deps):
+                stale.append(name)
+        return stale
+
+    def remove_step(self, name: str) -> List[str]:
+        """Delete step ``name``'s marker, then the outputs it records; return the outputs."""
+        record = self.read_marker(name) or {}
+        try:
+            os.unlink(self.marker(name))
+        except FileNotFoundError:
+            pass
+        outputs = record.get("outputs") or sorted(record.get("sizes", {}))
+        removed = []
+        for rel in outputs:
+            path = os.path.join(self.workdir, rel)
+            if not os.path.realpath(path).startswith(os.path.realpath(self.workdir) + os.sep):
+                continue
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path)
+            elif os.path.lexists(path):
+                os.unlink(path)
+            else:
+                continue
+            removed.append(rel)
+        return removed

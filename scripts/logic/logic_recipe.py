@@ -13,8 +13,9 @@ Models (``configs/logic/MODEL.json``, over ``configs/logic/common.json``):
 * ``transformer`` -- fairseq's ``--arch transformer`` at d 128, 4 heads, FFN 512, 6+6 layers.
 
 Configurations (``common.json`` ``configs``): ``full`` (paper scale, one GPU) and
-``reduced`` (2 CPU cores, at most an hour of training per model). Both bound training by
-wall-clock time (``--stop-time-hours``, the same for every model) and ``--max-update``.
+``reduced`` (2 CPU cores, under an hour of training per model on one core). Every model
+gets the same ``--max-update`` budget (the same batches); ``--stop-time-hours`` caps the
+wall-clock time.
 
 Data layout (``data-prep/logic/prepare.py --binarize``): for the standard protocol, test
 bucket 0 is the binarized split ``test`` and bucket k (1..12) is ``test{k}``, with text
@@ -295,14 +296,17 @@ def generate_command(data_bin: str, checkpoint: str, subset: str,
     return [tool("fairseq-generate", required), data_bin, "--user-dir", user_dir(), *flags]
 
 
-def generate_data_command(out: str, pairs: int = 500_000, seed: int = 1) -> List[str]:
+def generate_data_command(out: str, pairs: int = 500_000, seed: int = 1,
+                          overwrite: bool = False) -> List[str]:
     return [sys.executable, os.path.join(DATA_PREP, "generate.py"), "--out", out,
-            "--pairs", str(pairs), "--seed", str(seed), "--no-progress"]
+            "--pairs", str(pairs), "--seed", str(seed), "--no-progress",
+            *(["--overwrite"] if overwrite else [])]
 
 
-def prepare_command(original: str, out: str, protocol: str) -> List[str]:
+def prepare_command(original: str, out: str, protocol: str, overwrite: bool = False) -> List[str]:
     return [sys.executable, os.path.join(DATA_PREP, "prepare.py"), "--data", original,
-            "--out", out, "--protocol", protocol, "--binarize"]
+            "--out", out, "--protocol", protocol, "--binarize",
+            *(["--overwrite"] if overwrite else [])]
 
 
 def model_arch_flags(model: str) -> List[str]:

@@ -75,7 +75,9 @@ def prepare_data(args):
         if args.original:
             raise SystemExit(f"error: --original {original} lacks {', '.join(missing[:4])}...")
         print(f"== data: generating {original} ({args.pairs:,} pairs, seed {args.gen_seed})", flush=True)
-        command = recipe.generate_data_command(original, args.pairs, args.gen_seed)
+        # an incomplete DATA/original (left by an older version) is not trusted: replaced
+        command = recipe.generate_data_command(original, args.pairs, args.gen_seed,
+                                               overwrite=os.path.isdir(original))
         if args.dry_run:
             recipe.show(command)
         else:
@@ -84,11 +86,10 @@ def prepare_data(args):
         out = os.path.join(args.data_dir, protocol)
         if binarized_complete(out, protocol):
             continue
-        if os.path.isdir(os.path.join(out, "bin")) and not args.dry_run:
-            print(f"   {out}/bin is incomplete (an interrupted binarization): removing it", flush=True)
-            shutil.rmtree(os.path.join(out, "bin"))
+        # prepare.py writes OUT whole or not at all; an OUT without a complete bin/ (left by
+        # an older version, or text only) is not trusted and is replaced (--overwrite)
         print(f"== data: protocol {protocol} -> {out}", flush=True)
-        command = recipe.prepare_command(original, out, protocol)
+        command = recipe.prepare_command(original, out, protocol, overwrite=os.path.isdir(out))
         if args.dry_run:
             recipe.show(command)
         else:
@@ -186,8 +187,8 @@ def main(argv=None):
     parser.add_argument("--protocols", nargs="+", default=list(recipe.PROTOCOLS), choices=recipe.PROTOCOLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
     parser.add_argument("--stop-time-hours", type=float, default=None,
-                        help="training budget of every model (default: the configuration's)")
-    parser.add_argument("--max-update", type=int, default=None, help="update cap (default: the configuration's)")
+                        help="wall-clock cap of every model (default: the configuration's)")
+    parser.add_argument("--max-update", type=int, default=None, help="update budget of every model (default: the configuration's)")
     parser.add_argument("--buckets", default="7..12",
                         help="standard-protocol buckets to evaluate: 7..12 (default), all, 0..12")
     parser.add_argument("--batch-size", type=int, default=recipe.DEFAULT_GENERATE_BATCH,

@@ -7,9 +7,9 @@
 
 MODEL: sut, ut-halting, ut-no-halting, transformer (configs/logic/MODEL.json over
 configs/logic/common.json). The ``full`` configuration (default) is the paper-scale GPU
-run; ``--reduced`` the 2-CPU-core one (54 minutes of training). Every model of a
-configuration gets the same ``--stop-time-hours`` wall-clock budget; ``--max-update``
-caps the updates. Options after ``--`` go to fairseq-train and replace the recipe's value
+run; ``--reduced`` the 2-CPU-core one (2,400 updates, under an hour on one core). Every
+model of a configuration gets the same budget: ``--max-update`` updates over the same
+batches, ``--stop-time-hours`` only capping the wall-clock time. Options after ``--`` go to fairseq-train and replace the recipe's value
 of the same option (e.g. ``-- --encoder-layers 2`` for a smoke test).
 
 fairseq-train's output goes to the terminal and to ``SAVE_DIR/train.log``; it logs the
@@ -37,9 +37,9 @@ def parse_args(argv=None):
                         help="the 2-CPU-core configuration (default: full, for a GPU)")
     parser.add_argument("--save-dir", default=None, help="default checkpoints/logic/MODEL")
     parser.add_argument("--stop-time-hours", type=float, default=None,
-                        help="wall-clock training budget (default: the configuration's)")
+                        help="wall-clock cap (default: the configuration's)")
     parser.add_argument("--max-update", type=int, default=None,
-                        help="update cap (default: the configuration's)")
+                        help="update budget (default: the configuration's)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq-train")
     parser.add_argument("--dry-run", action="store_true", help="print the command, do not run it")

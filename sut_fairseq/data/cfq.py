@@ -635,11 +635,16 @@ def process_record(index: int, question: str, query: str, name: str, target_form
 
 def prepare(out_dir: str, splits: Sequence[str], cfq_dir: Optional[str] = None,
             archive: Optional[str] = None, target_form: str = "simplified",
-            progress: bool = True, chunk_chars: int = DEFAULT_CHUNK_CHARS) -> Dict[str, Dict[str, int]]:
+            progress: bool = True, chunk_chars: int = DEFAULT_CHUNK_CHARS,
+            label_dirs: Optional[Dict[str, str]] = None) -> Dict[str, Dict[str, int]]:
     """Write ``OUT/LABEL/{train,valid,test}.{src,tgt,sparql}`` for every split (one pass
     over the dataset for all of them) and ``OUT/LABEL/prep.json``; return
     ``{label: {subset: count}}``. ``.tgt`` holds the training targets (``target_form``),
-    ``.sparql`` the preprocessed plain query. Exactly one of ``cfq_dir`` / ``archive``."""
+    ``.sparql`` the preprocessed plain query. Exactly one of ``cfq_dir`` / ``archive``.
+    ``label_dirs`` ({label: directory}) sends a split's files elsewhere than
+    ``OUT/LABEL`` (``data-prep/cfq/prepare.py`` passes temporary directories that it
+    renames to ``OUT/LABEL`` once they are complete). Every file is written atomically;
+    nothing is written before the whole dataset has been read and checked."""
     if (cfq_dir is None) == (archive is None):
         raise ValueError("give exactly one of cfq_dir and archive")
     if target_form not in TARGET_FORMS:
@@ -669,7 +674,7 @@ def prepare(out_dir: str, splits: Sequence[str], cfq_dir: Optional[str] = None,
     summary = {}
     for s, label in zip(splits, labels):
         split_file, split = loaded[s]
-        directory = os.path.join(out_dir, label)
+        directory = (label_dirs or {}).get(label) or os.path.join(out_dir, label)
         counts = {}
         for subset, _ in SPLIT_KEYS:
             rows = [processed[i] for i in split[subset]]

@@ -140,9 +140,10 @@ class GroupedMatmul(torch.autograd.Function):
             start = 0
             for e, end in enumerate(ends):
                 if end > start:
-                    torch.mm(xs[start:end], weight[e], out=out[start:end])
-                    if bias is not None:
-                        out[start:end] += bias[e].to(dtype)
+                    if bias is None:
+                        torch.mm(xs[start:end], weight[e], out=out[start:end])
+                    else:  # b + x W in one BLAS call
+                        torch.addmm(bias[e].to(dtype), xs[start:end], weight[e], out=out[start:end])
                 start = end
         out[start:].zero_()
         ctx.ends, ctx.has_bias, ctx.num_rows = ends, bias is not None, xs.size(0)
@@ -158,6 +159,7 @@ class GroupedMatmul(torch.autograd.Function):
         grad_x = xs.new_empty(xs.shape) if need_x else None
         grad_w = torch.empty_like(weight) if need_w else None
         grad_b = weight.new_empty(weight.size(0), weight.size(2)) if (need_b and ctx.has_bias) else None
+        ones = grad_out.new_ones(max(ctx.ends[-1], 1)) if grad_b is not None else None
         with torch.autocast(xs.device.type, enabled=False):
             start = 0
             for e, end in enumerate(ctx.ends):
@@ -170,7 +172,12 @@ class GroupedMatmul(torch.autograd.Function):
                     else:
                         grad_w[e].zero_()
                 if grad_b is not None:
-                    grad_b[e] = g.sum(0)
+                    # Σ_rows g as a matrix-vector product: BLAS, where a column sum
+                    # (g.sum(0)) is a parallel reduction that stalls on a busy machine
+                    if end > start:
+                        torch.mv(g.t(), ones[: end - start], out=grad_b[e])
+                    else:
+                        grad_b[e].zero_()
                 start = end
         if grad_x is not None:
             grad_x[start:].zero_()
