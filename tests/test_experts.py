@@ -58,6 +58,34 @@ def test_routed_linear_layouts_match_loops(k, E):
     torch.testing.assert_close(routed_linear(xs, W, b, r, fan_out=1, gates=r.gates), expect)
 
 
+@pytest.mark.parametrize("layout", ["slots", "gated", "grouped", "grouped_in_gated", "slot_rows_gated"])
+def test_routed_linear_gradcheck(layout):
+    """float64 gradcheck of every input (x, W, b, gates) in each layout MoE-FFD and MoMHA use,
+    with ragged loads, an empty expert and halted rows."""
+    N, k, E, din, dout = 6, 2, 4, 3, 2
+    active = torch.tensor([True, True, False, True, True, True])
+    g = torch.Generator().manual_seed(3)
+    idx = torch.tensor([[0, 1], [1, 0], [2, 3], [0, 1], [1, 0], [0, 1]])  # expert 2, 3: empty
+    idx = torch.where(active[:, None], idx, E)
+    gates = torch.rand(N, k, generator=g, dtype=torch.float64) * active[:, None]
+    r = make_routing(idx, gates, E)
+    W = torch.randn(E, din, dout, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(E, dout, dtype=torch.float64, requires_grad=True)
+    rows = {"slot_rows_gated": N * k, "grouped_in_gated": N * k}.get(layout, N)
+    x = torch.randn(rows, din, dtype=torch.float64, requires_grad=True)
+    gates = r.gates.clone().requires_grad_(True)
+
+    def f(x, W, b, gates):
+        routing = make_routing(r.expert_idxs, gates, E)
+        kw = dict(slots=dict(fan_out=k), gated=dict(fan_out=k, gates=gates),
+                  grouped=dict(fan_out=k, grouped_out=True),
+                  grouped_in_gated=dict(fan_out=1, grouped_in=True, gates=gates),
+                  slot_rows_gated=dict(fan_out=1, gates=gates))[layout]
+        return routed_linear(x, W, b, routing, **kw)
+
+    assert torch.autograd.gradcheck(f, (x, W, b, gates))
+
+
 def test_routed_linear_all_rows_halted_gives_zeros():
     r = _routing(4, 2, 3, torch.zeros(4, dtype=torch.bool))
     W = torch.randn(3, 5, 6, requires_grad=True)

@@ -82,24 +82,24 @@ def reference_routed_linear(
     grouped_out: bool = False,
     gates: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
-    """Plain PyTorch: gather the routed rows, one matmul per non-empty expert, scatter.
+    """Plain PyTorch: for each non-empty expert, gather its rows, one matmul, scatter.
 
     Reads the expert counts on the host (one sync), which is free on CPU; this is the
     oracle the Triton path is tested against.
     """
-    num_slots = routing.num_slots
     ends = routing.expert_offsets.tolist()
-    num_active = ends[-1] if ends else 0
+    num_active = ends[-1]
     active_slots = routing.sorted_scattered_idxs[:num_active]
-    xs = x if grouped_in else x.index_select(0, active_slots // fan_out)
-    y = GroupedMatmul.apply(xs, weight, bias, tuple(ends), num_slots if grouped_out else num_active)
-    if grouped_out:
-        return y
-    out_dim = weight.size(2)
-    if gates is None:
-        return y.new_zeros(num_slots, out_dim).index_copy(0, active_slots, y)
-    y = y * gates.reshape(-1).index_select(0, active_slots).unsqueeze(1).to(y.dtype)
-    return y.new_zeros(routing.num_tokens, out_dim).index_add(0, active_slots // routing.k, y)
+    src = None if grouped_in else active_slots // fan_out  # row of x read by each sorted row
+    row_gates = None
+    if grouped_out:  # sorted rows out, the no-op rows zero
+        dst, out_rows = None, routing.num_slots
+    elif gates is None:  # slot rows out
+        dst, out_rows = active_slots, routing.num_slots
+    else:  # Σ_j g_j y_j over each token's k slots
+        dst, out_rows = active_slots // routing.k, routing.num_tokens
+        row_gates = gates.reshape(-1).index_select(0, active_slots)
+    return ExpertBlockLinear.apply(x, weight, bias, row_gates, src, dst, tuple(ends), out_rows)
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
@@ -114,78 +114,123 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
         return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
 
 
-class GroupedMatmul(torch.autograd.Function):
-    """``out[r] = xs[r] @ W[e] + b[e]`` for the rows ``r`` of expert ``e`` in sorted order.
+def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) -> torch.Tensor:
+    """Rows start..end of the sorted order: ``t[start:end]`` or ``t[idx[start:end]]``."""
+    return t[start:end] if idx is None else t.index_select(0, idx[start:end])
 
-    xs: (R, in) rows sorted by expert (rows at ``ends[-1]`` and beyond are ignored);
-    ends: end offset per expert; out: (total_rows, out), rows past ``ends[-1]`` zero.
-    Written as one Function so that backward fills one input-gradient and one
-    weight-gradient buffer expert by expert (autograd through per-expert slices would
-    materialise a full-size zero gradient per expert). Under autocast the inputs are cast
-    to the autocast dtype once; gradients come back in the parameters' own dtypes.
+
+class ExpertBlockLinear(torch.autograd.Function):
+    """``out[dst_r] (+)= g_r · (x[src_r] @ W[e] + b[e])`` for the sorted rows r of expert e.
+
+    Args (forward):
+        x: (R_in, in); weight: (E, in, out); bias: (E, out) or None.
+        row_gates: (A,) gate of each active sorted row, or None (no gate, no sum).
+        src: (A,) long, the row of ``x`` each active sorted row reads; None: row r itself.
+        dst: (A,) long, the output row of each active sorted row; None: row r itself.
+            With ``row_gates`` the rows landing on one output row are summed.
+        ends: end offset of each expert's rows in the sorted order (A = ends[-1]).
+        out_rows: rows of the output; rows no sorted row writes are zero.
+
+    Works expert block by expert block: the gather, the GEMM, the gate and the scatter of
+    one expert's rows run back to back on data that is still in cache, and backward
+    recomputes the gathered input instead of keeping an (A, in) copy. Under autocast the
+    inputs are cast to the autocast dtype once; gradients come back in the inputs' own
+    dtypes. Backward (per expert, P = G Wᵀ with G the gathered output gradient):
+    dx = g ⊙ P, dW = xᵀ (g ⊙ G), db = Σ_rows g ⊙ G, dg = rowsum(P ⊙ x) + G b.
     """
 
     @staticmethod
-    def forward(ctx, xs, weight, bias, ends, total_rows):
-        dtype = _autocast_dtype(xs.device.type)
-        ctx.dtypes = (xs.dtype, weight.dtype, None if bias is None else bias.dtype)
-        if dtype is not None:
-            xs, weight = xs.to(dtype), weight.to(dtype)
-            bias = None if bias is None else bias.to(dtype)
+    def forward(ctx, x, weight, bias, row_gates, src, dst, ends, out_rows):
+        dtype = _autocast_dtype(x.device.type) or torch.result_type(x, weight)
+        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype,
+                      None if row_gates is None else row_gates.dtype)
+        x, weight = x.to(dtype), weight.to(dtype)
+        bias = None if bias is None else bias.to(dtype)
+        g = None if row_gates is None else row_gates.to(dtype).unsqueeze(1)
+        if dst is None:  # every row below ends[-1] is written: zero only the rest
+            out = x.new_empty(out_rows, weight.size(2))
+            out[ends[-1]:].zero_()
         else:
-            dtype = torch.result_type(xs, weight)
-            xs, weight = xs.to(dtype), weight.to(dtype)
-        out = xs.new_empty(total_rows, weight.size(2), dtype=dtype)
-        with torch.autocast(xs.device.type, enabled=False):
+            out = x.new_zeros(out_rows, weight.size(2))
+        with torch.autocast(x.device.type, enabled=False):
             start = 0
             for e, end in enumerate(ends):
                 if end > start:
-                    if bias is None:
-                        torch.mm(xs[start:end], weight[e], out=out[start:end])
-                    else:  # b + x W in one BLAS call
-                        torch.addmm(bias[e].to(dtype), xs[start:end], weight[e], out=out[start:end])
+                    xe = _rows(x, src, start, end)
+                    if dst is None:  # straight into the output rows
+                        ye = out[start:end]
+                        torch.mm(xe, weight[e], out=ye) if bias is None else \
+                            torch.addmm(bias[e], xe, weight[e], out=ye)
+                    else:
+                        ye = torch.mm(xe, weight[e]) if bias is None else torch.addmm(bias[e], xe, weight[e])
+                    if g is not None:
+                        ye.mul_(g[start:end])
+                    if dst is not None:
+                        if g is None:  # one slot per output row
+                            out.index_copy_(0, dst[start:end], ye)
+                        else:
+                            out.index_add_(0, dst[start:end], ye)
                 start = end
-        out[start:].zero_()
-        ctx.ends, ctx.has_bias, ctx.num_rows = ends, bias is not None, xs.size(0)
-        ctx.save_for_backward(xs, weight)
+        ctx.ends, ctx.has_bias = ends, bias is not None
+        ctx.save_for_backward(x, weight, bias, g, src, dst)
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
-        xs, weight = ctx.saved_tensors
-        grad_out = grad_out.to(xs.dtype)
-        need_x, need_w, need_b = ctx.needs_input_grad[:3]
-        # empty buffers: every row / expert below is either written or zeroed once
-        grad_x = xs.new_empty(xs.shape) if need_x else None
+        x, weight, bias, g, src, dst = ctx.saved_tensors
+        grad_out = grad_out.to(x.dtype)
+        need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
+        need_b = need_b and ctx.has_bias
+        # buffers written block by block are left uninitialised; what no block writes
+        # (empty experts, rows past ends[-1]) is zeroed below
+        if not need_x:
+            grad_x = None
+        elif src is None:
+            grad_x = torch.empty_like(x)
+            grad_x[ctx.ends[-1]:].zero_()
+        else:  # accumulated with index_add_
+            grad_x = torch.zeros_like(x)
         grad_w = torch.empty_like(weight) if need_w else None
-        grad_b = weight.new_empty(weight.size(0), weight.size(2)) if (need_b and ctx.has_bias) else None
-        ones = grad_out.new_ones(max(ctx.ends[-1], 1)) if grad_b is not None else None
-        with torch.autocast(xs.device.type, enabled=False):
+        grad_b = weight.new_empty(weight.size(0), weight.size(2)) if need_b else None
+        grad_g = g.new_empty(g.size(0)) if (need_g and g is not None) else None
+        ones = x.new_ones(max(ctx.ends[-1], 1)) if need_b else None
+        with torch.autocast(x.device.type, enabled=False):
             start = 0
             for e, end in enumerate(ctx.ends):
-                g = grad_out[start:end]
-                if grad_x is not None and end > start:
-                    torch.mm(g, weight[e].t(), out=grad_x[start:end])
-                if grad_w is not None:
-                    if end > start:
-                        torch.mm(xs[start:end].t(), g, out=grad_w[e])
+                if end == start:  # an expert no row chose
+                    for grad in (grad_w, grad_b):
+                        if grad is not None:
+                            grad[e].zero_()
+                    continue
+                ge = _rows(grad_out, dst, start, end)  # (n, out) G
+                xe = _rows(x, src, start, end) if (need_w or grad_g is not None) else None
+                if g is not None:
+                    gate = g[start:end]
+                    if need_x or grad_g is not None:
+                        p = ge @ weight[e].t()  # (n, in) P = G Wᵀ
+                        if grad_g is not None:  # dg = rowsum(P ⊙ x) + G b
+                            grad_g[start:end] = (p * xe).sum(1)
+                            if bias is not None:
+                                grad_g[start:end] += ge @ bias[e]
+                        gxe = p.mul_(gate) if need_x else None
+                    ge = ge * gate  # g ⊙ G
+                elif need_x:
+                    gxe = ge @ weight[e].t()
+                if need_x:
+                    if src is None:
+                        grad_x[start:end] = gxe
                     else:
-                        grad_w[e].zero_()
-                if grad_b is not None:
-                    # Σ_rows g as a matrix-vector product: BLAS, where a column sum
-                    # (g.sum(0)) is a parallel reduction that stalls on a busy machine
-                    if end > start:
-                        torch.mv(g.t(), ones[: end - start], out=grad_b[e])
-                    else:
-                        grad_b[e].zero_()
+                        grad_x.index_add_(0, src[start:end], gxe)
+                if need_w:
+                    torch.mm(xe.t(), ge, out=grad_w[e])
+                if need_b:  # Σ_rows as a matrix-vector product (BLAS)
+                    torch.mv(ge.t(), ones[: end - start], out=grad_b[e])
                 start = end
-        if grad_x is not None:
-            grad_x[start:].zero_()
-        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        x_dtype, w_dtype, b_dtype, g_dtype = ctx.dtypes
         return (
             None if grad_x is None else grad_x.to(x_dtype),
             None if grad_w is None else grad_w.to(w_dtype),
             None if grad_b is None else grad_b.to(b_dtype),
-            None,
-            None,
+            None if grad_g is None else grad_g.to(g_dtype),
+            None, None, None, None,
         )
