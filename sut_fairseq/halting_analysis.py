@@ -20,6 +20,13 @@ from typing import Dict, List, Optional
 import torch
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def _side_summary(steps: List[List[int]], max_steps: int) -> Dict:
     flat = [s for sent in steps for s in sent]
     per_step = [sum(1 for s in flat if s >= l) for l in range(1, max_steps + 1)]
@@ -91,6 +98,7 @@ def load(data: str, path: str, threshold: Optional[float] = None, subset: str = 
 def write_json_atomic(path: str, obj) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
     try:
         with os.fdopen(fd, "w") as f:
             json.dump(obj, f)

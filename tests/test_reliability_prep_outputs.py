@@ -515,3 +515,28 @@ def test_wmt_a_step_built_from_an_older_dependency_is_not_trusted(tmp_path):
     assert not again.step("a", [str(a)], {}, write(a, "never"))
     assert again.step("b", [str(b)], {}, write(b, "from two"), deps=["a"])  # its "a" changed
     assert b.read_text() == "from two\n"
+
+
+def test_atomic_outputs_get_the_usual_file_mode_not_mkstemps_private_one(tmp_path):
+    """Files and staged directories are created private by mkstemp/mkdtemp (0600/0700);
+    the renamed outputs must carry the mode the umask gives ordinary files (here 0644/0755)."""
+    import importlib.util
+    import stat
+
+    from sut_fairseq.plots import atomic_output
+
+    old = os.umask(0o022)
+    try:
+        spec = importlib.util.spec_from_file_location(
+            "_recipe_mode", os.path.join(REPO, "scripts", "logic", "logic_recipe.py"))
+        recipe = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(recipe)
+        recipe.write_json_atomic(str(tmp_path / "a.json"), {"x": 1})
+        with atomic_output(str(tmp_path / "b.png")) as tmp:
+            open(tmp, "w").write("png")
+        with od.StagedDir(str(tmp_path / "out")) as staged:
+            open(os.path.join(staged.path, "f"), "w").write("x")
+        modes = {name: stat.S_IMODE(os.stat(tmp_path / name).st_mode) for name in ("a.json", "b.png", "out")}
+    finally:
+        os.umask(old)
+    assert modes == {"a.json": 0o644, "b.png": 0o644, "out": 0o755}

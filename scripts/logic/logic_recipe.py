@@ -61,6 +61,13 @@ GENERATE_FLAGS = ["--beam", "1", "--required-batch-size-multiple", "1",
 DEFAULT_GENERATE_BATCH = 256
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class RecipeError(Exception):
     pass
 
@@ -179,6 +186,7 @@ def write_json_atomic(path: str, obj) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             json.dump(obj, handle, indent=2)
@@ -194,6 +202,7 @@ def write_text_atomic(path: str, text: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)

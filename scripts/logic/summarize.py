@@ -34,6 +34,13 @@ TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL
 IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def load_results(work_dir: str) -> List[Dict]:
     results = []
     for path in sorted(glob.glob(os.path.join(work_dir, "*", "*", "seed*", "result.json"))):
@@ -162,6 +169,7 @@ def plot_figure4(summary: Dict, path: str) -> bool:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".png")
+    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
     os.close(fd)
     try:
         fig.savefig(tmp, dpi=120)

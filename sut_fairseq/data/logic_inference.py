@@ -71,6 +71,13 @@ PROTOCOLS = ("standard",) + tuple(COMPOSITIONAL_PATTERNS)
 Formula = Union[str, tuple]
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class Pair(NamedTuple):
     """One example: the relation and the two formulas in their string form."""
     relation: str
@@ -346,6 +353,7 @@ def write_lines_atomic(path: str, lines: Iterable[str]) -> None:
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
                                suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
     try:
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
             for line in lines:

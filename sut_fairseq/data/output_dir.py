@@ -30,6 +30,13 @@ OVERWRITE_FLAG = "--overwrite"
 EXIT_REFUSED = 2
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 class OutputExistsError(Exception):
     """The output directory exists and is not empty (or is not a directory)."""
 
@@ -149,6 +156,7 @@ class StagedDir:
         parent, name = _parts(self.final)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-{os.getpid()}-")
+        os.chmod(self.path, 0o777 & ~_umask())  # not mkdtemp's 0700
         return self
 
     def __exit__(self, exc_type, exc, tb):

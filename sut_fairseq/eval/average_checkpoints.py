@@ -38,6 +38,13 @@ from .. import checkpoint_safety  # noqa: F401  (allow-lists argparse.Namespace)
 BEST_PATTERN = re.compile(r"^checkpoint\.best_(?P<metric>.+)_(?P<value>-?\d+\.\d{3})(?P<tie>\d*)\.pt$")
 
 
+def _umask() -> int:
+    """The process umask (read by setting and restoring it)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def best_checkpoints(directory: str, num_best: int, metric: Optional[str] = None,
                      maximize: bool = False) -> List[str]:
     """The ``num_best`` best ``checkpoint.best_*`` files of ``directory``, best first."""
@@ -111,6 +118,7 @@ def save_atomic(state: dict, path: str) -> None:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
+    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
     os.close(fd)
     try:
         torch.save(state, tmp)
