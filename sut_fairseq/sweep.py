@@ -4,7 +4,7 @@ halting heat map of one example.
 
     python -m sut_fairseq.sweep --path CKPT --data DATA_BIN --gen-subset test \\
         --metric {exact_match,accuracy,bleu} [--thresholds 0.1,0.2,...,0.9,0.99,0.999] \\
-        [--example-id 0] [--output-dir sweep] [--beam 1] [--generate-args "--remove-bpe"]
+        [--example-id ID] [--output-dir sweep] [--beam 1] [--generate-args "--remove-bpe"]
 
 Per threshold T:
 
@@ -179,7 +179,7 @@ def write_csv_atomic(path: str, rows: List[Dict], columns: Sequence[str] = CSV_C
 
 def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match",
           thresholds: Sequence[float] = DEFAULT_THRESHOLDS, output_dir: str = "sweep",
-          example_id: int = 0, heatmap_threshold: Optional[float] = None,
+          example_id: Optional[int] = None, heatmap_threshold: Optional[float] = None,
           max_sentences: Optional[int] = None, beam: int = 1, batch_size: int = 128,
           generate_args: Sequence[str] = (), macs_sentences: int = 0) -> Dict:
     """Run the sweep and write its files; returns ``{"rows": [...], "heatmap": {...}}``."""
@@ -207,6 +207,10 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
     for threshold in thresholds:
         start = time.time()
         analysis = analyse(model, task, subset, threshold, max_sentences)
+        if not rows:  # the analysed sentences are the same at every threshold: check once
+            if example_id is None:  # default: the first sentence analysed
+                example_id = analysis["sentences"][0]["id"]
+            _find(analysis, example_id)  # fails now, not after the whole sweep
         row = {"threshold": threshold, "metric_name": metric, **_skipped(analysis, model)}
         if abs(threshold - heatmap_threshold) < 1e-12:
             heat_sentence = _find(analysis, example_id)
@@ -276,7 +280,9 @@ def main(argv=None) -> int:
     parser.add_argument("--metric", choices=METRICS, default="exact_match")
     parser.add_argument("--thresholds", default=",".join(f"{t:g}" for t in DEFAULT_THRESHOLDS),
                         help="comma-separated α_thresh values in (0, 1]")
-    parser.add_argument("--example-id", type=int, default=0, help="example for the heat map")
+    parser.add_argument("--example-id", type=int, default=None,
+                        help="example for the heat map (default: the first one analysed; with "
+                             "--max-sentences it must be among those)")
     parser.add_argument("--heatmap-threshold", type=float, default=None,
                         help="α_thresh of the heat map (default: the checkpoint's)")
     parser.add_argument("--output-dir", default="sweep")

@@ -218,6 +218,21 @@ def test_sweep_writes_csv_and_pngs(trained):
     assert not [p for p in os.listdir(out) if p.endswith(".tmp")]
 
 
+def test_sweep_rejects_an_example_outside_the_analysed_sentences_before_decoding(trained, tmp_path, monkeypatch):
+    """--example-id must be among the --max-sentences analysed; the check comes before
+    any fairseq-generate run (it used to fail only after the whole sweep)."""
+    from sut_fairseq import sweep
+
+    data_bin, ckpt, _ = trained
+    decoded = []
+    monkeypatch.setattr(sweep, "run_generate", lambda command, out: decoded.append(out) or {})
+    with pytest.raises(SystemExit, match="example id 999 not analysed"):
+        sweep.main(["--path", ckpt, "--data", data_bin, "--metric", "accuracy", "--thresholds",
+                    "0.4,0.999", "--example-id", "999", "--max-sentences", "3",
+                    "--output-dir", str(tmp_path / "s")])
+    assert decoded == []
+
+
 def test_expert_report(trained, tmp_path, capsys):
     from sut_fairseq import expert_report
     from sut_fairseq.halting_analysis import analyse, load
