@@ -2,7 +2,8 @@
 
 MoE-FFD (E=24, k=4, D=512) with d=512 on 4,096 tokens, forward + backward, against a
 dense FFN of width k·D = 2,048 (what each token actually computes in the mixture), in the
-same process. Prints the median time of each and, on its last line, ``ratio R``
+same process, the two timed in turn within every repeat. Prints the median time of each
+and, on its last line, ``ratio R``
 (sparse / dense; the goal is R <= 1.3).
 
     python benchmarks/moe_cpu.py [--tokens 4096] [--repeats 7]
@@ -18,15 +19,19 @@ import torch.nn.functional as F
 from sut_fairseq.modules.moe_ffd import MoEFeedForward
 
 
-def median_time(fn, repeats: int, warmup: int = 2) -> float:
+def median_times(fns, repeats: int, warmup: int = 2):
+    """Median time of each function, the functions timed in turn within every repeat, so a
+    slow spell of the machine (a shared VM) falls on all of them rather than on one."""
     for _ in range(warmup):
-        fn()
-    times = []
+        for fn in fns:
+            fn()
+    times = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, spent in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            spent.append(time.perf_counter() - start)
+    return [statistics.median(spent) for spent in times]
 
 
 def main():
@@ -55,8 +60,7 @@ def main():
         dense.zero_grad(set_to_none=True)
         dense(x).sum().backward()
 
-    t_moe = median_time(step_moe, args.repeats)
-    t_dense = median_time(step_dense, args.repeats)
+    t_moe, t_dense = median_times([step_moe, step_dense], args.repeats)
     macs = 2 * args.tokens * d * k * D  # forward MACs of both (router excluded)
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {args.tokens} tokens, d={d}")
     print(f"MoE-FFD (E={args.experts}, k={k}, D={D}) fwd+bwd: {1e3 * t_moe:8.1f} ms")
