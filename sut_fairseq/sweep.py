@@ -236,7 +236,7 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
 
     panels = heatmap_panels(heat_sentence)
 
-    name = os.path.basename(os.path.dirname(os.path.abspath(path))) + "/" + os.path.basename(path)
+    name = _short_path(path)
     mats = halting_heatmap(panels, os.path.join(output_dir, "halting_heatmap.png"),
                            title=f"{name}, {subset} example {example_id}, α_thresh {heatmap_threshold:g}")
     tradeoff_curve(rows, METRIC_LABELS[metric], os.path.join(output_dir, "tradeoff.png"),
@@ -250,6 +250,12 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
               "heatmap": heatmap}
     write_json_atomic(os.path.join(output_dir, "sweep.json"), result)
     return result
+
+
+def _short_path(path: str, parts: int = 5) -> str:
+    """The checkpoint as a figure title names it: its last ``parts`` path components
+    (``checkpoints/checkpoint_best.pt`` alone does not say which run it is)."""
+    return "/".join(os.path.abspath(path).split(os.sep)[-parts:])
 
 
 def _find(analysis: Dict, example_id: int) -> Dict:
