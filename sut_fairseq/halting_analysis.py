@@ -14,17 +14,9 @@ it (``analyse`` is the same as a Python function).
 import argparse
 import json
 import os
-import tempfile
 from typing import Dict, List, Optional
 
 import torch
-
-
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def _side_summary(steps: List[List[int]], max_steps: int) -> Dict:
@@ -96,17 +88,10 @@ def load(data: str, path: str, threshold: Optional[float] = None, subset: str = 
 
 
 def write_json_atomic(path: str, obj) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(dir=directory, suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(obj, f)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    from .plots import atomic_output
+
+    with atomic_output(path) as tmp, open(tmp, "w") as f:
+        json.dump(obj, f)
 
 
 def main(argv=None):

@@ -47,13 +47,6 @@ SRC, TGT = "en", "de"
 LANGS = (SRC, TGT)
 
 
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 class PrepError(Exception):
     """A user-facing error: missing input, offline, misaligned corpus, failed tool."""
 
@@ -91,7 +84,7 @@ class AtomicFiles:
             os.makedirs(directory, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
                                        suffix=".tmp")
-            os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
+            os.chmod(tmp, 0o666 & ~output_dir.umask())  # not mkstemp's 0600
             self.tmps.append(tmp)
             self.handles.append(os.fdopen(fd, "w", encoding="utf-8", newline="\n"))
         return self.handles
@@ -116,7 +109,7 @@ def _temp_beside(path: str) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
+    os.chmod(tmp, 0o666 & ~output_dir.umask())  # not mkstemp's 0600
     os.close(fd)
     return tmp
 

@@ -22,6 +22,7 @@ bucket 0 is the binarized split ``test`` and bucket k (1..12) is ``test{k}``, wi
 files ``test{k}.src/.tgt``; for the compositional protocols A/B/C the one test file
 ``test.src/.tgt`` is split ``test``.
 """
+import contextlib
 import importlib.util
 import json
 import os
@@ -59,13 +60,6 @@ PAPER_TABLE5 = OrderedDict([
 GENERATE_FLAGS = ["--beam", "1", "--required-batch-size-multiple", "1",
                   "--max-len-a", "0", "--max-len-b", "2", "--num-workers", "0"]
 DEFAULT_GENERATE_BATCH = 256
-
-
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 class RecipeError(Exception):
@@ -181,36 +175,35 @@ def show(command: Sequence[str], stdout: Optional[str] = None) -> None:
     print("+ " + format_command(command, stdout), flush=True)
 
 
-def write_json_atomic(path: str, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and ``os.replace``."""
+@contextlib.contextmanager
+def atomic_path(path: str, suffix: str = ".tmp"):
+    """Yield a temporary path beside ``path``; on success it is renamed to ``path`` with
+    the mode a plain ``open`` would give (not mkstemp's 0600), on failure removed."""
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump(obj, handle, indent=2)
-            handle.write("\n")
+        yield tmp
+        umask = os.umask(0o022)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         os.replace(tmp, path)
-    except BaseException:
+    finally:
         if os.path.exists(tmp):
             os.unlink(tmp)
-        raise
+
+
+def write_json_atomic(path: str, obj) -> None:
+    """Write ``obj`` as JSON to ``path`` through a temporary file and ``os.replace``."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        json.dump(obj, handle, indent=2)
+        handle.write("\n")
 
 
 def write_text_atomic(path: str, text: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
+        handle.write(text)
 
 
 def load_generate_output_module():

@@ -23,7 +23,6 @@ import json
 import os
 import statistics
 import sys
-import tempfile
 from collections import defaultdict
 from typing import Dict, List
 
@@ -32,13 +31,6 @@ import logic_recipe as recipe  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
 IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
-
-
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def load_results(work_dir: str) -> List[Dict]:
@@ -166,18 +158,11 @@ def plot_figure4(summary: Dict, path: str) -> bool:
     ax.grid(True, alpha=0.3)
     ax.legend()
     fig.tight_layout()
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".png")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
-    os.close(fd)
     try:
-        fig.savefig(tmp, dpi=120)
-        os.replace(tmp, path)
+        with recipe.atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=120)
     finally:
         plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
     return True
 
 

@@ -30,7 +30,7 @@ OVERWRITE_FLAG = "--overwrite"
 EXIT_REFUSED = 2
 
 
-def _umask() -> int:
+def umask() -> int:
     """The process umask (read by setting and restoring it)."""
     mask = os.umask(0o022)
     os.umask(mask)
@@ -156,7 +156,7 @@ class StagedDir:
         parent, name = _parts(self.final)
         os.makedirs(parent, exist_ok=True)
         self.path = tempfile.mkdtemp(dir=parent, prefix=f".{name}.tmp-{os.getpid()}-")
-        os.chmod(self.path, 0o777 & ~_umask())  # not mkdtemp's 0700
+        os.chmod(self.path, 0o777 & ~umask())  # not mkdtemp's 0700
         return self
 
     def __exit__(self, exc_type, exc, tb):

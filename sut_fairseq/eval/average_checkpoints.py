@@ -28,7 +28,6 @@ import glob
 import os
 import re
 import sys
-import tempfile
 from typing import Dict, List, Optional, Sequence
 
 import torch
@@ -36,13 +35,6 @@ import torch
 from .. import checkpoint_safety  # noqa: F401  (allow-lists argparse.Namespace)
 
 BEST_PATTERN = re.compile(r"^checkpoint\.best_(?P<metric>.+)_(?P<value>-?\d+\.\d{3})(?P<tie>\d*)\.pt$")
-
-
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def best_checkpoints(directory: str, num_best: int, metric: Optional[str] = None,
@@ -115,20 +107,10 @@ def average_state_dicts(states: Sequence[Dict[str, torch.Tensor]], names: Sequen
 
 
 def save_atomic(state: dict, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
-    os.close(fd)
-    try:
+    from ..plots import atomic_output
+
+    with atomic_output(path) as tmp:
         torch.save(state, tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def resolve_inputs(inputs: Sequence[str], num_best: int, metric: Optional[str] = None,

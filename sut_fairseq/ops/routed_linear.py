@@ -157,12 +157,12 @@ class ExpertBlockLinear(torch.autograd.Function):
             for e, end in enumerate(ends):
                 if end > start:
                     xe = _rows(x, src, start, end)
-                    if dst is None:  # straight into the output rows
-                        ye = out[start:end]
-                        torch.mm(xe, weight[e], out=ye) if bias is None else \
-                            torch.addmm(bias[e], xe, weight[e], out=ye)
+                    # dst None: straight into the output rows
+                    ye = out[start:end] if dst is None else None
+                    if bias is None:
+                        ye = torch.mm(xe, weight[e], out=ye)
                     else:
-                        ye = torch.mm(xe, weight[e]) if bias is None else torch.addmm(bias[e], xe, weight[e])
+                        ye = torch.addmm(bias[e], xe, weight[e], out=ye)
                     if g is not None:
                         ye.mul_(g[start:end])
                     if dst is not None:
@@ -171,7 +171,7 @@ class ExpertBlockLinear(torch.autograd.Function):
                         else:
                             out.index_add_(0, dst[start:end], ye)
                 start = end
-        ctx.ends, ctx.has_bias = ends, bias is not None
+        ctx.ends = ends
         ctx.save_for_backward(x, weight, bias, g, src, dst)
         return out
 
@@ -180,7 +180,7 @@ class ExpertBlockLinear(torch.autograd.Function):
         x, weight, bias, g, src, dst = ctx.saved_tensors
         grad_out = grad_out.to(x.dtype)
         need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
-        need_b = need_b and ctx.has_bias
+        need_b = need_b and bias is not None
         # buffers written block by block are left uninitialised; what no block writes
         # (empty experts, rows past ends[-1]) is zeroed below
         if not need_x:
