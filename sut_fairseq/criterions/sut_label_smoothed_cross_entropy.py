@@ -12,6 +12,9 @@ batch-mean auxiliary losses to a token-summed loss), so a published weight such 
 ``--miloss 0.1`` acts at about 0.1 / tokens-per-batch: use it to reuse the paper's weights
 as published.
 
+The label-smoothed CE itself is computed from the logits by ``ops.label_smoothed_ce``
+(the same value as fairseq's, with a single (tokens, vocabulary) gradient buffer).
+
 Logged separately: ``mim``, ``switch``, ``act_enc``, ``act_dec`` (expected steps, Eq. 4)
 and ``steps_enc`` / ``steps_dec`` (executed block applications per real position).
 """
@@ -27,6 +30,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
 from ..losses import mim_loss, record_routing, switch_loss
+from ..ops.label_smoothed_ce import label_smoothed_cross_entropy
 
 AUX_LOSS_SCALES = ChoiceEnum(["per-token", "reference"])
 
@@ -90,6 +94,32 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             logging_output["n_correct"] = n_correct.data
             logging_output["total"] = total.data
         return loss, sample_size, logging_output
+
+    def _logits_and_target(self, model, net_output, sample):
+        """(N, V) logits and (N,) targets after ``--ignore-prefix-size``."""
+        logits, target = net_output[0], model.get_targets(sample, net_output)
+        if self.ignore_prefix_size > 0:
+            logits = logits[:, self.ignore_prefix_size:, :]
+            target = target[:, self.ignore_prefix_size:]
+        return logits.reshape(-1, logits.size(-1)), target.reshape(-1)
+
+    def _fused(self, model) -> bool:
+        """The decoder's output is plain logits (no adaptive softmax)."""
+        return getattr(model.decoder, "adaptive_softmax", None) is None
+
+    def compute_loss(self, model, net_output, sample, reduce=True):
+        if not (reduce and self._fused(model)):
+            return super().compute_loss(model, net_output, sample, reduce=reduce)
+        logits, target = self._logits_and_target(model, net_output, sample)
+        return label_smoothed_cross_entropy(logits, target, self.eps, self.padding_idx)
+
+    def compute_accuracy(self, model, net_output, sample):
+        if not self._fused(model):
+            return super().compute_accuracy(model, net_output, sample)
+        logits, target = self._logits_and_target(model, net_output, sample)
+        mask = target.ne(self.padding_idx)
+        n_correct = logits.argmax(1).masked_select(mask).eq(target.masked_select(mask)).sum()
+        return n_correct, mask.sum()
 
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:

@@ -1,0 +1,109 @@
+"""The fused label-smoothed CE equals fairseq's log-softmax + label_smoothed_nll_loss."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+from fairseq.criterions.label_smoothed_cross_entropy import (
+    LabelSmoothedCrossEntropyCriterion,
+    label_smoothed_nll_loss,
+)
+
+from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoothedCrossEntropyCriterion
+from sut_fairseq.ops import label_smoothed_ce
+from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy
+from sut_fairseq.standalone import build_model
+
+PAD = 1
+
+
+def reference(logits, target, eps):
+    return label_smoothed_nll_loss(torch.log_softmax(logits, -1), target, eps, ignore_index=PAD)
+
+
+def case(n=37, v=11, dtype=torch.float64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    logits = (3 * torch.randn(n, v, generator=g)).to(dtype)
+    target = torch.randint(0, v, (n,), generator=g)
+    target[::5] = PAD  # padding rows
+    return logits, target
+
+
+@pytest.mark.parametrize("eps", [0.0, 0.1, 0.3])
+def test_value_and_gradient_match_fairseq_in_float64(eps):
+    logits, target = case()
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    loss_ref, nll_ref = reference(a, target, eps)
+    loss, nll = label_smoothed_cross_entropy(b, target, eps, PAD)
+    upstream = 0.37  # a non-unit upstream gradient (fairseq scales the loss)
+    (upstream * loss_ref).backward()
+    (upstream * loss).backward()
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(nll, nll_ref, rtol=1e-12, atol=1e-10)
+    torch.testing.assert_close(b.grad, a.grad, rtol=1e-10, atol=1e-12)
+    assert b.grad[target == PAD].abs().max() == 0  # padding rows get no gradient
+
+
+def test_blocks_cover_every_row(monkeypatch):
+    """Rows split over many cache blocks (the last one partial) give the same result."""
+    logits, target = case(n=23, v=7)
+    whole = label_smoothed_cross_entropy(logits.clone().requires_grad_(), target, 0.1, PAD)
+    monkeypatch.setattr(label_smoothed_ce, "_BLOCK_ELEMENTS", 3 * 7)  # 3 rows per block
+    x = logits.clone().requires_grad_()
+    blocked = label_smoothed_cross_entropy(x, target, 0.1, PAD)
+    blocked[0].backward()
+    y = logits.clone().requires_grad_()
+    reference(y, target, 0.1)[0].backward()
+    torch.testing.assert_close(blocked[0], whole[0])
+    torch.testing.assert_close(x.grad, y.grad)
+
+
+def test_gradcheck():
+    logits, target = case(n=6, v=5)
+    fn = lambda z: label_smoothed_cross_entropy(z, target, 0.2, PAD)[0]  # noqa: E731
+    assert torch.autograd.gradcheck(fn, (logits.clone().requires_grad_(),))
+
+
+def test_bfloat16_logits_accumulate_in_float32():
+    logits, target = case(n=64, v=50, dtype=torch.float32)
+    half = logits.bfloat16().requires_grad_()
+    loss, _ = label_smoothed_cross_entropy(half, target, 0.1, PAD)
+    loss.backward()
+    assert loss.dtype == torch.float32 and half.grad.dtype == torch.bfloat16
+    ref = logits.bfloat16().float().requires_grad_()
+    loss_ref, _ = reference(ref, target, 0.1)
+    loss_ref.backward()
+    torch.testing.assert_close(loss, loss_ref, rtol=1e-5, atol=1e-3)
+    torch.testing.assert_close(half.grad.float(), ref.grad, rtol=2e-2, atol=2e-3)
+
+
+def test_bad_shapes_are_named():
+    with pytest.raises(ValueError, match=r"\(N, V\).*\(3, 4, 5\)"):
+        label_smoothed_cross_entropy(torch.zeros(3, 4, 5), torch.zeros(3, dtype=torch.long), 0.1, PAD)
+
+
+@pytest.mark.parametrize("ignore_prefix_size", [0, 1])
+def test_criterion_loss_and_accuracy_equal_fairseqs(ignore_prefix_size):
+    """On a real model output the SUT criterion's CE part equals fairseq's criterion."""
+    torch.manual_seed(0)
+    model = build_model("sut_tiny", dict_size=40, share_all_embeddings=True).eval()
+    task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
+    g = torch.Generator().manual_seed(1)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    tgt = torch.randint(4, 40, (3, 5), generator=g)
+    tgt[0, 3:] = PAD
+    prev = torch.cat([torch.full((3, 1), 2), tgt[:, :-1]], 1)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((3,), 6),
+                            "prev_output_tokens": prev}, "target": tgt}
+    ours = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, ignore_prefix_size, True)
+    fairseqs = LabelSmoothedCrossEntropyCriterion(task, False, 0.1, ignore_prefix_size, True)
+    out = model(**sample["net_input"])
+    loss, nll = ours.compute_loss(model, out, sample)
+    loss_ref, nll_ref = fairseqs.compute_loss(model, out, sample)
+    torch.testing.assert_close(loss, loss_ref)
+    torch.testing.assert_close(nll, nll_ref)
+    assert [int(v) for v in ours.compute_accuracy(model, out, sample)] == \
+        [int(v) for v in fairseqs.compute_accuracy(model, out, sample)]
+    # reduce=False (per-token losses) is fairseq's own path
+    per_token, _ = ours.compute_loss(model, out, sample, reduce=False)
+    torch.testing.assert_close(per_token.sum(), loss_ref)
