@@ -6,7 +6,9 @@ tokens) over a 32,768-entry joined dictionary with shared embeddings; criterion
 ``sut_label_smoothed_cross_entropy`` (label smoothing 0.1, MIM 0.1, ACT 0.01) for the
 SUT/UT and ``label_smoothed_cross_entropy`` for the transformer; dropout as in each
 preset. Prints the median time per step and target tokens/s of each model, then the
-ratios (goals: sut_base >= 2.0x ut_base, sut_base >= 0.6x transformer).
+ratios (goals: sut_base >= 2.0x ut_base, sut_base >= 0.6x transformer). The models take
+turns within every repeat (all three are built first), so that a slow phase of a shared
+machine hits all of them alike.
 
     python benchmarks/train_step.py [--batch 128] [--len 32] [--repeats 3]
 """
@@ -43,7 +45,8 @@ def make_batch(B: int, T: int, vocab: int, seed: int):
             "target": tgt, "ntokens": B * T, "nsentences": B}
 
 
-def time_step(arch: str, sample, vocab: int, repeats: int) -> float:
+def make_step(arch: str, sample, vocab: int):
+    """A closure running one training step (zero grads, criterion forward, backward)."""
     torch.manual_seed(0)
     model = build_model(arch, dict_size=vocab, share_all_embeddings=True).train()
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
@@ -51,15 +54,27 @@ def time_step(arch: str, sample, vocab: int, repeats: int) -> float:
         criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.1, act_weight=0.01)
     else:
         criterion = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
-    times = []
-    for i in range(repeats + 1):  # the first step warms up allocators and caches
+
+    def step():
         model.zero_grad(set_to_none=True)
-        start = time.perf_counter()
         loss, _, _ = criterion(model, sample)
         loss.backward()
-        if i > 0:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    return step
+
+
+def time_steps(archs, sample, vocab: int, repeats: int):
+    """Median seconds per step of each arch; the archs take turns in every repeat so that
+    a slow phase of a shared machine hits all of them alike."""
+    steps = {arch: make_step(arch, sample, vocab) for arch in archs}
+    times = {arch: [] for arch in archs}
+    for i in range(repeats + 1):  # round 0 warms up allocators and caches
+        for arch, step in steps.items():
+            start = time.perf_counter()
+            step()
+            if i > 0:
+                times[arch].append(time.perf_counter() - start)
+    return {arch: statistics.median(t) for arch, t in times.items()}
 
 
 def main():
@@ -76,8 +91,7 @@ def main():
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch} x "
           f"{args.len} = {tokens} target tokens")
     speed = {}
-    for arch in args.arch:
-        t = time_step(arch, sample, args.vocab, args.repeats)
+    for arch, t in time_steps(args.arch, sample, args.vocab, args.repeats).items():
         speed[arch] = tokens / t
         print(f"{arch:24s} {1e3 * t:9.0f} ms/step {speed[arch]:9.0f} tokens/s", flush=True)
     if {"sut_base", "ut_base"} <= speed.keys():

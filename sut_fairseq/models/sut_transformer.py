@@ -19,6 +19,7 @@ from fairseq.models import (
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from ..accounting import StepMeter, register_for_exit_summary
+from ..modules.dropout import Dropout
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
 from ..modules.recurrence import universal_recurrence
 from ..modules.sut_block import HaltedStateKV, SUTBlock
@@ -170,7 +171,7 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
     side.embed_tokens = embed_tokens
     side.embed_scale = d ** 0.5
     side.embed_positions = PositionalEmbedding(max_positions, d, side.padding_idx)
-    side.dropout = nn.Dropout(args.dropout)
+    side.dropout = Dropout(args.dropout)
     side.block = SUTBlock(args, decoder=decoder)
     # with a single step nothing is ever decided: no halting unit (it would get no
     # gradient, which PyTorch DDP rejects)

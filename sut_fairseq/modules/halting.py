@@ -36,6 +36,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from .dropout import Dropout
+
 HALTING_RULES = ("stick-breaking", "global-mean", "act", "none")
 
 
@@ -102,7 +104,7 @@ class HaltingUnit(nn.Module):
         in_dim = 2 * embed_dim if transition else embed_dim
         self.norm = nn.LayerNorm(embed_dim) if normalize_input else None
         self.fc1 = nn.Linear(in_dim, embed_dim)
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
         self.fc2 = nn.Linear(embed_dim, 1)
         nn.init.zeros_(self.fc2.weight)
         nn.init.zeros_(self.fc2.bias)

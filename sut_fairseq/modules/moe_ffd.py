@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from fairseq import utils
 
 from ..ops import routed_linear
+from .dropout import Dropout
 from .expert_init import init_expert_weight_
 from .router import Router
 
@@ -27,7 +28,7 @@ class MoEFeedForward(nn.Module):
         self.w2 = nn.Parameter(init_expert_weight_(torch.empty(num_experts, hidden_dim, embed_dim)))
         self.b2 = nn.Parameter(torch.zeros(num_experts, embed_dim))
         self.activation_fn = utils.get_activation_fn(activation_fn)
-        self.activation_dropout = nn.Dropout(activation_dropout)
+        self.activation_dropout = Dropout(activation_dropout)
 
     def forward(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """x: (..., d); active: (...) bool. Returns (..., d), zero on inactive rows."""

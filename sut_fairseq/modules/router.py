@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import Routing, make_routing
+from .dropout import Dropout
 
 EPS = 1e-9
 
@@ -70,7 +71,7 @@ class Router(nn.Module):
         if num_experts > 1:
             self.fc1 = nn.Linear(input_dim, hidden_dim)
             self.fc2 = nn.Linear(hidden_dim, num_experts, bias=False)
-            self.dropout = nn.Dropout(gating_dropout)
+            self.dropout = Dropout(gating_dropout)
             nn.init.xavier_uniform_(self.fc1.weight)
             nn.init.zeros_(self.fc1.bias)
             nn.init.xavier_uniform_(self.fc2.weight)

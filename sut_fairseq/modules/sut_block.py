@@ -13,6 +13,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.modules import LayerNorm
 
+from .dropout import Dropout
 from .moe_ffd import MoEFeedForward
 from .momha import MixtureOfMultiHeadAttention
 
@@ -23,7 +24,7 @@ class SUTBlock(nn.Module):
         d = args.decoder_embed_dim if decoder else args.encoder_embed_dim
         router_hidden = args.router_hidden_dim or d
         self.normalize_before = args.decoder_normalize_before if decoder else args.encoder_normalize_before
-        self.dropout = nn.Dropout(args.dropout)
+        self.dropout = Dropout(args.dropout)
 
         def attention(kv_dim, relative, causal):
             return MixtureOfMultiHeadAttention(

@@ -1,0 +1,30 @@
+"""The CPU benchmark scripts run end to end (tiny sizes) and print the lines the docs quote."""
+import os
+import re
+import subprocess
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(script, *args):
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", script), *args],
+                         capture_output=True, text=True, env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+def test_train_step_prints_tokens_per_second_and_both_ratios():
+    out = run("train_step.py", "--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1")
+    for arch in ("sut_base", "ut_base", "transformer_wmt_en_de"):
+        assert re.search(rf"^{arch}\s+\d+ ms/step\s+\d+ tokens/s$", out, re.M), out
+    assert re.search(r"^sut_base / ut_base tokens/s: \d+\.\d\d \(goal >= 2\.0\)$", out, re.M), out
+    assert re.search(r"^sut_base / transformer_wmt_en_de tokens/s: \d+\.\d\d \(goal >= 0\.6\)$",
+                     out, re.M), out
+
+
+def test_moe_cpu_ends_with_the_ratio():
+    out = run("moe_cpu.py", "--tokens", "64", "--dim", "16", "--hidden", "16", "--experts", "4",
+              "--topk", "2", "--repeats", "1")
+    assert re.fullmatch(r"ratio \d+\.\d+", out.strip().splitlines()[-1]), out

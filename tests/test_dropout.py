@@ -1,0 +1,61 @@
+"""The CPU dropout: Bernoulli(1 - p) keep mask, inverted scaling, exact backward."""
+import pytest
+import torch
+
+from sut_fairseq.modules.dropout import Dropout, dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.2, 0.5])
+def test_keep_rate_scale_and_independence(p):
+    torch.manual_seed(0)
+    x = torch.ones(1_000_001)  # odd: the last 16-bit draw is half used
+    y = dropout(x, p, True)
+    kept = y != 0
+    n = x.numel()
+    sd = (p * (1 - p) / n) ** 0.5
+    assert abs(kept.float().mean().item() - (1 - p)) < 5 * sd
+    # every kept value is x / (1 - p') with p' = p rounded to 2^-16
+    p_eff = round(p * 65536) / 65536
+    assert abs(p_eff - p) <= 2 ** -17
+    assert torch.equal(y[kept], torch.full((int(kept.sum()),), 1 / (1 - p_eff)))
+    # the two halves of one 32-bit draw are independent: P(both kept) = (1 - p)^2
+    pairs = kept[: n - 1].view(-1, 2)
+    both = pairs.all(1).float().mean().item()
+    assert abs(both - (1 - p) ** 2) < 5 * ((1 - p) ** 2 * (1 - (1 - p) ** 2) / pairs.size(0)) ** 0.5
+
+
+def test_backward_is_the_same_mask_and_scale():
+    torch.manual_seed(1)
+    x = torch.randn(64, 33, requires_grad=True)
+    y = dropout(x, 0.3, True)
+    upstream = torch.randn_like(y)
+    y.backward(upstream)
+    ratio = torch.where(x != 0, y / x, torch.zeros_like(y)).detach()  # mask / (1 - p)
+    torch.testing.assert_close(x.grad, upstream * ratio)
+
+
+def test_seeded_and_varies_between_calls():
+    x = torch.randn(4096)
+    torch.manual_seed(7)
+    a, b = dropout(x, 0.2, True), dropout(x, 0.2, True)
+    torch.manual_seed(7)
+    assert torch.equal(dropout(x, 0.2, True), a)
+    assert not torch.equal(a, b)
+
+
+def test_identity_cases_and_bad_p():
+    x = torch.randn(5, 7)
+    assert dropout(x, 0.2, False) is x and dropout(x, 0.0, True) is x
+    assert torch.count_nonzero(dropout(x, 1.0, True)) == 0
+    module = Dropout(0.25).eval()
+    assert module(x) is x and module.p == 0.25
+    with pytest.raises(ValueError, match=r"dropout probability must be in \[0, 1\]; got 1.5"):
+        Dropout(1.5)
+
+
+def test_bfloat16_keeps_its_dtype():
+    torch.manual_seed(0)
+    x = torch.randn(256, 64, dtype=torch.bfloat16, requires_grad=True)
+    y = dropout(x, 0.2, True)
+    y.sum().backward()
+    assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
