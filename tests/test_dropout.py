@@ -59,3 +59,22 @@ def test_bfloat16_keeps_its_dtype():
     y = dropout(x, 0.2, True)
     y.sum().backward()
     assert y.dtype == torch.bfloat16 and x.grad.dtype == torch.bfloat16
+
+
+def test_each_call_consumes_one_draw_whatever_its_size():
+    """Masks of later calls do not depend on the size of earlier ones (as with CPU bernoulli_)."""
+    x, small, large = torch.randn(300), torch.randn(10), torch.randn(10_000)
+    torch.manual_seed(3)
+    dropout(small, 0.2, True)
+    a = dropout(x, 0.2, True)
+    torch.manual_seed(3)
+    dropout(large, 0.2, True)
+    assert torch.equal(dropout(x, 0.2, True), a)
+
+
+def test_half_precision_scale_is_not_rounded():
+    x = torch.ones(4096, dtype=torch.bfloat16)
+    y = dropout(x, 0.1, True)
+    kept = y[y != 0].float()
+    expected = torch.tensor(65536 / (65536 - round(0.1 * 65536))).bfloat16().float()
+    assert torch.equal(kept, torch.full_like(kept, expected.item()))

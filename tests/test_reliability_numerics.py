@@ -71,23 +71,30 @@ def _forward_backward(model, sample, dtype):
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_mixed_precision_through_the_criterion(precision):
+    # with dropout and sampled experts: everything finite, halting weights a distribution
     model = make_model(dropout=0.1, sample_topk=1, halting_threshold=0.7).train()
     randomise_halting(model, std=4.0)
     sample = _sample()
-    ref_loss, ref_log, _, _ = _forward_backward(model, sample, None)
-    ref_grad = _grads(model)
     loss, log, out, extra = _forward_backward(model, sample, PRECISIONS[precision])
     assert out.dtype == PRECISIONS[precision]  # autocast really ran the model in low precision
     assert loss.dtype == torch.float32 and torch.isfinite(loss)
     for key in ("mim", "switch", "act_enc", "act_dec"):
         assert math.isfinite(log[key]), (key, log)
-    grad = _grads(model)
-    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-2)
-    assert torch.nn.functional.cosine_similarity(grad, ref_grad, dim=0) > 0.99
+    _grads(model)
     for side in ("halting_encoder", "halting_decoder"):
         _assert_distribution(extra[side])
     # some positions halted early, so the precision of the halting decisions mattered
     assert log["steps_dec"] < 3 * log["positions_dec"]
+
+    # without randomness (a low-precision halting decision may differ from fp32's, which
+    # changes how much randomness later layers draw), loss and gradient match fp32
+    model = make_model(halting_threshold=0.7).train()
+    randomise_halting(model, std=4.0)
+    ref_loss, _, _, _ = _forward_backward(model, sample, None)
+    ref_grad = _grads(model)
+    loss, _, _, _ = _forward_backward(model, sample, PRECISIONS[precision])
+    assert loss.item() == pytest.approx(ref_loss.item(), rel=1e-2)
+    assert torch.nn.functional.cosine_similarity(_grads(model), ref_grad, dim=0) > 0.99
 
 
 def _deep_model(bias, threshold):

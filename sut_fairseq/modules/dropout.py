@@ -22,8 +22,13 @@ _LEVELS = 1 << 16
 def _keep_mask(x: torch.Tensor, dropped_levels: int) -> torch.Tensor:
     """Bool mask of x's shape, True with probability 1 - dropped_levels / 2^16."""
     n = x.numel()
+    # one draw of the default generator seeds this call's own stream, so a call consumes
+    # the same randomness whatever its size (as CPU ``bernoulli_`` does): two runs that
+    # differ in one tensor's size (e.g. how many rows a router saw) keep the other masks
+    stream = torch.Generator(device=x.device)
+    stream.manual_seed(int(torch.empty((), dtype=torch.int64).random_()))
     words = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device)
-    words.random_(-(1 << 31), 1 << 31)  # every bit uniform
+    words.random_(-(1 << 31), 1 << 31, generator=stream)  # every bit uniform
     u = words.view(torch.int16)[:n].view(x.shape)  # uniform on [-2^15, 2^15)
     return u >= dropped_levels - (1 << 15)
 
@@ -37,8 +42,12 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
         return F.dropout(x, p, training)
     if dropped == 0:
         return x
-    scaled_mask = _keep_mask(x, dropped).to(x.dtype).mul_(_LEVELS / (_LEVELS - dropped))
-    return x * scaled_mask  # autograd keeps scaled_mask for backward: dx = dy ⊙ mask / (1 - p)
+    scale = _LEVELS / (_LEVELS - dropped)
+    mask = _keep_mask(x, dropped).to(x.dtype)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        return x * mask * scale  # the scale stays a float scalar: no rounding of 1 / (1 - p)
+    # one pass forward and backward: autograd keeps the scaled mask, dx = dy ⊙ mask / (1 - p)
+    return x * mask.mul_(scale)
 
 
 class Dropout(nn.Module):
