@@ -6,9 +6,10 @@ tokens) over a 32,768-entry joined dictionary with shared embeddings; criterion
 ``sut_label_smoothed_cross_entropy`` (label smoothing 0.1, MIM 0.1, ACT 0.01) for the
 SUT/UT and ``label_smoothed_cross_entropy`` for the transformer; dropout as in each
 preset. Prints the median time per step and target tokens/s of each model, then the
-ratios (goals: sut_base >= 2.0x ut_base, sut_base >= 0.6x transformer). The models take
-turns within every repeat (all three are built first), so that a slow phase of a shared
-machine hits all of them alike.
+ratios (goals: sut_base >= 2.0x ut_base, sut_base >= 0.6x transformer). All three models
+are built first; in each of ``--repeats`` rounds every model runs an untimed step and then
+a timed one, the models taking turns, so that a slow phase of a shared machine hits all
+of them alike while each timed step runs in its model's steady state.
 
     python benchmarks/train_step.py [--batch 128] [--len 32] [--repeats 3]
 """
@@ -64,16 +65,18 @@ def make_step(arch: str, sample, vocab: int):
 
 
 def time_steps(archs, sample, vocab: int, repeats: int):
-    """Median seconds per step of each arch; the archs take turns in every repeat so that
-    a slow phase of a shared machine hits all of them alike."""
+    """Median seconds per step of each arch over ``repeats`` rounds. In every round each
+    arch runs one untimed step (back in its steady state: caches and allocator warm with
+    its own buffers, as in training) and then one timed step; the archs take turns within
+    a round, so that a slow phase of a shared machine hits all of them alike."""
     steps = {arch: make_step(arch, sample, vocab) for arch in archs}
     times = {arch: [] for arch in archs}
-    for i in range(repeats + 1):  # round 0 warms up allocators and caches
+    for _ in range(repeats):
         for arch, step in steps.items():
+            step()
             start = time.perf_counter()
             step()
-            if i > 0:
-                times[arch].append(time.perf_counter() - start)
+            times[arch].append(time.perf_counter() - start)
     return {arch: statistics.median(t) for arch, t in times.items()}
 
 
