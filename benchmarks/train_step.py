@@ -11,7 +11,11 @@ are built first; in each of ``--repeats`` rounds every model runs an untimed ste
 a timed one, the models taking turns, so that a slow phase of a shared machine hits all
 of them alike while each timed step runs in its model's steady state.
 
-    python benchmarks/train_step.py [--batch 128] [--len 32] [--repeats 3]
+    python benchmarks/train_step.py [--batch 128] [--len 32] [--repeats 3] [--arch ...]
+
+``--arch ... transformer_wmt_en_de+fused-ce`` adds fairseq's transformer trained with the
+plugin's label-smoothed CE op (``sut_fairseq.ops.label_smoothed_ce``, which the SUT/UT
+criterion uses), to separate the loss's share from the model's.
 """
 import argparse
 import logging
@@ -30,9 +34,20 @@ from fairseq.criterions.label_smoothed_cross_entropy import (  # noqa: E402
 from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (  # noqa: E402
     SUTLabelSmoothedCrossEntropyCriterion,
 )
+from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy  # noqa: E402
 from sut_fairseq.standalone import build_model  # noqa: E402
 
 MODELS = ["sut_base", "ut_base", "transformer_wmt_en_de"]
+FUSED_CE = "+fused-ce"  # suffix: fairseq's transformer with the plugin's CE op as its loss
+
+
+class FusedLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
+    """fairseq's criterion with the loss computed by ``ops.label_smoothed_ce``."""
+
+    def compute_loss(self, model, net_output, sample, reduce=True):
+        logits, target = net_output[0], model.get_targets(sample, net_output)
+        return label_smoothed_cross_entropy(logits.reshape(-1, logits.size(-1)), target.reshape(-1),
+                                            self.eps, self.padding_idx)
 
 
 def make_batch(B: int, T: int, vocab: int, seed: int):
@@ -49,10 +64,14 @@ def make_batch(B: int, T: int, vocab: int, seed: int):
 def make_step(arch: str, sample, vocab: int):
     """A closure running one training step (zero grads, criterion forward, backward)."""
     torch.manual_seed(0)
-    model = build_model(arch, dict_size=vocab, share_all_embeddings=True).train()
+    fused = arch.endswith(FUSED_CE)
+    model = build_model(arch[: -len(FUSED_CE)] if fused else arch, dict_size=vocab,
+                        share_all_embeddings=True).train()
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
     if arch.startswith(("sut", "ut")):
         criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.1, act_weight=0.01)
+    elif fused:
+        criterion = FusedLabelSmoothedCrossEntropy(task, False, 0.1)
     else:
         criterion = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
 
@@ -102,6 +121,9 @@ def main():
     if {"sut_base", "transformer_wmt_en_de"} <= speed.keys():
         print(f"sut_base / transformer_wmt_en_de tokens/s: "
               f"{speed['sut_base'] / speed['transformer_wmt_en_de']:.2f} (goal >= 0.6)")
+    fused = "transformer_wmt_en_de" + FUSED_CE
+    if {"sut_base", fused} <= speed.keys():
+        print(f"sut_base / {fused} tokens/s: {speed['sut_base'] / speed[fused]:.2f}")
 
 
 if __name__ == "__main__":

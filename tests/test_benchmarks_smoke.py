@@ -16,12 +16,15 @@ def run(script, *args):
 
 
 def test_train_step_prints_tokens_per_second_and_both_ratios():
-    out = run("train_step.py", "--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1")
+    out = run("train_step.py", "--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1",
+              "--arch", "sut_base", "ut_base", "transformer_wmt_en_de",
+              "transformer_wmt_en_de+fused-ce")
     for arch in ("sut_base", "ut_base", "transformer_wmt_en_de"):
         assert re.search(rf"^{arch}\s+\d+ ms/step\s+\d+ tokens/s$", out, re.M), out
     assert re.search(r"^sut_base / ut_base tokens/s: \d+\.\d\d \(goal >= 2\.0\)$", out, re.M), out
     assert re.search(r"^sut_base / transformer_wmt_en_de tokens/s: \d+\.\d\d \(goal >= 0\.6\)$",
                      out, re.M), out
+    assert re.search(r"^sut_base / transformer_wmt_en_de\+fused-ce tokens/s: \d+\.\d\d$", out, re.M), out
 
 
 def test_moe_cpu_ends_with_the_ratio():
