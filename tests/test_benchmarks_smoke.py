@@ -31,3 +31,9 @@ def test_moe_cpu_ends_with_the_ratio():
     out = run("moe_cpu.py", "--tokens", "64", "--dim", "16", "--hidden", "16", "--experts", "4",
               "--topk", "2", "--repeats", "1")
     assert re.fullmatch(r"ratio \d+\.\d+", out.strip().splitlines()[-1]), out
+
+
+def test_dropout_cpu_ends_with_the_ratio():
+    out = run("dropout_cpu.py", "--repeats", "1")
+    assert re.search(r"forward\s+\d+\.\d\d ms\s+backward\s+\d+\.\d\d ms", out), out
+    assert re.fullmatch(r"ratio \d+\.\d\d", out.strip().splitlines()[-1]), out
