@@ -16,14 +16,15 @@ For a row with logits z (V,), target t and ε_i = ε / (V - 1) (fairseq's conven
     ∂loss/∂z_j = (1 - ε - ε_i + V ε_i) · p_j - (1 - ε - ε_i) · [j = t] - ε_i
 
 Rows whose target is ``ignore_index`` contribute 0 and get a zero gradient. The sums
-are accumulated in fp32 (fp64 for fp64 logits) whatever the logits' dtype (as fairseq's ``log_softmax`` does).
-Both passes go over blocks of rows small enough to stay in cache.
+are accumulated in fp32 (fp64 for fp64 logits) whatever the logits' dtype, as fairseq's
+``log_softmax`` does. Both passes go over blocks of rows small enough to stay in cache,
+converting one block at a time (fp16/bf16 logits are never copied whole to fp32).
 """
 from typing import Tuple
 
 import torch
 
-_BLOCK_ELEMENTS = 1 << 18  # rows per block: about 1 MB of fp32 logits
+_BLOCK_ELEMENTS = 1 << 18  # logits per block of rows: about 1 MB in fp32
 
 
 def _row_blocks(n_rows: int, n_cols: int):
@@ -39,16 +40,20 @@ def _accumulation_dtype(logits: torch.Tensor) -> torch.dtype:
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, epsilon, ignore_index):
-        z = logits.to(_accumulation_dtype(logits))
-        V = z.size(1)
+        acc = _accumulation_dtype(logits)
+        N, V = logits.shape
         eps_i = epsilon / (V - 1)
         keep = target.ne(ignore_index)
         safe_target = target.masked_fill(~keep, 0)
-        lse = z.new_empty(z.size(0))  # (N,)
-        for rows in _row_blocks(*z.shape):
-            torch.logsumexp(z[rows], dim=1, out=lse[rows])
-        nll = (lse - z.gather(1, safe_target.unsqueeze(1)).squeeze(1)) * keep
-        smooth = (V * lse - z.sum(1)) * keep
+        lse = logits.new_empty(N, dtype=acc)  # log Σ_j exp z_j per row
+        row_sum = logits.new_empty(N, dtype=acc)  # Σ_j z_j per row
+        for rows in _row_blocks(N, V):
+            z = logits[rows].to(acc)
+            torch.logsumexp(z, dim=1, out=lse[rows])
+            torch.sum(z, dim=1, out=row_sum[rows])
+        z_target = logits.gather(1, safe_target.unsqueeze(1)).squeeze(1).to(acc)
+        nll = (lse - z_target) * keep
+        smooth = (V * lse - row_sum) * keep
         nll_sum, smooth_sum = nll.sum(), smooth.sum()
         loss = (1.0 - epsilon - eps_i) * nll_sum + eps_i * smooth_sum
         ctx.save_for_backward(logits, lse, safe_target, keep)
