@@ -126,6 +126,27 @@ def test_every_parameter_gets_a_gradient(batch, halting):
     assert _parameters_without_gradient(model, BATCHES[batch]()) == []
 
 
+def test_halting_units_and_routers_get_a_nonzero_gradient():
+    """With MIM and ACT weight 0 the halting units reach the loss only through the halted
+    states S (Eq. 3) and the routers only through their gates: both must receive a
+    gradient that is not zero everywhere (a unit cut off from the output would get an
+    all-zero gradient through the ACT term and still pass the test above)."""
+    from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (
+        SUTLabelSmoothedCrossEntropyCriterion,
+    )
+
+    model = make_model(dropout=0.1, sample_topk=1).train()
+    randomise_halting(model)
+    task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
+    no_aux = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1)  # MIM and ACT weight 0
+    loss, _, _ = no_aux(model, BATCHES["ordinary"]())
+    loss.backward()
+    watched = {n: p for n, p in model.named_parameters() if ".halting.unit." in n or ".router." in n}
+    assert any(".halting.unit." in n for n in watched) and any(".router." in n for n in watched)
+    zero = [n for n, p in watched.items() if not p.grad.abs().sum() > 0]
+    assert zero == []
+
+
 # with one step the halting rule is 'none': no halting unit left without a gradient
 def test_one_step_model_has_no_parameter_without_gradient():
     model = make_model(encoder_layers=1, decoder_layers=1)

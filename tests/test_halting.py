@@ -159,3 +159,40 @@ def test_log_space_products_do_not_underflow():
         torch.testing.assert_close(res.weights.sum(-1), torch.ones(2, 3))
         if bias > 0:
             assert res.weights[..., 0].min() > 0.99
+
+
+class _ScriptedUnit(torch.nn.Module):
+    """A halting unit returning a prescribed logit at each call (the same for every row)."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits, self.norm, self.calls = logits, None, 0
+
+    def forward(self, x):
+        logit = self.logits[self.calls]
+        self.calls += 1
+        return torch.full(x.shape[:-1], logit, dtype=torch.float32)
+
+
+def test_log_space_products_keep_stick_pieces_a_naive_product_loses():
+    """α_l = â_l Π_{j<l} (1 - â_j) for logits where the fp32 product of (1 - sigmoid) is
+    wrong: 1 - sigmoid(25) rounds to 0 (the product and every later α vanish), and
+    1 - sigmoid(12) keeps only three digits. Expected values in float64, from
+    log(1 - sigmoid(x)) = -log(1 + e^x) exactly; every position is kept running."""
+    from sut_fairseq.modules.halting import LearnedHalting
+
+    logits = [-69.0, 12.0, 25.0, 0.0, -5.0, 3.0, 9.0, 1.0]  # â: 1e-30, ~1, ~1, 0.5, ...
+    halting = LearnedHalting("stick-breaking", 4, 0.0, threshold=1.0, normalize_input=False)
+    halting.unit = _ScriptedUnit(logits)
+    h = torch.randn(1, 2, 4)
+    real = torch.ones(1, 2, dtype=torch.bool)
+    state = halting.begin(h, real)
+    for step in range(2, len(logits) + 2):
+        halting.decide(h, real, state, step)  # keep every position running
+    x = torch.tensor(logits, dtype=torch.float64)
+    log_remain = torch.cat([torch.zeros(1, dtype=torch.float64),
+                            torch.cumsum(-torch.nn.functional.softplus(x), 0)[:-1]])
+    expected = torch.exp(torch.nn.functional.logsigmoid(x) + log_remain)
+    alphas = torch.stack(state.alphas, -1)[0, 0].double()
+    assert expected[3] > 1e-20  # the pieces after sigmoid(25) are small but not zero
+    torch.testing.assert_close(alphas, expected, rtol=1e-5, atol=0.0)

@@ -63,3 +63,50 @@ def test_incremental_equals_full_forward_after_beam_reordering():
         enc_ref = model.encoder.reorder_encoder_out(enc, order)
         full, _ = model.decoder(final_prev, enc_ref)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+
+
+def _padded(prev, pads: int, left: bool):
+    """prev (B, T) with ``pads`` padding tokens (index 1) on the left or on the right."""
+    pad = torch.full((prev.size(0), pads), 1, dtype=prev.dtype)
+    return torch.cat([pad, prev], 1) if left else torch.cat([prev, pad], 1)
+
+
+@pytest.mark.parametrize("left", [True, False], ids=["left-padded", "right-padded"])
+def test_padded_targets_decode_as_the_unpadded_sequence(left):
+    """A target with padding (left: --left-pad-target; right: the default) gives, at its
+    real positions, the decoder features of the same target alone: padding keys are
+    masked in self-attention, in the full and in the incremental decoder."""
+    model, src, prev = _setup(0.6)
+    src, prev = src[2:3], prev[2:3]  # one sequence: nothing else sets its length
+    padded = _padded(prev, 2, left)
+    real = slice(2, None) if left else slice(0, prev.size(1))
+    with torch.no_grad():
+        enc = model.encoder(src)
+        alone, _ = model.decoder(prev, enc, features_only=True)
+        full, _ = model.decoder(padded, enc, features_only=True)
+        torch.testing.assert_close(full[:, real], alone, atol=1e-5, rtol=1e-5)
+        state, outs = {}, []
+        for t in range(padded.size(1)):
+            out, _ = model.decoder(padded[:, : t + 1], enc, incremental_state=state,
+                                   features_only=True)
+            outs.append(out)
+        torch.testing.assert_close(torch.cat(outs, 1)[:, real], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_batch_matches_each_sequence_alone():
+    """A left-padded batch of targets of different lengths: every row's real positions
+    equal that row decoded alone (with the halting state, which reads the features)."""
+    model, src, prev = _setup(0.6, seed=2)
+    lengths = [7, 4, 5]
+    batch = prev.clone()
+    for row, n in enumerate(lengths):
+        batch[row] = torch.cat([torch.ones(7 - n, dtype=prev.dtype), prev[row, :n]])
+    with torch.no_grad():
+        enc = model.encoder(src)
+        out, extra = model.decoder(batch, enc, features_only=True)
+        for row, n in enumerate(lengths):
+            enc_row = model.encoder.reorder_encoder_out(enc, torch.tensor([row]))
+            alone, extra_alone = model.decoder(prev[row:row + 1, :n], enc_row, features_only=True)
+            torch.testing.assert_close(out[row:row + 1, 7 - n:], alone, atol=1e-5, rtol=1e-5)
+            assert torch.equal(extra["halting_decoder"].steps[row, 7 - n:],
+                               extra_alone["halting_decoder"].steps[0])

@@ -75,7 +75,7 @@ def test_criterion_aux_scale_per_token_and_reference():
         SUTLabelSmoothedCrossEntropyCriterion,
     )
 
-    model = make_model()
+    model = make_model().train()  # dropout 0: deterministic; the auxiliary terms train
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
     src, prev, tgt = torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4)), torch.randint(4, 40, (2, 4))
     sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([5, 5]),
@@ -97,3 +97,86 @@ def test_criterion_aux_scale_per_token_and_reference():
     assert (with_mim - base).item() == pytest.approx(2.0 * log_mim["mim"], rel=1e-4)
     assert log_mim["mim"] < 0  # some information between tokens and experts
     assert log["steps_enc"] == 3 * 10 and log["positions_dec"] == 8
+
+
+def _criterion_sample():
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(3)
+    src, prev = torch.randint(4, 40, (3, 6), generator=g), torch.randint(4, 40, (3, 5), generator=g)
+    prev[:, 0] = 2
+    tgt = torch.cat([prev[:, 1:], torch.full((3, 1), 2)], 1)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((3,), 6),
+                            "prev_output_tokens": prev}, "target": tgt, "ntokens": 15}
+    return sample
+
+
+def test_validation_loss_is_the_label_smoothed_ce_alone():
+    """In eval mode (fairseq's validation) ``loss`` leaves out the MIM, switch and ACT
+    terms, whatever their weights; they are still logged under their own names. In
+    training mode the same batch adds them."""
+    from types import SimpleNamespace
+
+    from conftest import make_model, randomise_halting
+    from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (
+        SUTLabelSmoothedCrossEntropyCriterion,
+    )
+
+    model = make_model()
+    randomise_halting(model)
+    task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
+    sample = _criterion_sample()
+    plain = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    weighted = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.1,
+                                                     act_weight=1.0, switch_weight=0.5)
+    with torch.no_grad():
+        model.eval()
+        loss_plain, _, log_plain = plain(model, sample)
+        loss_eval, _, log_eval = weighted(model, sample)
+        model.train()
+        loss_train, _, _ = weighted(model, sample)
+    assert loss_eval.item() == pytest.approx(loss_plain.item(), rel=1e-6)
+    assert log_eval["loss"].item() == pytest.approx(loss_plain.item(), rel=1e-6)
+    # the auxiliary terms are still measured at validation
+    assert log_eval["act_enc"] > 0 and log_eval["mim"] != 0 and log_eval["switch"] > 0
+    aux = (0.1 * log_eval["mim"] + 0.5 * log_eval["switch"]
+           + 15 * (log_eval["act_enc"] / log_eval["positions_enc"]
+                   + log_eval["act_dec"] / log_eval["positions_dec"]))
+    assert loss_train.item() == pytest.approx(loss_plain.item() + aux, rel=1e-5)
+
+
+def _router_counts(model, sample):
+    with torch.no_grad(), record_routing(model) as stats:
+        _, extra = model(**sample["net_input"])
+    return stats, extra
+
+
+def test_router_statistics_exclude_padding_and_halted_rows_in_a_real_forward():
+    """Through the model's own forward: each router's statistics cover exactly the
+    executed (position, step) pairs (count = Σ executed steps of its side), and adding
+    padding to a sequence changes none of them (count, Σ g(·|x), Σ g log g)."""
+    from conftest import make_model, randomise_halting
+
+    model = make_model(halting_threshold=0.6, encoder_layers=4, decoder_layers=4)
+    randomise_halting(model, seed=4)
+    sample = _criterion_sample()
+    one = {k: v[:1] for k, v in sample["net_input"].items()}
+    stats, extra = _router_counts(model, {"net_input": one})
+    enc_steps = extra["halting_encoder"].steps
+    dec_steps = extra["halting_decoder"].steps
+    assert (enc_steps < 4).any() and (dec_steps < 4).any(), "the test needs halted rows"
+    # encoder: self-attention + FFD; decoder: self-attention, cross-attention, FFD
+    expected = [enc_steps.sum()] * 2 + [dec_steps.sum()] * 3
+    assert [s.count.item() for s in stats] == [int(n) for n in expected]
+
+    padded = {
+        "src_tokens": torch.cat([torch.ones(1, 3, dtype=torch.long), one["src_tokens"]], 1),
+        "src_lengths": one["src_lengths"],
+        "prev_output_tokens": torch.cat([one["prev_output_tokens"],
+                                         torch.ones(1, 2, dtype=torch.long)], 1),
+    }
+    stats_padded, _ = _router_counts(model, {"net_input": padded})
+    for a, b in zip(stats, stats_padded):
+        assert a.count.item() == b.count.item()
+        torch.testing.assert_close(a.sum_probs, b.sum_probs, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(a.sum_neg_entropy, b.sum_neg_entropy, atol=1e-5, rtol=1e-5)

@@ -15,8 +15,13 @@ as published.
 The label-smoothed CE itself is computed from the logits by ``ops.label_smoothed_ce``
 (the same value as fairseq's, with a single (tokens, vocabulary) gradient buffer).
 
-Logged separately: ``mim``, ``switch``, ``act_enc``, ``act_dec`` (expected steps, Eq. 4)
-and ``steps_enc`` / ``steps_dec`` (executed block applications per real position).
+The auxiliary terms are training objectives: in eval mode (fairseq's validation) ``loss``
+is the label-smoothed CE alone, so ``--best-checkpoint-metric loss``, ``--patience`` and
+``valid_loss`` compare models by what they predict, whatever their auxiliary weights.
+
+Logged separately (in training and validation): ``mim``, ``switch``, ``act_enc``,
+``act_dec`` (expected steps, Eq. 4) and ``steps_enc`` / ``steps_dec`` (executed block
+applications per real position).
 """
 from dataclasses import dataclass, field
 
@@ -70,8 +75,9 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         halting_enc, halting_dec = extra["halting_encoder"], extra["halting_decoder"]
         act_enc, act_dec = halting_enc.act_loss(), halting_dec.act_loss()
         aux = self.mim_weight * mim + self.act_weight * (act_enc + act_dec) + self.switch_weight * switch
-        scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
-        loss = loss + scale * aux
+        if model.training:  # validation's ``loss`` is the label-smoothed CE alone
+            scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
+            loss = loss + scale * aux
 
         enc_positions, dec_positions = halting_enc.num_positions(), halting_dec.num_positions()
         logging_output = {

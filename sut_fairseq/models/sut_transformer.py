@@ -250,7 +250,13 @@ class SUTDecoder(FairseqIncrementalDecoder):
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          **unused):
-        positions = self.embed_positions(prev_output_tokens, incremental_state=incremental_state)
+        # positions of the whole prefix, then the last one when incremental: fairseq's
+        # incremental positions count padding (wrong for left-padded prefixes)
+        positions = self.embed_positions(prev_output_tokens)
+        # padding keys of self-attention over the whole prefix (B, T), incremental included:
+        # the causal mask alone hides right padding, not left padding (--left-pad-target)
+        key_pad = prev_output_tokens.eq(self.padding_idx)
+        key_pad = key_pad if bool(key_pad.any()) else None
         q_start = 0
         if incremental_state is not None:
             q_start = prev_output_tokens.size(1) - 1
@@ -279,8 +285,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
                 if "self_k" in cache:  # (L, B, H, t, D): keys of the earlier positions at step l
                     k = torch.cat([cache["self_k"][l - 1], k], 2)
                     v = torch.cat([cache["self_v"][l - 1], v], 2)
-            return self.block(h, k, v, running, q_start=q_start, cross_k=cross_k,
-                              cross_v=cross_v, cross_padding_mask=enc_pad)
+            return self.block(h, k, v, running, self_padding_mask=key_pad, q_start=q_start,
+                              cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad)
 
         prefix_in = cache.get("prefix") if cache is not None else None
         frozen_prefix = {}
