@@ -1,5 +1,7 @@
-"""One full training step (forward + backward through the criterion) on CPU for
-``sut_base``, ``ut_base`` and fairseq's ``transformer_wmt_en_de``, on the same batch.
+"""One full training step (forward + backward through the criterion) on CPU, every model
+on the same batch. Two presets:
+
+``--preset wmt`` (default): ``sut_base``, ``ut_base`` and fairseq's ``transformer_wmt_en_de``.
 
 The batch: B sentences of T source and T target tokens (default 128 x 32 = 4,096 target
 tokens) over a 32,768-entry joined dictionary with shared embeddings; criterion
@@ -16,6 +18,18 @@ of them alike while each timed step runs in its model's steady state.
 ``--arch ... transformer_wmt_en_de+fused-ce`` adds fairseq's transformer trained with the
 plugin's label-smoothed CE op (``sut_fairseq.ops.label_smoothed_ce``, which the SUT/UT
 criterion uses), to separate the loss's share from the model's.
+
+``--preset logic``: ``sut_logic`` against the transformer of ``configs/logic/transformer.json``
+(fairseq's ``transformer``, d 128, 4 heads, FFN 256, 6+6 layers), both pre-LN as the logic
+recipe trains them, with the recipe's losses (SUT: MIM 0.01, ACT 0), on one batch of
+logical-inference pairs with 0-6 operators (about ``--logic-tokens`` source tokens, the
+recipe's ``--max-tokens``; generated, no data files needed). The SUT's halting units are
+set so that positions halt at different steps, about 8 of the 12 encoder steps on average
+(``--halting-bias``; the mean is printed): the same forcing before and after any change.
+Runs at each of ``--threads`` and prints ``sut_logic / transformer tokens/s: R`` per
+thread count.
+
+    python benchmarks/train_step.py --preset logic [--threads 1 2] [--repeats 5]
 """
 import argparse
 import logging
@@ -38,6 +52,12 @@ from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy  # no
 from sut_fairseq.standalone import build_model  # noqa: E402
 
 MODELS = ["sut_base", "ut_base", "transformer_wmt_en_de"]
+LOGIC_MODELS = ["sut_logic", "transformer"]
+#: configs/logic/transformer.json's model options, and the recipe's pre-LN (common.json)
+LOGIC_TRANSFORMER = dict(encoder_embed_dim=128, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
+                         encoder_layers=6, decoder_embed_dim=128, decoder_ffn_embed_dim=256,
+                         decoder_attention_heads=4, decoder_layers=6)
+PRE_LN = dict(encoder_normalize_before=True, decoder_normalize_before=True)
 FUSED_CE = "+fused-ce"  # suffix: fairseq's transformer with the plugin's CE op as its loss
 
 
@@ -61,34 +81,110 @@ def make_batch(B: int, T: int, vocab: int, seed: int):
             "target": tgt, "ntokens": B * T, "nsentences": B}
 
 
-def make_step(arch: str, sample, vocab: int):
-    """A closure running one training step (zero grads, criterion forward, backward)."""
+def make_logic_batch(source_tokens: int, seed: int):
+    """Logical-inference pairs with 0-6 operators as fairseq batches them: left-padded
+    sources of about ``source_tokens`` tokens in all, target = relation + </s>. Returns
+    the sample and the vocabulary size (a dictionary of the pairs' symbols)."""
+    from fairseq.data import Dictionary
+
+    from sut_fairseq.data.logic_inference import iter_pairs, to_seq2seq
+
+    pairs = []
+    for bucket, pair in iter_pairs(seed):
+        if bucket <= 6:
+            src, tgt = to_seq2seq(pair)
+            pairs.append((src.split() + ["</s>"], tgt))
+            if len(pairs) == 4000:
+                break
+    # fairseq batches pairs of similar length: B * longest <= --max-tokens; take the
+    # batch at the training set's mean source length (28 tokens with </s>)
+    pairs.sort(key=lambda p: len(p[0]))
+    start = next(i for i, p in enumerate(pairs) if len(p[0]) >= 28)
+    end = start + 1
+    while end < len(pairs) and (end + 1 - start) * len(pairs[end][0]) <= source_tokens:
+        end += 1
+    pairs = pairs[start:end]
+    total = sum(len(src) for src, _ in pairs)
+    d = Dictionary()
+    for src, tgt in pairs:
+        for w in src[:-1] + [tgt]:
+            d.add_symbol(w)
+    S = max(len(src) for src, _ in pairs)
+    B = len(pairs)
+    src_tokens = torch.full((B, S), d.pad())
+    for i, (src, _) in enumerate(pairs):
+        src_tokens[i, S - len(src):] = torch.tensor([d.index(w) for w in src])
+    rel = torch.tensor([d.index(t) for _, t in pairs])
+    target = torch.stack([rel, torch.full((B,), d.eos())], 1)
+    prev = torch.stack([torch.full((B,), d.eos()), rel], 1)
+    sample = {"net_input": {"src_tokens": src_tokens,
+                            "src_lengths": torch.tensor([len(s) for s, _ in pairs]),
+                            "prev_output_tokens": prev},
+              "target": target, "ntokens": 2 * B, "nsentences": B}
+    return sample, len(d), total
+
+
+def force_halting(model, bias: float, seed: int = 0) -> None:
+    """Halting units with random last layers (std 1 logits) and the given bias: positions
+    halt at different, token-dependent steps."""
+    g = torch.Generator().manual_seed(seed)
+    for side in (model.encoder, model.decoder):
+        unit = side.halting.unit
+        with torch.no_grad():
+            unit.fc2.weight.copy_(torch.randn(unit.fc2.weight.shape, generator=g)
+                                  / unit.fc2.weight.size(1) ** 0.5)
+            unit.fc2.bias.fill_(bias)
+
+
+def build(arch: str, vocab: int, halting_bias: float):
+    """The model and its criterion for one benchmark entry."""
     torch.manual_seed(0)
     fused = arch.endswith(FUSED_CE)
-    model = build_model(arch[: -len(FUSED_CE)] if fused else arch, dict_size=vocab,
-                        share_all_embeddings=True).train()
+    name = arch[: -len(FUSED_CE)] if fused else arch
+    if arch == "sut_logic":
+        model = build_model(name, dict_size=vocab, share_all_embeddings=True, **PRE_LN)
+        force_halting(model, halting_bias)
+    elif arch == "transformer":
+        model = build_model(name, dict_size=vocab, share_all_embeddings=True,
+                            **LOGIC_TRANSFORMER, **PRE_LN)
+    else:
+        model = build_model(name, dict_size=vocab, share_all_embeddings=True)
+    model.train()
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
-    if arch.startswith(("sut", "ut")):
+    if arch == "sut_logic":  # the logic recipe's losses
+        criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.01, act_weight=0.0)
+    elif arch.startswith(("sut", "ut")):
         criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.1, act_weight=0.01)
     elif fused:
         criterion = FusedLabelSmoothedCrossEntropy(task, False, 0.1)
     else:
         criterion = LabelSmoothedCrossEntropyCriterion(task, False, 0.1)
+    return model, criterion
+
+
+def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_log=None):
+    """A closure running one training step (zero grads, criterion forward, backward);
+    appends the mean executed encoder steps to ``steps_log`` (SUT/UT) when given."""
+    model, criterion = build(arch, vocab, halting_bias)
 
     def step():
         model.zero_grad(set_to_none=True)
-        loss, _, _ = criterion(model, sample)
+        loss, _, log = criterion(model, sample)
         loss.backward()
+        if steps_log is not None and "steps_enc" in log:
+            steps_log.append(log["steps_enc"] / log["positions_enc"])
 
     return step
 
 
-def time_steps(archs, sample, vocab: int, repeats: int):
+def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.0, steps_log=None):
     """Median seconds per step of each arch over ``repeats`` rounds. In every round each
     arch runs one untimed step (back in its steady state: caches and allocator warm with
     its own buffers, as in training) and then one timed step; the archs take turns within
     a round, so that a slow phase of a shared machine hits all of them alike."""
-    steps = {arch: make_step(arch, sample, vocab) for arch in archs}
+    steps = {arch: make_step(arch, sample, vocab, halting_bias,
+                             steps_log if arch.startswith(("sut", "ut")) else None)
+             for arch in archs}
     times = {arch: [] for arch in archs}
     for _ in range(repeats):
         for arch, step in steps.items():
@@ -99,15 +195,50 @@ def time_steps(archs, sample, vocab: int, repeats: int):
     return {arch: statistics.median(t) for arch, t in times.items()}
 
 
+def main_logic(args):
+    sample, vocab, src_tokens = make_logic_batch(args.logic_tokens, args.seed)
+    tokens = sample["ntokens"]
+    archs = args.arch or LOGIC_MODELS
+    print(f"torch {torch.__version__}; logic batch: {sample['nsentences']} pairs, {src_tokens} "
+          f"source tokens (padded {tuple(sample['net_input']['src_tokens'].shape)}), "
+          f"{tokens} target tokens; vocabulary {vocab}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        steps_log = []
+        speed = {}
+        for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
+                                  steps_log).items():
+            speed[arch] = src_tokens / t
+            print(f"[{threads} thread{'s' if threads > 1 else ''}] {arch:12s} {1e3 * t:8.1f} ms/step "
+                  f"{speed[arch]:9.0f} source tokens/s", flush=True)
+        if steps_log:
+            print(f"[{threads} thread{'s' if threads > 1 else ''}] sut_logic mean executed encoder "
+                  f"steps: {statistics.mean(steps_log):.2f} of 12")
+        if {"sut_logic", "transformer"} <= speed.keys():
+            print(f"[{threads} thread{'s' if threads > 1 else ''}] sut_logic / transformer tokens/s: "
+                  f"{speed['sut_logic'] / speed['transformer']:.2f} (goal >= 0.4)")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", choices=["wmt", "logic"], default="wmt")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--len", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--arch", nargs="*", default=MODELS)
+    parser.add_argument("--arch", nargs="*", default=None,
+                        help=f"models (wmt: {' '.join(MODELS)}; logic: {' '.join(LOGIC_MODELS)})")
+    parser.add_argument("--logic-tokens", type=int, default=2048,
+                        help="logic: source tokens per batch (the recipe's --max-tokens)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
+                        help="logic: torch thread counts to run at")
+    parser.add_argument("--halting-bias", type=float, default=0.5,
+                        help="logic: bias of the SUT's halting units (sets the mean depth)")
     args = parser.parse_args()
+    if args.preset == "logic":
+        return main_logic(args)
+    args.arch = args.arch or MODELS
     sample = make_batch(args.batch, args.len, args.vocab, args.seed)
     tokens = sample["ntokens"]
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch} x "
