@@ -194,7 +194,7 @@ def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
     kpm = torch.tensor([[False, False, False, False], [True, False, False, False]])
     K, V = m.project_kv(kv_in)
     if causal:
-        kpm[:] = False  # decoder self-attention has no key padding (causality covers it)
+        kpm[:] = False  # causal attention with padding keys: tests/test_incremental.py (left pads)
     y = m(q_in, K, V, active, key_padding_mask=kpm)
     idxs, gates = _router_choice(m.router, q_in.reshape(-1, 6))
     expect = torch.zeros(B, T, 6, dtype=torch.float64)

@@ -5,8 +5,9 @@ K and V are dense and shared (d -> H·D each); expert e owns ``Wq_e: d -> H·D``
 scaled dot-product attention against the shared K/V heads; the output is
 ``Σ_e g_e · Wo_e(concat heads) + b_o``. With E = k = 1 it is dense multi-head attention.
 
-The k picks of a position are laid out as k extra query rows per head, so one
-``scaled_dot_product_attention`` call over (B, H, k·T, D) queries serves all experts
+The k picks of a position are laid out as k consecutive query rows per head (the slot
+order of the routed projections, so no reordering copy), and one
+``scaled_dot_product_attention`` call over (B, H, T·k, D) queries serves all experts
 without copying K/V.
 """
 from typing import Optional, Tuple
@@ -77,40 +78,48 @@ class MixtureOfMultiHeadAttention(nn.Module):
         routing = self.router(query.reshape(B * T, d), active.reshape(-1))
         k = routing.k
         q = routed_linear(query.reshape(B * T, d), self.q_weight, self.q_bias, routing, fan_out=k)
-        q = q.view(B, T, k, H, D).permute(0, 3, 2, 1, 4).reshape(B, H, k * T, D)
+        # query rows in slot order (position t, pick j): row m = t·k + j, position t = m // k
+        q = q.view(B, T * k, H, D).transpose(1, 2)  # (B, H, T·k, D)
 
         bias = self._attention_bias(q, T, q_start, S, key_padding_mask)
         o = F.scaled_dot_product_attention(
             q, key.to(q.dtype), value.to(q.dtype), attn_mask=bias,
             dropout_p=self.attention_dropout if self.training else 0.0,
         )
-        o = o.view(B, H, k, T, D).permute(0, 3, 2, 1, 4).reshape(B * T * k, H * D)
+        o = o.transpose(1, 2).reshape(B * T * k, H * D)  # slot rows again
         y = routed_linear(o, self.o_weight, None, routing, fan_out=1, gates=routing.gates)
         return (y + self.o_bias).view(B, T, d)
 
     def _attention_bias(self, q, T: int, q_start: int, S: int,
                         key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """Additive logits bias (B|1, H|1, k·T, S): causal and padding masks, relative terms."""
+        """Additive logits bias (B|1, H|1, T·k, S) over query rows m = t·k + j (position
+        t, pick j): causal and padding masks, relative terms.
+
+        A query whose every key is masked (an all-padding source row; a left-padding
+        position of the target, which sees only padding keys) would give NaN. Such rows
+        never run, so their keys are left unmasked instead: they attend without the
+        masks, and their (unused) output stays finite."""
         k = q.size(2) // T
-        bias = None
+        masked = None  # bool (B|1, 1, k·T|1, S), True = key hidden from the query
         if self.causal:
             i = torch.arange(q_start, q_start + T, device=q.device)
-            future = torch.arange(S, device=q.device)[None, :] > i[:, None]
-            bias = torch.zeros(T, S, device=q.device).masked_fill(future, float("-inf"))
-            bias = bias.repeat(k, 1)[None, None]
+            masked = (torch.arange(S, device=q.device)[None, :] > i[:, None]).repeat_interleave(k, 0)[None, None]
         if key_padding_mask is not None:
-            pad = torch.zeros(key_padding_mask.shape, device=q.device).masked_fill(
-                key_padding_mask, float("-inf"))[:, None, None, :]
-            bias = pad if bias is None else bias + pad
+            pad = key_padding_mask
+            if self.causal:  # query i sees keys 0..i: blind when they are all padding
+                blind = (~pad).cumsum(-1)[:, q_start:q_start + T].eq(0)  # (B, T)
+                pad = pad[:, None, None, :] & ~blind.repeat_interleave(k, 1)[:, None, :, None]
+            else:
+                pad = (pad & ~pad.all(-1, keepdim=True))[:, None, None, :]
+            masked = pad if masked is None else masked | pad
+        bias = None
+        if masked is not None:
+            bias = torch.zeros(masked.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                masked, float("-inf"))
         if isinstance(self.relative, ClippedRelativePosition):
             rel = self.relative(q, T, q_start, S) * self.head_dim ** -0.5
-            bias = rel if bias is None else bias + rel
+            bias = rel if bias is None else rel + bias
         elif isinstance(self.relative, T5RelativeBias):
-            rel = self.relative(T, q_start, S, q.device).repeat(1, 1, k, 1)
-            bias = rel if bias is None else bias + rel
-        if bias is None:
-            return None
-        # a query with every key masked (e.g. an all-padding source row) would give NaN;
-        # such rows are never running, so let them attend uniformly instead
-        bias = bias.masked_fill(torch.isneginf(bias).all(-1, keepdim=True), 0.0)
-        return bias.to(q.dtype)
+            rel = self.relative(T, q_start, S, q.device).repeat_interleave(k, 2).to(q.dtype)
+            bias = rel if bias is None else rel + bias
+        return bias

@@ -25,9 +25,9 @@ class ClippedRelativePosition(nn.Module):
         nn.init.normal_(self.embeddings, std=head_dim ** -0.5)
 
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
-        """q: (B, H, k*T, D), query row m at position q_start + m % T.
+        """q: (B, H, T*k, D), query row m at position q_start + m // k.
 
-        Returns the logits term (B, H, k*T, S): ``q_m · r_{clip(j - i_m)}``.
+        Returns the logits term (B, H, T*k, S): ``q_m · r_{clip(j - i_m)}``.
         """
         W = self.window
         # only offsets that occur are materialised: at most T + S - 1 of them
@@ -39,7 +39,7 @@ class ClippedRelativePosition(nn.Module):
         j = torch.arange(S, device=q.device)
         idx = (j[None, :] - i[:, None]).clamp(-W, W) - lo  # (T, S)
         k = q.size(2) // T
-        idx = idx.repeat(k, 1).expand(q.size(0), q.size(1), -1, -1)
+        idx = idx.repeat_interleave(k, 0).expand(q.size(0), q.size(1), -1, -1)
         return scores.gather(3, idx)
 
 

@@ -30,19 +30,22 @@ class RouterStats:
         self.count: Optional[torch.Tensor] = None  # ()     |X|
         self.assignments: Optional[torch.Tensor] = None  # (E,) top-k picks per expert
 
-    def add(self, probs: torch.Tensor, weight: torch.Tensor, expert_idxs: torch.Tensor):
-        """probs: (N, E) fp32; weight: (N,) 1 for active rows; expert_idxs: (N, k)."""
+    def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor):
+        """probs: (N, E) fp32 router distributions of the N active rows of one call (the
+        Router sees only active rows: padding and halted rows never reach it);
+        expert_idxs: (N, k) their top-k picks."""
         E = probs.size(1)
-        sum_probs = (probs * weight.unsqueeze(1)).sum(0)
-        neg_ent = (weight * (probs * torch.log(probs + EPS)).sum(1)).sum()
-        picks = torch.bincount(expert_idxs.reshape(-1), minlength=E + 1)[:E].to(probs.dtype)
+        sum_probs = probs.sum(0)
+        neg_ent = (probs * torch.log(probs + EPS)).sum()
+        picks = torch.bincount(expert_idxs.reshape(-1), minlength=E)[:E].to(probs.dtype)
+        count = probs.new_tensor(float(probs.size(0)))
         if self.count is None:
             self.sum_probs, self.sum_neg_entropy = sum_probs, neg_ent
-            self.count, self.assignments = weight.sum(), picks
+            self.count, self.assignments = count, picks
         else:
             self.sum_probs = self.sum_probs + sum_probs
             self.sum_neg_entropy = self.sum_neg_entropy + neg_ent
-            self.count = self.count + weight.sum()
+            self.count = self.count + count
             self.assignments = self.assignments + picks
 
 
@@ -93,7 +96,7 @@ class Router(nn.Module):
         idx = torch.full((x.size(0), k), E, dtype=torch.long, device=x.device).index_copy(0, rows, top_idx)
         gates = x.new_zeros(x.size(0), k, dtype=top_gates.dtype).index_copy(0, rows, top_gates)
         if self.stats is not None:
-            self.stats.add(probs, probs.new_ones(probs.size(0)), top_idx)
+            self.stats.add(probs, top_idx)
         return make_routing(idx, gates.to(x.dtype), E)
 
     def _select(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
