@@ -14,6 +14,7 @@ a timed one, the models taking turns, so that a slow phase of a shared machine h
 of them alike while each timed step runs in its model's steady state.
 
     python benchmarks/train_step.py [--batch 128] [--len 32] [--repeats 3] [--arch ...]
+        [--device cuda --bf16]    # on a GPU: the Triton expert kernels, peak memory per model
 
 ``--arch ... transformer_wmt_en_de+fused-ce`` adds fairseq's transformer trained with the
 plugin's label-smoothed CE op (``sut_fairseq.ops.label_smoothed_ce``, which the SUT/UT
@@ -162,10 +163,20 @@ def build(arch: str, vocab: int, halting_bias: float):
     return model, criterion
 
 
-def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_log=None):
+def to_device(sample, device: torch.device):
+    """The batch with every tensor on ``device``."""
+    return {k: to_device(v, device) if isinstance(v, dict) else
+            (v.to(device) if torch.is_tensor(v) else v) for k, v in sample.items()}
+
+
+def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_log=None,
+              device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32):
     """A closure running one training step (zero grads, criterion forward, backward);
-    appends the mean executed encoder steps to ``steps_log`` (SUT/UT) when given."""
+    appends the mean executed encoder steps to ``steps_log`` (SUT/UT) when given. On a GPU
+    the model and batch go to ``device`` (parameters in ``dtype``, as fairseq's --bf16)."""
     model, criterion = build(arch, vocab, halting_bias)
+    model.to(device=device, dtype=dtype)
+    sample = to_device(sample, device)
 
     def step():
         model.zero_grad(set_to_none=True)
@@ -177,20 +188,31 @@ def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_lo
     return step
 
 
-def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.0, steps_log=None):
+def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.0, steps_log=None,
+               device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+               peak_memory=None):
     """Median seconds per step of each arch over ``repeats`` rounds. In every round each
     arch runs one untimed step (back in its steady state: caches and allocator warm with
     its own buffers, as in training) and then one timed step; the archs take turns within
-    a round, so that a slow phase of a shared machine hits all of them alike."""
+    a round, so that a slow phase of a shared machine hits all of them alike. On a GPU,
+    ``peak_memory[arch]`` receives the largest allocated memory of a timed step (bytes)."""
     steps = {arch: make_step(arch, sample, vocab, halting_bias,
-                             steps_log if arch.startswith(("sut", "ut")) else None)
+                             steps_log if arch.startswith(("sut", "ut")) else None, device, dtype)
              for arch in archs}
+    cuda = device.type == "cuda"
     times = {arch: [] for arch in archs}
     for _ in range(repeats):
         for arch, step in steps.items():
             step()
+            if cuda:
+                torch.cuda.synchronize()
+                torch.cuda.reset_peak_memory_stats()
             start = time.perf_counter()
             step()
+            if cuda:
+                torch.cuda.synchronize()
+                if peak_memory is not None:
+                    peak_memory[arch] = max(peak_memory.get(arch, 0), torch.cuda.max_memory_allocated())
             times[arch].append(time.perf_counter() - start)
     return {arch: statistics.median(t) for arch, t in times.items()}
 
@@ -235,18 +257,29 @@ def main():
                         help="logic: torch thread counts to run at")
     parser.add_argument("--halting-bias", type=float, default=0.5,
                         help="logic: bias of the SUT's halting units (sets the mean depth)")
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                        help="wmt: where to run (cuda: the Triton expert kernels)")
+    parser.add_argument("--bf16", action="store_true",
+                        help="wmt: parameters and activations in bfloat16 (fairseq's --bf16)")
     args = parser.parse_args()
     if args.preset == "logic":
         return main_logic(args)
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("train_step.py: --device cuda needs a CUDA device")
+    device, dtype = torch.device(args.device), torch.bfloat16 if args.bf16 else torch.float32
     args.arch = args.arch or MODELS
     sample = make_batch(args.batch, args.len, args.vocab, args.seed)
     tokens = sample["ntokens"]
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; batch {args.batch} x "
-          f"{args.len} = {tokens} target tokens")
-    speed = {}
-    for arch, t in time_steps(args.arch, sample, args.vocab, args.repeats).items():
+    where = (torch.cuda.get_device_name() if device.type == "cuda"
+             else f"cpu, {torch.get_num_threads()} threads")
+    print(f"torch {torch.__version__}, {where}, {'bf16' if args.bf16 else 'fp32'}; batch "
+          f"{args.batch} x {args.len} = {tokens} target tokens")
+    speed, peak = {}, {}
+    for arch, t in time_steps(args.arch, sample, args.vocab, args.repeats, device=device,
+                              dtype=dtype, peak_memory=peak).items():
         speed[arch] = tokens / t
-        print(f"{arch:24s} {1e3 * t:9.0f} ms/step {speed[arch]:9.0f} tokens/s", flush=True)
+        memory = f" {peak[arch] / 2 ** 30:7.2f} GiB peak" if arch in peak else ""
+        print(f"{arch:24s} {1e3 * t:9.0f} ms/step {speed[arch]:9.0f} tokens/s{memory}", flush=True)
     if {"sut_base", "ut_base"} <= speed.keys():
         print(f"sut_base / ut_base tokens/s: {speed['sut_base'] / speed['ut_base']:.2f} (goal >= 2.0)")
     if {"sut_base", "transformer_wmt_en_de"} <= speed.keys():
