@@ -1,0 +1,123 @@
+#!/usr/bin/env python3
+"""Learning curves of logic runs from their fairseq-train logs: validation accuracy
+against updates and against wall-clock time, one line per run.
+
+    python scripts/logic/learning_curves.py LABEL=TRAIN_LOG [LABEL=TRAIN_LOG ...]
+        --out runs/logic-cpu/learning_curves.png [--table runs/logic-cpu/learning_curves.md]
+
+``TRAIN_LOG`` is fairseq-train's output in ``--log-format simple`` (``train.log`` of a
+``table5.py`` run). Validation accuracy is fairseq's ``accuracy`` of the ``valid``
+subset (token accuracy over the relation and ``</s>``: 77.18 % is "always the majority
+relation ``#``"); the wall-clock time of a validation is its log time stamp minus the
+run's first ``Start iterating over samples`` (so it includes the validations themselves).
+A run that was resumed counts from its first start. Writes the PNG and, with ``--table``,
+a markdown table of every validation (both atomically). Standard library + matplotlib.
+"""
+import argparse
+import datetime
+import os
+import re
+import sys
+from typing import Dict, List
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import logic_recipe as recipe  # noqa: E402
+
+STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
+VALID = re.compile(r"\| valid on 'valid' subset \|.*")
+FIELD = re.compile(r"\| (\w+) ([-\d.]+)")
+#: token accuracy of always answering the majority relation on the valid split
+MAJORITY_TOKEN_ACCURACY = 77.18
+
+
+def parse_log(path: str) -> List[Dict]:
+    """Every validation of a log: ``{"updates", "seconds", "accuracy", "loss", ...}``."""
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: no such log: {path}")
+    start, points = None, []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for line in handle:
+            stamp = STAMP.match(line)
+            if not stamp:
+                continue
+            when = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
+            if start is None and "Start iterating over samples" in line:
+                start = when
+            match = VALID.search(line)
+            if match and start is not None:
+                fields = {k: float(v) for k, v in FIELD.findall(match.group(0))}
+                if "num_updates" in fields and "accuracy" in fields:
+                    points.append({"updates": int(fields["num_updates"]),
+                                   "seconds": (when - start).total_seconds(),
+                                   "accuracy": fields["accuracy"],
+                                   "nll_loss": fields.get("nll_loss")})
+    return points
+
+
+def table(curves: Dict[str, List[Dict]]) -> str:
+    updates = sorted({p["updates"] for points in curves.values() for p in points})
+    lines = ["| updates | " + " | ".join(f"{label} (acc. %, minutes)" for label in curves) + " |",
+             "|---:|" + "---:|" * len(curves)]
+    for n in updates:
+        cells = []
+        for points in curves.values():
+            at = [p for p in points if p["updates"] == n]
+            cells.append(f"{at[0]['accuracy']:.2f} ({at[0]['seconds'] / 60:.0f})" if at else "–")
+        lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(curves: Dict[str, List[Dict]], path: str) -> None:
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for label, points in curves.items():
+        axes[0].plot([p["updates"] for p in points], [p["accuracy"] for p in points], "o-", label=label)
+        axes[1].plot([p["seconds"] / 3600 for p in points], [p["accuracy"] for p in points], "o-", label=label)
+    for ax, xlabel in zip(axes, ("updates", "wall-clock hours (one core each)")):
+        ax.axhline(MAJORITY_TOKEN_ACCURACY, color="grey", ls=":", lw=1, label="majority relation")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("valid token accuracy (%)")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8)
+    fig.suptitle("Logical inference, trained on 0–6 operators: validation accuracy")
+    fig.tight_layout()
+    with recipe.atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp, dpi=110, format="png")
+    plt.close(fig)
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser.add_argument("runs", nargs="+", metavar="LABEL=TRAIN_LOG")
+    parser.add_argument("--out", required=True, help="the PNG to write")
+    parser.add_argument("--table", default=None, help="also write a markdown table here")
+    args = parser.parse_args(argv)
+    curves = {}
+    for run in args.runs:
+        if "=" not in run:
+            parser.error(f"expected LABEL=TRAIN_LOG, got {run!r}")
+        label, path = run.split("=", 1)
+        points = parse_log(path)
+        if not points:
+            raise SystemExit(f"error: {path} holds no validation of the 'valid' subset")
+        curves[label] = points
+    plot(curves, args.out)
+    text = table(curves)
+    if args.table:
+        recipe.write_text_atomic(args.table, text)
+    print(text, end="")
+    print(f"written {args.out}" + (f" and {args.table}" if args.table else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
