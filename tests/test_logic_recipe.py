@@ -73,18 +73,21 @@ def line_count(path):
 def check_model_flags(model, argv):
     assert value(argv, "--user-dir").endswith("sut_fairseq")
     assert "--share-all-embeddings" in argv and value(argv, "--task") == "translation"
+    # the recipe that learns, for every model alike: pre-LN, AdamW lr 7e-4, weight decay 0.1
+    assert "--encoder-normalize-before" in argv and "--decoder-normalize-before" in argv
+    assert value(argv, "--lr") == "7e-4" and value(argv, "--weight-decay") == "0.1"
     dense = ["--att-experts", "--att-topk", "--ffd-experts", "--ffd-topk"]
     if model == "sut":
         assert value(argv, "--arch") == "sut_logic"
         assert not any(f in argv for f in dense + ["--encoder-halting", "--encoder-embed-dim"])
         assert value(argv, "--criterion") == "sut_label_smoothed_cross_entropy"
-        assert value(argv, "--mim-weight") == "0.01" and value(argv, "--act-weight") == "0.001"
+        assert value(argv, "--mim-weight") == "0.01" and value(argv, "--act-weight") == "0"
     elif model.startswith("ut-"):
         assert value(argv, "--arch") == "sut_logic"
         assert all(value(argv, f) == "1" for f in dense)
         assert "--encoder-embed-dim" not in argv and "--encoder-layers" not in argv  # d, steps kept
         if model == "ut-halting":
-            assert "--encoder-halting" not in argv and value(argv, "--act-weight") == "0.001"
+            assert "--encoder-halting" not in argv and value(argv, "--act-weight") == "0"
         else:
             assert value(argv, "--encoder-halting") == value(argv, "--decoder-halting") == "none"
             assert value(argv, "--act-weight") == "0"
@@ -117,7 +120,7 @@ def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
         check_model_flags(model, argv)
         # full configuration: the same wall-clock budget and update cap for everyone
         assert value(argv, "--stop-time-hours") == "12" and value(argv, "--max-update") == "50000"
-        assert value(argv, "--max-tokens") == "4096" and value(argv, "--lr") == "5e-4"
+        assert value(argv, "--max-tokens") == "4096" and value(argv, "--warmup-updates") == "4000"
         assert "--max-valid-steps" not in argv and "--cpu" not in argv
         assert value(argv, "--best-checkpoint-metric") == "accuracy"
     assert seen == {(m, p) for m in recipe.MODELS for p in recipe.PROTOCOLS}
@@ -146,9 +149,9 @@ def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
     for argv in trains:
         check_model_flags(value(argv, "--save-dir").split(os.sep)[-4], argv)
         # the budget is the update count (the same batches for every model); one hour caps it
-        assert value(argv, "--max-update") == "2400" and value(argv, "--stop-time-hours") == "1"
-        assert value(argv, "--max-tokens") == "2048" and value(argv, "--lr") == "1e-3"
-        assert value(argv, "--warmup-updates") == "400" and value(argv, "--validate-interval-updates") == "800"
+        assert value(argv, "--max-update") == "10000" and value(argv, "--stop-time-hours") == "4"
+        assert value(argv, "--max-tokens") == "2048" and value(argv, "--lr") == "7e-4"
+        assert value(argv, "--warmup-updates") == "1000" and value(argv, "--validate-interval-updates") == "1000"
     subsets = [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")]
     assert subsets[:13] == ["test"] + [f"test{k}" for k in range(1, 13)]  # bucket 0 is split "test"
     # one budget override applies to every model
@@ -185,8 +188,8 @@ def test_train_py_dry_run(model, tmp_path):
                   + ["--", "--encoder-layers", "2", "--patience", "3"]).stdout
         (argv,) = commands(out, "fairseq-train")
         assert argv[1] == "BIN"
-        assert value(argv, "--stop-time-hours") == ("1" if reduced else "12")
-        assert value(argv, "--max-update") == ("2400" if reduced else "50000")
+        assert value(argv, "--stop-time-hours") == ("4" if reduced else "12")
+        assert value(argv, "--max-update") == ("10000" if reduced else "50000")
         assert value(argv, "--encoder-layers") == "2" and value(argv, "--patience") == "3"  # extra wins
         assert value(argv, "--log-file") == str(tmp_path / "ck" / "train.log")
         assert ("reduced" if reduced else "full") + " configuration" in out
@@ -340,7 +343,7 @@ def test_smoke_trains_the_reduced_sut_and_scores_every_line_of_buckets_7_to_12(s
     assert value(prep, "--protocol") == "standard" and "--binarize" in prep
     assert not commands(out, "generate.py")  # --original given: nothing generated
     (train,) = commands(out, "fairseq-train")
-    assert value(train, "--arch") == "sut_logic" and value(train, "--stop-time-hours") == "1"
+    assert value(train, "--arch") == "sut_logic" and value(train, "--stop-time-hours") == "4"
     assert value(train, "--max-update") == "3" and value(train, "--encoder-embed-dim") == "32"
     assert [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")] == [f"test{k}" for k in range(7, 13)]
     result = json.load(open(run_dir / "result.json"))

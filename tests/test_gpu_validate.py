@@ -1,0 +1,224 @@
+"""scripts/gpu/validate.sh (staged GPU validation, docs/gpu.md) on the CPU: every stage with
+``--smoke`` into a temporary OUT, plus the failures it must report (usage errors, a step
+that fails, an install that cannot work) and the time plan of the GPU stages.
+
+The smoke runs are subprocesses with one thread; the logic-baselines one is marked
+``slow`` (the logic-sut one covers the same code with the SUT)."""
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WRAPPER = os.path.join(REPO, "scripts", "gpu", "validate.sh")
+SCRIPT = os.path.join(REPO, "scripts", "gpu", "validate.py")
+#: variables of the caller that would change what a stage does
+CLEARED = ("PYTEST_ADDOPTS", "SUT_LOGIC_MODELS", "SUT_LOGIC_PROTOCOLS", "SUT_LOGIC_TRAIN_ARGS",
+           "SUT_GPU_WORK", "SUT_GPU_VENV", "SUT_GPU_FORCE_INSTALL", "SUT_BASE_PYTHON", "WHEELHOUSE",
+           "TRITON_INTERPRET", "SUT_KERNELS", "NODE_HAS")
+
+
+def load_validate():
+    spec = importlib.util.spec_from_file_location("gpu_validate", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def run_stage(*args, timeout=400, **env_extra):
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    # the driver and the steps run with this interpreter (the venv that has fairseq)
+    env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", VALIDATE_PYTHON=sys.executable,
+               PYTHON=sys.executable)
+    env.update(env_extra)
+    return subprocess.run(["sh", WRAPPER, *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=timeout, cwd=REPO)
+
+
+def step_rows(summary):
+    """{step name: status} from summary.md's steps table."""
+    rows = {}
+    for line in summary.splitlines():
+        m = re.match(r"^\| \d+ \| (.+?) \| (PASSED|FAILED|SKIPPED) \|", line)
+        if m:
+            rows[m.group(1)] = m.group(2)
+    return rows
+
+
+def check_passed(proc, out, stage, expected_steps):
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    files = sorted(os.listdir(out))
+    assert len(files) <= 8, files
+    assert not [f for f in files if f.startswith(".") or f.endswith(".tmp")], files  # no temporaries
+    assert {"summary.md", "results.json", f"{stage}.log"} <= set(files), files
+    summary = (out / "summary.md").read_text()
+    assert f"stage `{stage}`" in summary and "**PASSED**" in summary
+    rows = step_rows(summary)
+    assert list(rows) == expected_steps, rows
+    assert set(rows.values()) == {"PASSED"}, rows
+    results = json.loads((out / "results.json").read_text())
+    assert results["stage"] == stage and results["smoke"] is True
+    assert results["status"] == "PASSED" and results["exit_status"] == 0
+    assert [s["name"] for s in results["steps"]] == expected_steps
+    assert all(s["status"] == "PASSED" and s["seconds"] >= 0 for s in results["steps"])
+    assert results["install"]["status"] == "skipped"  # importable here: nothing installed
+    assert results["environment"]["torch"] and results["environment"]["fairseq"]
+    log = (out / f"{stage}.log").read_text()
+    for step in results["steps"]:  # every command printed before its output
+        assert "+ " + step["command"] in log
+        assert "+ " + step["command"] in proc.stdout
+    return summary, results
+
+
+# --------------------------------------------------------------------------- errors
+
+def test_usage_errors_exit_2(tmp_path):
+    proc = run_stage("nonsense", tmp_path / "out", "--smoke")
+    assert proc.returncode == 2 and "unknown STAGE 'nonsense'" in proc.stderr
+    assert "usage: scripts/gpu/validate.sh STAGE OUT [--smoke]" in proc.stderr
+    assert not (tmp_path / "out").exists()
+    assert run_stage("bench").returncode == 2
+    assert run_stage("bench", tmp_path / "o", "--fast").returncode == 2
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "other.txt").write_text("x")
+    proc = run_stage("bench", tmp_path / "full", "--smoke")
+    assert proc.returncode == 2 and "holds other files" in proc.stderr
+    proc = run_stage("logic-sut", tmp_path / "o", "--smoke", SUT_LOGIC_MODELS="lstm")
+    assert proc.returncode == 2 and "unknown model 'lstm'" in proc.stderr
+
+
+def test_a_failing_step_is_reported_and_the_next_still_runs(tmp_path):
+    """pytest refuses an unknown option from PYTEST_ADDOPTS: the pytest step fails, the
+    selftest after it still runs and passes, the stage fails."""
+    out = tmp_path / "out"
+    proc = run_stage("tests", out, "--smoke", PYTEST_ADDOPTS="--no-such-option")
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert "**FAILED**" in summary and "failed or not run: pytest -m gpu" in summary
+    assert step_rows(summary) == {"environment": "PASSED", "pytest -m gpu": "FAILED", "selftest": "PASSED"}
+    results = json.loads((out / "results.json").read_text())
+    assert results["status"] == "FAILED" and results["exit_status"] == 1
+    failed = [s for s in results["steps"] if s["status"] == "FAILED"]
+    assert [s["name"] for s in failed] == ["pytest -m gpu"] and failed[0]["reason"] == "exit status 4"
+    assert "--no-such-option" in (out / "tests.log").read_text()  # pytest's own complaint, logged
+
+
+def test_an_install_that_cannot_work_is_reported(tmp_path):
+    """SUT_GPU_FORCE_INSTALL=1: the venv over this Python (a venv itself: its packages come
+    through a .pth file), then make install-offline with a WHEELHOUSE that does not exist."""
+    out, venv = tmp_path / "out", tmp_path / "venv"
+    proc = run_stage("bench", out, "--smoke", SUT_GPU_FORCE_INSTALL="1", SUT_BASE_PYTHON=sys.executable,
+                     SUT_GPU_VENV=str(venv), WHEELHOUSE=str(tmp_path / "no-wheelhouse"),
+                     NODE_HAS="$(CUDA_IMAGE_HAS)", timeout=200)
+    assert proc.returncode == 1, proc.stdout[-3000:]
+    summary = (out / "summary.md").read_text()
+    assert f"install-offline WHEELHOUSE={tmp_path / 'no-wheelhouse'} PY={venv / 'bin' / 'python'} " \
+           "'NODE_HAS=$(CUDA_IMAGE_HAS)'`" in summary
+    rows = step_rows(summary)
+    assert rows == {"install: venv": "PASSED", "install: make install-offline": "FAILED", "bench": "SKIPPED"}
+    assert "is not a directory" in (out / "bench.log").read_text()
+    results = json.loads((out / "results.json").read_text())
+    assert results["install"]["status"] == "FAILED" and results["install"]["needed"] is True
+    # torch importable in the new venv (directly, or through the .pth file)
+    check = subprocess.run([str(venv / "bin" / "python"), "-c", "import torch"], capture_output=True)
+    assert check.returncode == 0, check.stderr
+
+
+def test_a_python_that_cannot_import_the_package_fails_the_install(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("logic-sut", out, "--smoke", PYTHON=str(tmp_path / "no-python"))
+    assert proc.returncode == 1
+    summary = (out / "summary.md").read_text()
+    assert step_rows(summary) == {"install": "FAILED", "logic-sut": "SKIPPED"}
+    assert "cannot `import fairseq, sut_fairseq`" in summary
+    assert json.loads((out / "results.json").read_text())["status"] == "FAILED"
+
+
+# --------------------------------------------------------------------------- the time plan
+
+def test_gpu_time_plan_fits_the_stage_deadline():
+    v = load_validate()
+    assert v.STAGE_DEADLINE_S <= 9 * 60
+    for stage in v.STAGES:  # a fresh node: install included
+        assert v.required_estimate(stage) <= v.STAGE_DEADLINE_S, stage
+    assert v.logic_plan("logic-sut", False, {}) == [("sut", "standard", True), ("sut", "A", True)]
+    baselines = v.logic_plan("logic-baselines", False, {})
+    assert [(m, p) for m, p, r in baselines if r] == [("transformer", "standard"), ("ut-halting", "standard")]
+    assert {m for m, _, _ in baselines} == {"transformer", "ut-halting", "ut-no-halting"}
+    # the same training cap for every model; a standard run evaluates 13 buckets
+    assert v.run_estimate("transformer", "A") == v.run_estimate("sut", "A")
+    assert v.run_estimate("sut", "standard") == (v.LOGIC_TRAIN_OVERHEAD_S + v.LOGIC_TRAIN_CAP_S
+                                                 + 13 * v.LOGIC_GENERATE_CALL_S + v.LOGIC_ANALYSIS_ESTIMATE_S)
+    # explicit choices: every run they name is required
+    plan = v.logic_plan("logic-baselines", False, {"SUT_LOGIC_PROTOCOLS": "A"})
+    assert plan == [("transformer", "A", True), ("ut-halting", "A", True), ("ut-no-halting", "A", True)]
+    plan = v.logic_plan("logic-baselines", False, {"SUT_LOGIC_MODELS": "transformer", "SUT_LOGIC_PROTOCOLS": "A"})
+    assert plan == [("transformer", "A", True)]
+    assert v.logic_plan("logic-baselines", True, {}) == [r for r in baselines if r[2]]
+
+
+# --------------------------------------------------------------------------- smoke runs
+
+def test_smoke_tests_stage(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("tests", out, "--smoke")
+    summary, results = check_passed(proc, out, "tests", ["environment", "pytest -m gpu", "selftest"])
+    counts = results["results"]["pytest"]["counts"]
+    assert counts.get("skipped", 0) > 0 and not counts.get("failed") and not counts.get("passed")
+    assert "every test skipped: no CUDA device" in summary  # recorded, not hidden
+    assert "result      : PASS" in "\n".join(results["results"]["selftest"]["tail"])
+
+
+def test_smoke_bench_stage(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("bench", out, "--smoke")
+    summary, results = check_passed(proc, out, "bench", ["environment", "moe_gpu.py", "train_step.py"])
+    assert "TRITON_INTERPRET=1 " in proc.stdout  # the interpreter, as the command shows
+    rows = results["results"]["moe_gpu"]["rows"]
+    assert {(r["tokens"], r["pass"]) for r in rows} == {(32, "fwd"), (32, "fwd+bwd")}
+    models = results["results"]["train_step"]["models"]
+    assert set(models) == {"sut_base", "ut_base", "transformer_wmt_en_de"}
+    assert all(m["tokens_per_s"] >= 0 and m["ms_per_step"] > 0 for m in models.values())
+    assert "sut_base / ut_base" in results["results"]["train_step"]["ratios"]
+    assert "| transformer_wmt_en_de |" in summary
+
+
+def check_logic(proc, out, stage, runs):
+    steps = (["environment", "logic data: generate"]
+             + [f"logic data: prepare {p}" for p in dict.fromkeys(p for _, p in runs)]
+             + [f"logic: {m} / {p}" for m, p in runs] + ["logic: Table 5 and Figure 4"])
+    summary, results = check_passed(proc, out, stage, steps)
+    assert {"fairseq-train.log", "table5.md", "table5.json"} <= set(os.listdir(out))
+    got = {(r["model"], r["protocol"]): r for r in results["results"]["runs"]}
+    assert list(got) == runs
+    for (model, protocol), run in got.items():
+        assert run["status"] == "PASSED" and run["updates"] == 3 and run["params"] > 0
+        assert set(run["accuracy"]) == ({"0", "12"} if protocol == "standard" else {protocol})
+    table = json.loads((out / "table5.json").read_text())
+    assert set(table["rows"]) == {m for m, _ in runs}
+    train_log = (out / "fairseq-train.log").read_text()
+    assert all(f"######## {m} / {p}:" in train_log for m, p in runs)
+    assert "## Time budget" in summary and "Figure 4" in summary
+    return summary, results
+
+
+def test_smoke_logic_sut_stage(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("logic-sut", out, "--smoke", timeout=600)
+    summary, results = check_logic(proc, out, "logic-sut", [("sut", "standard"), ("sut", "A")])
+    depth = results["results"]["figure4_halting_depth"]["sut"]
+    assert set(depth) == {"0", "12"}
+    assert (out / "figure4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "--stop-time-hours 0.05" in summary and "--max-update 3" in summary
+
+
+@pytest.mark.slow
+def test_smoke_logic_baselines_stage(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("logic-baselines", out, "--smoke", timeout=600)
+    check_logic(proc, out, "logic-baselines", [("transformer", "standard"), ("ut-halting", "standard")])
+    assert (out / "figure4.png").exists()  # ut-halting has halting
