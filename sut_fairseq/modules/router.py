@@ -30,15 +30,23 @@ class RouterStats:
         self.count: Optional[torch.Tensor] = None  # ()     |X|
         self.assignments: Optional[torch.Tensor] = None  # (E,) top-k picks per expert
 
-    def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor):
-        """probs: (N, E) fp32 router distributions of the N active rows of one call (the
-        Router sees only active rows: padding and halted rows never reach it);
-        expert_idxs: (N, k) their top-k picks."""
+    def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor,
+            active: Optional[torch.Tensor] = None):
+        """probs: (N, E) fp32 router distributions of one call; expert_idxs: (N, k) their
+        top-k picks; active: (N,) bool, the rows that count (None: all; the CPU router
+        sees only active rows, the CUDA one routes every row and masks). Padding and
+        halted rows never count. No host synchronisation."""
         E = probs.size(1)
-        sum_probs = probs.sum(0)
-        neg_ent = (probs * torch.log(probs + EPS)).sum()
-        picks = torch.bincount(expert_idxs.reshape(-1), minlength=E)[:E].to(probs.dtype)
-        count = probs.new_tensor(float(probs.size(0)))
+        neg_ent_rows = (probs * torch.log(probs + EPS)).sum(1)
+        if active is None:
+            weight = probs.new_ones(probs.size(0))
+            sum_probs, neg_ent = probs.sum(0), neg_ent_rows.sum()
+        else:
+            weight = active.to(probs.dtype)
+            sum_probs, neg_ent = (probs * weight.unsqueeze(1)).sum(0), (neg_ent_rows * weight).sum()
+        picks = probs.new_zeros(E).scatter_add_(
+            0, expert_idxs.reshape(-1), weight.repeat_interleave(expert_idxs.size(1)))
+        count = weight.sum()
         if self.count is None:
             self.sum_probs, self.sum_neg_entropy = sum_probs, neg_ent
             self.count, self.assignments = count, picks
@@ -85,19 +93,38 @@ class Router(nn.Module):
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        # the router runs on the active rows only: halted and padding rows cost nothing
+        if x.is_cuda:
+            return self.route_every_row(x, active)
+        # CPU: the router runs on the active rows only (halted and padding rows cost
+        # nothing); finding them reads the mask on the host, which is free here
         rows = active.nonzero().squeeze(1)
-        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x.index_select(0, rows)))))
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
-        probs = logits.softmax(-1)  # (N_active, E)  g(e|h)
-        top_idx = self._select(logits, probs)  # (N_active, k)
-        top = probs.gather(1, top_idx)
-        top_gates = top / top.sum(1, keepdim=True).clamp_min(EPS)
+        probs, top_idx, top_gates = self._route(x.index_select(0, rows))
         idx = torch.full((x.size(0), k), E, dtype=torch.long, device=x.device).index_copy(0, rows, top_idx)
         gates = x.new_zeros(x.size(0), k, dtype=top_gates.dtype).index_copy(0, rows, top_gates)
         if self.stats is not None:
             self.stats.add(probs, top_idx)
         return make_routing(idx, gates.to(x.dtype), E)
+
+    def route_every_row(self, x: torch.Tensor, active: torch.Tensor) -> Routing:
+        """The same Routing without reading ``active`` on the host (the CUDA path): every
+        row goes through the router MLP, inactive rows are sent to the no-op expert E with
+        gate 0 and left out of the statistics."""
+        probs, top_idx, top_gates = self._route(x)
+        keep = active.unsqueeze(1)
+        idx = top_idx.masked_fill(~keep, self.num_experts)
+        gates = top_gates * keep
+        if self.stats is not None:
+            self.stats.add(probs, top_idx, active)
+        return make_routing(idx, gates.to(x.dtype), self.num_experts)
+
+    def _route(self, x: torch.Tensor):
+        """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates."""
+        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x))))
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
+        probs = logits.softmax(-1)  # g(e|h)
+        top_idx = self._select(logits, probs)
+        top = probs.gather(1, top_idx)
+        return probs, top_idx, top / top.sum(1, keepdim=True).clamp_min(EPS)
 
     def _select(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         k, n_sample = self.top_k, self.sample_topk if self.training else 0

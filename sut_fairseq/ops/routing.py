@@ -59,7 +59,9 @@ def make_routing(expert_idxs: torch.Tensor, gates: torch.Tensor, num_experts: in
         )
     flat = expert_idxs.reshape(-1)
     sorted_expert_idxs, sorted_scattered_idxs = torch.sort(flat, stable=True)
-    counts = torch.bincount(flat, minlength=num_experts + 1)[:num_experts]
+    # scatter_add, not bincount: bincount reads the largest index on the host
+    counts = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device).scatter_add_(
+        0, flat, torch.ones_like(flat))[:num_experts]
     return Routing(
         expert_idxs=expert_idxs,
         gates=gates,
