@@ -20,36 +20,20 @@ same code on tiny shapes through Triton's interpreter (needs ``TRITON_INTERPRET=
 checks the script, its timings mean nothing.
 """
 import argparse
-import statistics
 import sys
-import time
 
 import torch
 
 from sut_fairseq.ops.routed_linear import reference_routed_linear
 from sut_fairseq.ops.routing import make_routing
+from sut_fairseq.selftest import median_seconds
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 
 
 def timed(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
-    """Median seconds of ``fn()``."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        if device.type == "cuda":
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end) / 1e3)
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    """Median seconds of ``fn()`` (the self-test's timer)."""
+    return median_seconds(fn, device, repeats, warmup)
 
 
 def make_problem(tokens, E, k, d, D, dtype, device, seed=0):

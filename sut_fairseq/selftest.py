@@ -154,7 +154,8 @@ def parity(shape: Shape, device: torch.device, dtype: torch.dtype,
     return fwd, bwd
 
 
-def _median_seconds(fn: Callable, device: torch.device, repeats: int, warmup: int = 2) -> float:
+def median_seconds(fn: Callable, device: torch.device, repeats: int, warmup: int = 2) -> float:
+    """Median seconds of ``fn()`` after ``warmup`` calls (CUDA events on a GPU)."""
     for _ in range(warmup):
         fn()
     times = []
@@ -215,8 +216,8 @@ def speed(device: torch.device, cfg: Optional[dict] = None,
         flops, repeats, unit, scale = 2 * N * k * d * D, 5, "GFLOP/s", 1e9
         names = ("reference routed linear", "dense torch.mm")
     with torch.no_grad():
-        t_routed = _median_seconds(routed, device, repeats)
-        t_dense = _median_seconds(dense, device, repeats)
+        t_routed = median_seconds(routed, device, repeats)
+        t_dense = median_seconds(dense, device, repeats)
     a, b = flops / t_routed / scale, flops / t_dense / scale
     what = (f"{'MoE-FFD up + gated down' if kernels else 'MoE-FFD up projection'} "
             f"forward, {N} tokens E={E} k={k} {d}->{D} {'bf16' if dtype == torch.bfloat16 else 'fp32'}")

@@ -256,7 +256,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
         # padding keys of self-attention over the whole prefix (B, T), incremental included:
         # the causal mask alone hides right padding, not left padding (--left-pad-target)
         key_pad = prev_output_tokens.eq(self.padding_idx)
-        key_pad = key_pad if bool(key_pad.any()) else None
         q_start = 0
         if incremental_state is not None:
             q_start = prev_output_tokens.size(1) - 1
