@@ -22,13 +22,10 @@ import subprocess
 import sys
 import tempfile
 
+from sut_fairseq.demo import fairseq_tool
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 UPS = re.compile(r"\bnum_updates=(\d+).*?\bups=([\d.]+)|\bups=([\d.]+).*?\bnum_updates=(\d+)")
-
-
-def tool(name: str) -> str:
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    return beside if os.access(beside, os.X_OK) else name
 
 
 def make_data(work: str) -> str:
@@ -42,7 +39,7 @@ def make_data(work: str) -> str:
 
 
 def train_args(data: str, arch: str, max_tokens: int, updates: int, save_dir: str):
-    return [tool("fairseq-train"), data, "--user-dir", os.path.join(ROOT, "sut_fairseq"),
+    return [fairseq_tool("fairseq-train"), data, "--user-dir", os.path.join(ROOT, "sut_fairseq"),
             "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
             "--arch", arch, "--share-all-embeddings",
             "--encoder-normalize-before", "--decoder-normalize-before",
