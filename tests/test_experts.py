@@ -184,6 +184,7 @@ def _momha(E, k, H=2, D=3, d=6, relative=None, window=2, causal=False, seed=0):
 
 
 @pytest.mark.parametrize("E,k,relative,causal", [(4, 2, None, False), (3, 3, "clipped", True),
+                                                 (4, 2, "clipped", False),
                                                  (3, 1, "t5", False), (2, 2, "t5", True)])
 def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
     m = _momha(E, k, relative=relative, causal=causal)
@@ -225,6 +226,38 @@ def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
                     heads.append((p[:, None] * V[b, h]).sum(0))
                 expect[b, t] += g * (torch.cat(heads) @ m.o_weight[e])
     torch.testing.assert_close(y, expect)
+
+
+@pytest.mark.parametrize("causal,q_start", [(False, 0), (True, 0), (True, 3)])
+def test_clipped_attention_paths_agree(causal, q_start):
+    """The CPU path of clipped relative attention (relative vectors appended to the keys,
+    plain softmax) equals ``scaled_dot_product_attention`` with the additive bias (the
+    path CUDA takes), values and gradients, with padding keys and a window smaller than
+    the offsets that occur."""
+    m = _momha(3, 2, relative="clipped", window=1, causal=causal)
+    with torch.no_grad():
+        m.relative.embeddings.normal_()
+    B, T, H, D = 2, 3, 2, 3
+    S = q_start + T
+    q = torch.randn(B, H, T * 2, D, dtype=torch.float64, requires_grad=True)
+    key = torch.randn(B, H, S, D, dtype=torch.float64, requires_grad=True)
+    value = torch.randn(B, H, S, D, dtype=torch.float64, requires_grad=True)
+    kpm = torch.zeros(B, S, dtype=torch.bool)
+    kpm[1, 0] = True
+    hidden = m._hidden_keys(q, T, q_start, S, kpm)
+    outs, grads = [], []
+    for path in ("cpu", "sdpa"):
+        if path == "cpu":
+            o = m._attend_clipped(q, key, value, T, q_start, hidden)
+        else:
+            o = F.scaled_dot_product_attention(q, key, value,
+                                               attn_mask=m._attention_bias(q, T, q_start, S, hidden))
+        w = torch.randn_like(o, generator=torch.Generator().manual_seed(1))
+        outs.append(o)
+        grads.append(torch.autograd.grad((o * w).sum(), (q, key, value, m.relative.embeddings)))
+    torch.testing.assert_close(outs[0], outs[1])
+    for a, b in zip(*grads):
+        torch.testing.assert_close(a, b)
 
 
 def test_momha_gradcheck():

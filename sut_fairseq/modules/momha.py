@@ -81,29 +81,33 @@ class MixtureOfMultiHeadAttention(nn.Module):
         # query rows in slot order (position t, pick j): row m = t·k + j, position t = m // k
         q = q.view(B, T * k, H, D).transpose(1, 2)  # (B, H, T·k, D)
 
-        bias = self._attention_bias(q, T, q_start, S, key_padding_mask)
-        o = F.scaled_dot_product_attention(
-            q, key.to(q.dtype), value.to(q.dtype), attn_mask=bias,
-            dropout_p=self.attention_dropout if self.training else 0.0,
-        )
+        hidden = self._hidden_keys(q, T, q_start, S, key_padding_mask)
+        if isinstance(self.relative, ClippedRelativePosition) and not q.is_cuda:
+            o = self._attend_clipped(q, key.to(q.dtype), value.to(q.dtype), T, q_start, hidden)
+        else:
+            o = F.scaled_dot_product_attention(
+                q, key.to(q.dtype), value.to(q.dtype),
+                attn_mask=self._attention_bias(q, T, q_start, S, hidden),
+                dropout_p=self.attention_dropout if self.training else 0.0,
+            )
         o = o.transpose(1, 2).reshape(B * T * k, H * D)  # slot rows again
         y = routed_linear(o, self.o_weight, None, routing, fan_out=1, gates=routing.gates)
         return (y + self.o_bias).view(B, T, d)
 
-    def _attention_bias(self, q, T: int, q_start: int, S: int,
-                        key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """Additive logits bias (B|1, H|1, T·k, S) over query rows m = t·k + j (position
-        t, pick j): causal and padding masks, relative terms.
+    def _hidden_keys(self, q, T: int, q_start: int, S: int,
+                     key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Which keys each query row m = t·k + j (position t, pick j) may not see: bool
+        (B|1, 1, T·k|1, S), True = hidden (the causal and padding masks), or None.
 
         A query whose every key is masked (an all-padding source row; a left-padding
         position of the target, which sees only padding keys) would give NaN. Such rows
         never run, so their keys are left unmasked instead: they attend without the
         masks, and their (unused) output stays finite."""
         k = q.size(2) // T
-        masked = None  # bool (B|1, 1, k·T|1, S), True = key hidden from the query
+        hidden = None
         if self.causal:
             i = torch.arange(q_start, q_start + T, device=q.device)
-            masked = (torch.arange(S, device=q.device)[None, :] > i[:, None]).repeat_interleave(k, 0)[None, None]
+            hidden = (torch.arange(S, device=q.device)[None, :] > i[:, None]).repeat_interleave(k, 0)[None, None]
         if key_padding_mask is not None:
             pad = key_padding_mask
             if self.causal:  # query i sees keys 0..i: blind when they are all padding
@@ -111,11 +115,18 @@ class MixtureOfMultiHeadAttention(nn.Module):
                 pad = pad[:, None, None, :] & ~blind.repeat_interleave(k, 1)[:, None, :, None]
             else:
                 pad = (pad & ~pad.all(-1, keepdim=True))[:, None, None, :]
-            masked = pad if masked is None else masked | pad
+            hidden = pad if hidden is None else hidden | pad
+        return hidden
+
+    def _attention_bias(self, q, T: int, q_start: int, S: int,
+                        hidden: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+        """Additive logits bias (B|1, H|1, T·k, S): -inf on hidden keys, plus the
+        relative terms."""
         bias = None
-        if masked is not None:
-            bias = torch.zeros(masked.shape, dtype=q.dtype, device=q.device).masked_fill_(
-                masked, float("-inf"))
+        if hidden is not None:
+            bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(
+                hidden, float("-inf"))
+        k = q.size(2) // T
         if isinstance(self.relative, ClippedRelativePosition):
             rel = self.relative(q, T, q_start, S) * self.head_dim ** -0.5
             bias = rel if bias is None else rel + bias
@@ -123,3 +134,30 @@ class MixtureOfMultiHeadAttention(nn.Module):
             rel = self.relative(T, q_start, S, q.device).repeat_interleave(k, 2).to(q.dtype)
             bias = rel if bias is None else rel + bias
         return bias
+
+    def _attend_clipped(self, q, key, value, T: int, q_start: int,
+                        hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """Attention with clipped relative positions, as plain tensor operations (CPU,
+        where ``scaled_dot_product_attention`` with a bias that needs a gradient takes its
+        slower math path):
+
+            logits_mj = (q_m · k_j + q_m · r_{clip(j - i_m)}) / √D  (-inf where hidden)
+            o_m = Σ_j softmax_j(logits_m) v_j
+
+        The O relative vectors r are appended to the keys, so one matmul gives both
+        q·k (B, H, T·k, S) and q·r (B, H, T·k, O), instead of a separate matmul with
+        O <= 2W+1 output columns. q: (B, H, T·k, D); key/value: (B, H, S, D).
+        Returns (B, H, T·k, D)."""
+        B, H, M, D = q.shape
+        S = key.size(2)
+        lo, r = self.relative.offsets(T, q_start, S)  # r (O, H, D)
+        keys = torch.cat([key, r.to(q.dtype).transpose(0, 1).unsqueeze(0).expand(B, -1, -1, -1)], 2)
+        a = torch.matmul(q * D ** -0.5, keys.transpose(2, 3))  # (B, H, T·k, S + O)
+        idx = self.relative.index(T, q_start, S, M // T, lo, q.device)
+        logits = a[..., :S] + a[..., S:].gather(3, idx.expand(B, H, -1, -1))
+        if hidden is not None:
+            logits = logits.masked_fill(hidden, float("-inf"))
+        p = logits.softmax(-1)
+        if self.training and self.attention_dropout > 0.0:
+            p = F.dropout(p, self.attention_dropout)
+        return torch.matmul(p, value)

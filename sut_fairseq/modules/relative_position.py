@@ -24,23 +24,30 @@ class ClippedRelativePosition(nn.Module):
         self.embeddings = nn.Parameter(torch.empty(2 * window + 1, num_heads, head_dim))
         nn.init.normal_(self.embeddings, std=head_dim ** -0.5)
 
+    def offsets(self, T: int, q_start: int, S: int):
+        """The offsets that occur between queries q_start..q_start+T-1 and keys 0..S-1
+        (at most T + S - 1 of them): ``(lo, r)`` with r (O, H, D) = r_lo .. r_hi."""
+        W = self.window
+        lo = max(-W, min(W, 0 - (q_start + T - 1)))
+        hi = max(-W, min(W, (S - 1) - q_start))
+        return lo, self.embeddings[lo + W: hi + W + 1]
+
+    def index(self, T: int, q_start: int, S: int, k: int, lo: int, device) -> torch.Tensor:
+        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use."""
+        i = torch.arange(q_start, q_start + T, device=device)
+        j = torch.arange(S, device=device)
+        idx = (j[None, :] - i[:, None]).clamp(-self.window, self.window) - lo  # (T, S)
+        return idx.repeat_interleave(k, 0)
+
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
         """q: (B, H, T*k, D), query row m at position q_start + m // k.
 
         Returns the logits term (B, H, T*k, S): ``q_m · r_{clip(j - i_m)}``.
         """
-        W = self.window
-        # only offsets that occur are materialised: at most T + S - 1 of them
-        lo = max(-W, min(W, 0 - (q_start + T - 1)))
-        hi = max(-W, min(W, (S - 1) - q_start))
-        r = self.embeddings[lo + W: hi + W + 1]  # (O, H, D)
+        lo, r = self.offsets(T, q_start, S)
         scores = torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
-        i = torch.arange(q_start, q_start + T, device=q.device)
-        j = torch.arange(S, device=q.device)
-        idx = (j[None, :] - i[:, None]).clamp(-W, W) - lo  # (T, S)
-        k = q.size(2) // T
-        idx = idx.repeat_interleave(k, 0).expand(q.size(0), q.size(1), -1, -1)
-        return scores.gather(3, idx)
+        idx = self.index(T, q_start, S, q.size(2) // T, lo, q.device)
+        return scores.gather(3, idx.expand(q.size(0), q.size(1), -1, -1))
 
 
 def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int,
