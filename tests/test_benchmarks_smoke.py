@@ -27,6 +27,20 @@ def test_train_step_prints_tokens_per_second_and_both_ratios():
     assert re.search(r"^sut_base / transformer_wmt_en_de\+fused-ce tokens/s: \d+\.\d\d$", out, re.M), out
 
 
+def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
+    out = run("train_step.py", "--preset", "logic", "--logic-tokens", "120", "--repeats", "1",
+              "--threads", "1")
+    assert re.search(r"^MACs of one forward on this batch: sut_logic \d+\.\d\d G \(dynamic\), "
+                     r"transformer \d+\.\d\d G$", out, re.M), out
+    m = re.search(r"^\[1 thread\] sut_logic / transformer tokens/s: (\d+\.\d\d) \(goal >= 0\.4; "
+                  r"at the transformer's MACs/s: (\d+\.\d\d); sut_logic's MACs/s = "
+                  r"(\d+\.\d\d)x the transformer's\)$", out, re.M)
+    assert m, out
+    ratio, bound, efficiency = map(float, m.groups())
+    assert 0 < bound < 1 and abs(efficiency - ratio / bound) <= 0.01 + 0.01 * efficiency
+    assert re.search(r"^\[1 thread\] sut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
+
+
 def test_moe_cpu_ends_with_the_ratio():
     out = run("moe_cpu.py", "--tokens", "64", "--dim", "16", "--hidden", "16", "--experts", "4",
               "--topk", "2", "--repeats", "1")
