@@ -7,7 +7,7 @@
 
 MODEL: sut, ut-halting, ut-no-halting, transformer (configs/logic/MODEL.json over
 configs/logic/common.json). The ``full`` configuration (default) is the paper-scale GPU
-run; ``--reduced`` the 2-CPU-core one (2,400 updates, under an hour on one core). Every
+run; ``--reduced`` the 2-CPU-core one (10,000 updates; about an hour for the transformer on one core, several for the SUT). Every
 model of a configuration gets the same budget: ``--max-update`` updates over the same
 batches, ``--stop-time-hours`` only capping the wall-clock time. Options after ``--`` go to fairseq-train and replace the recipe's value
 of the same option (e.g. ``-- --encoder-layers 2`` for a smoke test).
