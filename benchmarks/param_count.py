@@ -1,4 +1,4 @@
-"""Parameter count of every preset, as in the paper's Table 1 (SPEC §2.7).
+"""Parameter count of every preset, as in the paper's Table 1 (docs/model.md#presets).
 
 One line per architecture, ``ARCH PARAMS``, for a 32,768-entry joined dictionary with all
 embeddings shared (``--share-all-embeddings``), followed by the paper's figure where it

@@ -1,4 +1,5 @@
-"""Auxiliary losses of the routers (SPEC §2.5) and the context that collects their statistics.
+"""Auxiliary losses of the routers and the context that collects their statistics
+(docs/model.md#losses).
 
 For one router and the set X of (position, step) pairs where it was used:
 

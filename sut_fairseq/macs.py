@@ -1,5 +1,5 @@
 """MACs of a model, counting only the work that ran: ptflops with custom hooks for the
-expert layers (SPEC §5).
+expert layers (docs/model.md#counting-macs).
 
     python -m sut_fairseq.macs --arch sut_base [ARCH ...|all] [--src-len 32] [--tgt-len 32]
         [--dict-size 32768] [--mode static|dynamic|both] [--threshold 0.8]

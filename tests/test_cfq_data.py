@@ -1,6 +1,7 @@
-"""CFQ data (SPEC §4.2): source/target preprocessing, the target simplification and its
-inverse, the streaming JSON parser, split handling, errors, and prepare.py from a
-directory, an archive and a (file://) download -- on the fixture in tests/fixtures/cfq."""
+"""CFQ data (docs/cfq.md#data-preparation): source/target preprocessing, the target
+simplification and its inverse, the streaming JSON parser, split handling, errors, and
+prepare.py from a directory, an archive and a (file://) download -- on the fixture in
+tests/fixtures/cfq."""
 import io
 import json
 import os

@@ -1,5 +1,6 @@
 """The vectorised halting recurrence equals a per-position scalar implementation of
-SPEC §2.2 (Algorithm 1 of the paper), in the encoder and the decoder."""
+stick-breaking halting (docs/model.md#stick-breaking; Algorithm 1 of the paper), in the
+encoder and the decoder."""
 import math
 
 import pytest

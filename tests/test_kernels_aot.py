@@ -1,6 +1,6 @@
 """Ahead-of-time builds of the Triton kernels for sm_80 (Ampere) and sm_90 (Hopper), no GPU.
 
-SPEC §6 / issue 3: every kernel launch the routed-linear autograd Function makes (forward,
+See docs/model.md#kernels. Every kernel launch the routed-linear autograd Function makes (forward,
 input gradient, weight gradient of MoE-FFD up/down and MoMHA query/output) is compiled with
 ``triton.compile(ASTSource(...), target=GPUTarget("cuda", arch, 32))`` for every shipped
 (autotuned) configuration; ``cuobjdump -res-usage`` must report no spills (zero stack and

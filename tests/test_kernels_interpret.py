@@ -1,6 +1,6 @@
 """Triton routed-linear kernels vs the PyTorch reference, on CPU in Triton's interpreter.
 
-SPEC §6 / issue 3: the forward output and every gradient (input, weights, biases, gates) of
+See docs/model.md#kernels. The forward output and every gradient (input, weights, biases, gates) of
 ``triton_routed_linear`` equal ``reference_routed_linear`` for the four uses MoE-FFD and
 MoMHA make, on ragged expert loads, empty experts, k = 1, k = E, all rows halted (routed to
 the sentinel expert), a single row (decoding), and dims that are not block multiples.

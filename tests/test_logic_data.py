@@ -1,5 +1,6 @@
-"""Logical inference data (SPEC §4.1): formulas, truth sets, relations, the generator,
-deduplication and splits, the original file format, the protocols and the CLIs."""
+"""Logical inference data (docs/results/logic_data.md): formulas, truth sets, relations,
+the generator, deduplication and splits, the original file format, the protocols and the
+CLIs."""
 import math
 import os
 import random
@@ -64,7 +65,8 @@ def test_operator_count():
 
 # --------------------------------------------------------------------------- relations
 
-# Each case checked by hand with the four tests I, JL, JR, O of SPEC §4.1.
+# Each case checked by hand with the four tests I, JL, JR, O of
+# docs/results/logic_data.md#relations.
 RELATION_CASES = [
     # a∧b vs b∧a: same set (16 worlds); I yes, JL no, JR no, O yes (a false).
     ("( a ( and b ) )", "( b ( and a ) )", "="),
@@ -184,13 +186,13 @@ def test_grow_formula_respects_the_budget():
         assert set(text.split()) & set(li.VARIABLES) <= {"a", "b", "c", "d"}
 
 
-# Bucket sizes at a reduced scale. The SPEC sizes are deduplicated counts out of 500,000
-# accepted pairs. For buckets 0..4 deduplication removes a large, non-linear share at that
-# scale (at 500k, bucket 2 keeps ~1/3 of its draws), so their raw proportions are not
-# recoverable from the SPEC; for buckets 5..12 it removes < 0.3%, so
-# p_k ~= (train_k + test_k) / 500,000 is the per-pair probability of bucket k and the raw
-# count of n pairs is Binomial(n, p_k). Our count minus n/500k times the SPEC's count (itself
-# one binomial draw of 500k) has variance n p (1-p) (1 + n/500k); we allow 4 standard
+# Bucket sizes at a reduced scale. The original sizes (ORIGINAL_SIZES) are deduplicated
+# counts out of 500,000 accepted pairs. For buckets 0..4 deduplication removes a large,
+# non-linear share at that scale (at 500k, bucket 2 keeps ~1/3 of its draws), so their raw
+# proportions are not recoverable from the original sizes; for buckets 5..12 it removes
+# < 0.3%, so p_k ~= (train_k + test_k) / 500,000 is the per-pair probability of bucket k and
+# the raw count of n pairs is Binomial(n, p_k). Our count minus n/500k times the original
+# count (itself one binomial draw of 500k) has variance n p (1-p) (1 + n/500k); we allow 4 standard
 # deviations of that difference plus 0.5% of the expectation for the deduplication at 500k.
 # (At n = 100,000 that is about ±4% for bucket 5 and ±12% for bucket 12; a wrong negation
 # probability or budget shifts these proportions by far more.) Bucket 0 has exactly 36
@@ -198,7 +200,7 @@ def test_grow_formula_respects_the_budget():
 SIZE_CHECK_PAIRS = 100_000
 
 
-def test_bucket_proportions_match_spec_sizes():
+def test_bucket_proportions_match_original_sizes():
     n = SIZE_CHECK_PAIRS
     buckets = li.generate_buckets(n, seed=11)
     for k in range(5, 13):

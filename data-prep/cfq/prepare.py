@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Prepare CFQ (SPEC §4.2) for fairseq: stream dataset.json, cut the requested splits,
-preprocess and simplify the targets, and optionally binarize with fairseq-preprocess.
+"""Prepare CFQ for fairseq (docs/cfq.md#data-preparation): stream dataset.json, cut the
+requested splits, preprocess and simplify the targets, and optionally binarize with
+fairseq-preprocess.
 
     python data-prep/cfq/prepare.py --out data/cfq [--split mcd1 mcd2 mcd3 random_split]
         [--cfq-dir DIR | --archive cfq1.1.tar.gz | (download)] [--binarize]
@@ -112,7 +113,8 @@ def main(argv=None):
     parser.add_argument("--split", nargs="+", default=list(DEFAULT_SPLITS),
                         help=f"split names or split-file paths (default: {' '.join(DEFAULT_SPLITS)})")
     parser.add_argument("--target-form", choices=["simplified", "plain"], default="simplified",
-                        help="training targets: simplified (default, SPEC §4.2) or only preprocessed")
+                        help="training targets: simplified (default; docs/cfq.md#target-simplification) "
+                             "or only preprocessed")
     parser.add_argument("--binarize", action="store_true", help="run fairseq-preprocess per split")
     parser.add_argument("--overwrite", action="store_true",
                         help="replace a requested OUT/LABEL that exists and is not empty "

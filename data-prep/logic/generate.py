@@ -1,12 +1,14 @@
 #!/usr/bin/env python3
-"""Generate logical inference data in the original Bowman et al. (2015) format (SPEC §4.1).
+"""Generate logical inference data in the original Bowman et al. (2015) format
+(docs/results/logic_data.md#the-generator).
 
     python data-prep/logic/generate.py --out data/logic --pairs 500000 --seed 1
 
 writes ``train0`` .. ``train12`` and ``test0`` .. ``test12`` (``RELATION<TAB>LEFT<TAB>RIGHT``)
-into ``--out`` and prints per-bucket train/test sizes next to the original sizes from
-the SPEC (scaled by ``--pairs / 500000`` when ``--pairs`` differs; the scaled numbers are
-then only a rough guide, since deduplication does not scale linearly).
+into ``--out`` and prints per-bucket train/test sizes next to the sizes of the original
+files (docs/results/logic_data.md#original-files; scaled by ``--pairs / 500000`` when
+``--pairs`` differs; the scaled numbers are then only a rough guide, since deduplication
+does not scale linearly).
 
 ``--out`` is written as a whole: the files go into a temporary sibling directory
 (``.NAME.tmp-PID-XXXX``) that is renamed to ``--out`` once all 26 are written, so an
@@ -92,7 +94,7 @@ def main(argv=None):
     parser.add_argument("--out", required=True, help="output directory for train0..12/test0..12")
     parser.add_argument("--pairs", type=int, default=500_000,
                         help="number of accepted pairs to generate (default 500000, the size "
-                             "the SPEC's original sizes correspond to)")
+                             "the original files' sizes correspond to)")
     parser.add_argument("--seed", type=int, default=1, help="seed of random.Random (default 1)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     parser.add_argument("--overwrite", action="store_true",

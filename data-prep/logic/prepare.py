@@ -6,7 +6,7 @@
 ``--data`` holds ``train0`` .. ``train12`` / ``test0`` .. ``test12`` in the original
 ``RELATION<TAB>LEFT<TAB>RIGHT`` format (downloaded, or made by ``generate.py``).
 Each pair becomes a source line ``LEFT #SEP# RIGHT`` and a target line holding the
-relation token (SPEC §4.1). Files written into ``--out``:
+relation token (docs/results/logic_data.md#protocols). Files written into ``--out``:
 
 * ``--protocol standard``: ``train.src/.tgt`` and ``valid.src/.tgt`` from train0..train6
   (the 0-based position ``i`` in the concatenation, bucket then line order, goes to valid

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Prepare WMT'14 English->German for fairseq (SPEC §4.3; docs/wmt14.md).
+"""Prepare WMT'14 English->German for fairseq (docs/wmt14.md#data-preparation).
 
     python data-prep/wmt14_en_de/prepare.py --workdir data/wmt14_en_de \\
         [--local-dir DIR ...] [--no-download] [--workers N] [--bpe-merges 32764]

@@ -1,4 +1,4 @@
-"""WMT'14 English-German preparation (SPEC §4.3), in Python: the library behind
+"""WMT'14 English-German preparation (docs/wmt14.md#data-preparation), in Python: the library behind
 ``prepare.py``.
 
 The recipe is the one the SUT paper used (Liu et al. 2020, "Transformer-Clinic", itself

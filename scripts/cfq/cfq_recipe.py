@@ -12,7 +12,7 @@ T5 bucketed relative bias, pre-LN, 12/12 steps):
   default, alpha_thresh 0.999) with the ACT loss.
 
 The optimisation settings below are ours: the paper's appendix, which would give them,
-is missing (SPEC §2.7). They are ordinary Transformer-on-CFQ settings; the paper tuned
+is missing. They are ordinary Transformer-on-CFQ settings; the paper tuned
 on the MCD1 dev set, and so should anyone trying to match its numbers.
 """
 import importlib

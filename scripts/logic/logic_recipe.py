@@ -47,7 +47,7 @@ ALL_BUCKETS = tuple(range(13))
 REPORT_BUCKETS = tuple(range(7, 13))
 
 #: Paper Table 5 (accuracy %): operator counts 7..12 and compositional splits A/B/C.
-#: The SPEC (§3) gives no A/B/C numbers for the LSTM; they are left out, not guessed.
+#: Only the LSTM's numbers for 7..12 operators are listed; its A/B/C cells stay blank.
 PAPER_TABLE5 = OrderedDict([
     ("SUT", {7: 98, 8: 97, 9: 94, 10: 90, 11: 88, 12: 81, "A": 97, "B": 94, "C": 52}),
     ("LSTM", {7: 88, 8: 84, 9: 80, 10: 78, 11: 71, 12: 69}),

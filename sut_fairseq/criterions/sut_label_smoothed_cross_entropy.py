@@ -1,4 +1,5 @@
-"""``sut_label_smoothed_cross_entropy``: label-smoothed CE + the SUT auxiliary losses (SPEC §2.6).
+"""``sut_label_smoothed_cross_entropy``: label-smoothed CE + the SUT auxiliary losses
+(docs/model.md#losses).
 
     loss = Σ_tokens CE_ls + scale · (mim_weight · Σ_routers L_MIM
                                       + act_weight · (L_ACT_enc + L_ACT_dec)

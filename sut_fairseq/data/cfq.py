@@ -1,4 +1,4 @@
-"""CFQ (Keysers et al. 2019) for the SUT paper's Table 4 (SPEC §4.2).
+"""CFQ (Keysers et al. 2019) for the SUT paper's Table 4 (docs/cfq.md#data-preparation).
 
 Standard library only (tqdm is used for progress bars when it is installed), so data
 preparation needs neither torch nor fairseq; ``data-prep/cfq/prepare.py`` is the CLI.
@@ -122,8 +122,9 @@ def preprocess_question(text: str) -> str:
 
 
 def preprocess_query(sparql: str) -> str:
-    """SPEC §4.2 target rules: ``count(*)`` -> ``count ( * )``, newlines -> spaces, the
-    leading ``ns:`` of every token dropped, a leading ``m.`` -> ``m_``."""
+    """The target rules of docs/cfq.md#target-preprocessing: ``count(*)`` ->
+    ``count ( * )``, newlines -> spaces, the leading ``ns:`` of every token dropped, a
+    leading ``m.`` -> ``m_``."""
     text = sparql.replace("\\n", " ").replace("count(*)", "count ( * )")
     tokens = []
     for token in text.split():

@@ -1,4 +1,5 @@
-"""Logical inference data of Bowman et al. (2015), as used by the SUT paper (SPEC §4.1).
+"""Logical inference data of Bowman et al. (2015), as used by the SUT paper
+(docs/results/logic_data.md).
 
 Everything here is standard library only, so data preparation needs neither torch nor
 fairseq.
@@ -22,7 +23,8 @@ Files
     (``and``, ``or``, ``not``) of the larger side, capped at 12.
 
 Protocols (see :func:`standard_protocol`, :func:`compositional_protocol`) and the seq2seq
-form (``LEFT #SEP# RIGHT`` -> relation token, :func:`write_seq2seq`) follow SPEC §4.1.
+form (``LEFT #SEP# RIGHT`` -> relation token, :func:`write_seq2seq`) follow
+docs/results/logic_data.md#protocols.
 """
 import os
 import random
@@ -40,7 +42,7 @@ N_WORLDS = 2 ** len(VARIABLES)
 FULL_SET = (1 << N_WORLDS) - 1
 MAX_BUCKET = 12
 BUCKETS = tuple(range(MAX_BUCKET + 1))
-#: Generator settings (SPEC §4.1).
+#: Generator settings (docs/results/logic_data.md#the-generator).
 SIZE_BUDGET = 12
 VARIABLES_PER_PAIR = 4
 NOT_PROBABILITY = 1.0 / 3.0
@@ -48,7 +50,7 @@ NOT_PROBABILITY = 1.0 / 3.0
 _NODE_CHOICES = ("and", "or", "and", "or", None, None, None, None, None)
 #: Train share of each deduplicated bucket: the first floor(n * 85 / 100) pairs.
 TRAIN_PERCENT = 85
-#: Sizes (train, test) of the original files per bucket, from SPEC §4.1.
+#: Sizes (train, test) of the original files per bucket (docs/results/logic_data.md#original-files).
 ORIGINAL_SIZES = {
     0: (30, 6), 1: (2319, 410), 2: (12451, 2198), 3: (23252, 4104), 4: (30373, 5361),
     5: (34152, 6027), 6: (32952, 5816), 7: (26671, 4707), 8: (18962, 3347),
@@ -201,7 +203,7 @@ def parse_formula(text: str) -> Formula:
 
 
 def relation(left_set: int, right_set: int) -> str:
-    """The relation between two truth sets (SPEC §4.1).
+    """The relation between two truth sets (docs/results/logic_data.md#relations).
 
     I: L∩R ≠ ∅, JL: L\\R ≠ ∅, JR: R\\L ≠ ∅, O: complement of L∪R ≠ ∅.
     ``=`` I,¬JL,¬JR,O; ``<`` I,¬JL,JR,O; ``>`` I,JL,¬JR,O; ``^`` ¬I,JL,JR,¬O;
@@ -240,7 +242,7 @@ def formula_relation(left: Formula, right: Formula) -> str:
 # ---------------------------------------------------------------------------------------
 
 def grow_formula(rng: random.Random, variables: Sequence[str], budget: int = SIZE_BUDGET) -> Formula:
-    """Grow one random formula (SPEC §4.1).
+    """Grow one random formula (docs/results/logic_data.md#the-generator).
 
     Draw from ``[and, or, and, or, leaf x5]``; a leaf, or any node when ``budget < 2``,
     is a variable drawn from ``variables``; a binary node builds both children with

@@ -1,5 +1,5 @@
 """Average the parameters of several fairseq checkpoints (the paper averages the 5 best by
-validation NLL; SPEC §4.3).
+validation NLL; docs/wmt14.md#evaluation).
 
 The equivalent of fairseq's ``scripts/average_checkpoints.py``, which the fairseq wheel
 does not install:

@@ -1,4 +1,4 @@
-"""The two BLEU scores of the WMT'14 recipe (SPEC §4.3, docs/wmt14.md).
+"""The two BLEU scores of the WMT'14 recipe (docs/wmt14.md#evaluation).
 
 (a) **Tokenised BLEU with compound splitting** — the number most WMT'14 En-De papers
     (GNMT, ConvS2S, Transformer, the SUT paper) report. Hypothesis and reference are the

@@ -1,4 +1,4 @@
-"""Triton kernels for the sparse layers (SPEC §6).
+"""Triton kernels for the sparse layers (docs/model.md#kernels).
 
 ``triton_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)``
 is the Triton implementation of ``sut_fairseq.ops.routed_linear`` (same signature and

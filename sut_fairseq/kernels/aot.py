@@ -1,4 +1,4 @@
-"""Ahead-of-time compilation of the kernels for GPUs that are not here (SPEC §6).
+"""Ahead-of-time compilation of the kernels for GPUs that are not here (docs/model.md#kernels).
 
 ``shipped_launches(dtype)`` runs the forward and backward of the four routed-linear uses
 (MoE-FFD up/down, MoMHA query/output) on "meta" tensors, recording each kernel launch

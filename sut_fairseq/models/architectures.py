@@ -1,4 +1,4 @@
-"""Architecture presets (SPEC §2.7). MoMHA is described by (E, k, H, D, W) and MoE-FFD by
+"""Architecture presets (docs/model.md#presets). MoMHA is described by (E, k, H, D, W) and MoE-FFD by
 (E, k, D); L = maximum steps per side. Any option given on the command line wins.
 
 | preset      | MoMHA (E,k,H,D,W)      | FFD (E,k,D)     | d    | L enc/dec | halting |
@@ -39,12 +39,14 @@ BASE_DEFAULTS = dict(
     router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
     encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
     halting_transition=False, gated_ffn=False,
+    encoder_step_embedding="none", exit_patience=3, exit_entropy=0.1,
     dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
     max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
 )
 DECODER_FOLLOWS_ENCODER = dict(decoder_embed_dim="encoder_embed_dim", decoder_layers="encoder_layers",
                                decoder_normalize_before="encoder_normalize_before",
-                               decoder_halting="encoder_halting")
+                               decoder_halting="encoder_halting",
+                               decoder_step_embedding="encoder_step_embedding")
 
 
 @register_model_architecture("sut_transformer", "sut_transformer")

@@ -1,4 +1,4 @@
-"""Halting rules for the universal recurrence (SPEC §2.2, §5).
+"""Halting rules for the universal recurrence (docs/model.md#halting).
 
 Before each step l >= 2 a rule reads the states and decides which positions keep
 computing; it also forms the state S used as attention keys/values and as the output.
@@ -10,7 +10,7 @@ Rules (``--encoder-halting`` / ``--decoder-halting``):
   ``α_{l-1} = â_{l-1} Π_{j<l-1} (1 - â_j)``, ``c_{l-1} = Σ_{j<=l-1} α_j``; a position with
   ``c_{l-1} >= α_thresh`` has halted (h and S frozen); otherwise
   ``h_l = Block(h_{l-1}, S_{l-1})`` and ``S_l = (1 - c_{l-1}) h_l + Σ_{j<=l-1} α_j h_j`` (Eq. 3).
-* ``global-mean`` (GUT, ``recurrent-transformers-dynamic-halt`` §5.1): the same stick
+* ``global-mean`` (GUT, Ray Chowdhury & Caragea 2024, §5.1): the same stick
   breaking, but the halting unit reads the masked mean of the states over the sequence,
   so the encoder makes one decision per sequence; the decoder reads the causal prefix
   mean (positions <= t), so no future token leaks and incremental decoding stays exact.

@@ -1,4 +1,4 @@
-"""Mixture of feed-forward experts, MoE-FFD (E, k, D) — SPEC §2.3.
+"""Mixture of feed-forward experts, MoE-FFD (E, k, D) — docs/model.md#mixture-of-feed-forward-experts.
 
 ``y(h) = Σ_{e in top-k} g_e · (W2_e · act(W1_e h + b1_e) + b2_e)``, all E experts stored in
 one (E, d, D) and one (E, D, d) tensor. With E = k = 1 it is the dense FFN of a

@@ -1,4 +1,4 @@
-"""Mixture of multi-head attention, MoMHA (E, k, H, D, W) — SPEC §2.4.
+"""Mixture of multi-head attention, MoMHA (E, k, H, D, W) — docs/model.md#mixture-of-multi-head-attention.
 
 K and V are dense and shared (d -> H·D each); expert e owns ``Wq_e: d -> H·D`` and
 ``Wo_e: H·D -> d``. Every query position picks k experts; for each pick, H heads of

@@ -1,4 +1,4 @@
-"""Relative-position terms for self-attention logits (SPEC §2.4).
+"""Relative-position terms for self-attention logits (docs/model.md#relative-positions).
 
 * ``ClippedRelativePosition`` (Shaw et al.): 2W+1 learned vectors per head for offsets
   ``j - i`` clipped to [-W, W]; the logit of query i and key j gains ``q_i · r_{clip(j-i)}``.

@@ -1,6 +1,6 @@
 """Top-k router with gating dropout and the routing statistics for the auxiliary losses.
 
-``g(e | h) = softmax(W2 · dropout(tanh(W1 h)))`` (SPEC §2.3, the reference code's MLP
+``g(e | h) = softmax(W2 · dropout(tanh(W1 h)))`` (docs/model.md#routers, the reference code's MLP
 router); the k largest gates are kept and renormalised to sum to 1. Inactive rows
 (halted or padding positions) go to the no-op expert E with gate 0.
 

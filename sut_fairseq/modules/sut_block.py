@@ -114,7 +114,7 @@ class HaltedStateKV:
 
 class FeedForwardGate(nn.Module):
     """G = sigmoid(W2 · GELU(W1 · LN(a) + b1) + b2), per position and channel, from the
-    attention sub-layers' output a (``recurrent-transformers-dynamic-halt`` Eq. 10)."""
+    attention sub-layers' output a (GUT, Ray Chowdhury & Caragea 2024, Eq. 10)."""
 
     def __init__(self, d: int):
         super().__init__()
