@@ -364,7 +364,8 @@ def test_smoke_trains_the_reduced_sut_and_scores_every_line_of_buckets_7_to_12(s
 def test_smoke_writes_table_json_and_figure(smoke):
     out, work = smoke["out"], smoke["work"]
     assert "| SUT (paper) | – | 98 | 97 | 94 | 90 | 88 | 81 | 97 | 94 | 52 |" in out
-    assert "| LSTM (paper) | – | 88 | 84 | 80 | 78 | 71 | 69 | – | – | – |" in out
+    assert "| LSTM (paper) | – | 88 | 84 | 80 | 78 | 71 | 69 | 80 | 60 | 59 |" in out
+    assert "| Transformer (paper) | – | 51 | 52 | 51 | 51 | 51 | 48 | 53 | 51 | 51 |" in out
     assert "| SUT (ours, reduced) |" in out
     assert (work / "table5.md").read_text().strip() in out
     summary = json.load(open(work / "table5.json"))

@@ -8,7 +8,7 @@ Reads every ``WORK_DIR/MODEL/PROTOCOL/seedN/result.json`` (``model``, ``protocol
 A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed:
 
 * Table 5: accuracy (%) per operator count 7..12 (standard protocol) and on the
-  compositional splits A/B/C, one row per model, the paper's SUT and LSTM rows beneath;
+  compositional splits A/B/C, one row per model, the paper's SUT, LSTM and Transformer rows beneath;
 * the in-distribution buckets 0..6 when they were evaluated;
 * the average encoder halting depth per operator count (teacher-forced, standard protocol).
 

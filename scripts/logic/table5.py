@@ -31,7 +31,7 @@ A run with a result.json is skipped (``--force`` redoes it from scratch); one wi
 train.json is only evaluated again; an interrupted training resumes from its
 checkpoint_last.pt, the time already spent counting against ``--stop-time-hours``.
 Every command is printed before it runs; ``--dry-run`` only prints them. At the end
-``summarize.py`` prints Table 5 beside the paper's SUT and LSTM rows and writes
+``summarize.py`` prints Table 5 beside the paper's SUT, LSTM and Transformer rows and writes
 ``WORK/table5.md``, ``WORK/table5.json`` and ``WORK/figure4.png``.
 """
 import argparse
