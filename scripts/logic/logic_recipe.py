@@ -313,7 +313,14 @@ def prepare_command(original: str, out: str, protocol: str, overwrite: bool = Fa
             *(["--overwrite"] if overwrite else [])]
 
 
+#: Options of common.json that shape the model (the rest is optimisation and logging).
+MODEL_SHAPING_COMMON = ("--share-all-embeddings", "--encoder-normalize-before",
+                        "--decoder-normalize-before")
+
+
 def model_arch_flags(model: str) -> List[str]:
-    """``--arch`` and the architecture options (no optimisation): what builds the model."""
+    """``--arch``, the model's architecture options and the shared ones of common.json
+    (embedding sharing, pre-LN): what builds the model, no optimisation."""
     spec = load_model(model)
-    return ["--arch", spec["arch"], *spec["model_flags"], "--share-all-embeddings"]
+    shared = [f for f in load_common()["flags"] if f in MODEL_SHAPING_COMMON]
+    return ["--arch", spec["arch"], *spec["model_flags"], *shared]
