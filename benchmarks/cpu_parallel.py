@@ -6,12 +6,14 @@ per update: ``--max-tokens T`` in the single process, ``T / 2`` per rank in the 
 The speed is fairseq's own ``ups`` (updates per second), averaged over the log lines after
 the first ``--warmup`` updates. Prints one line per setting and the ratio.
 
-    python benchmarks/cpu_parallel.py [--arch sut_logic] [--updates 120] [--max-tokens 2048]
+    python benchmarks/cpu_parallel.py [--model sut] [--updates 120] [--max-tokens 2048]
         [--data DIR]   # binarized logic data; default: generated into a temporary folder
 
 Without ``--data`` it generates 20,000 logic pairs (``data-prep/logic/generate.py``) and
-prepares the standard protocol (``prepare.py --binarize``), about 15 s. Model options are
-the logic recipe's (``configs/logic``: pre-LN, dropout as the preset).
+prepares the standard protocol (``prepare.py --binarize``), about 15 s. The training
+command is the logic recipe's ``reduced`` one for ``--model`` (``scripts/logic/train.py``:
+configs/logic/MODEL.json over common.json), with validation and checkpoints off and the
+update budget and tokens per update of this benchmark.
 """
 import argparse
 import os
@@ -22,9 +24,10 @@ import subprocess
 import sys
 import tempfile
 
-from sut_fairseq.demo import fairseq_tool
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "scripts", "logic"))
+import logic_recipe as recipe  # noqa: E402
+
 UPS = re.compile(r"\bnum_updates=(\d+).*?\bups=([\d.]+)|\bups=([\d.]+).*?\bnum_updates=(\d+)")
 
 
@@ -38,19 +41,13 @@ def make_data(work: str) -> str:
     return os.path.join(out, "bin")
 
 
-def train_args(data: str, arch: str, max_tokens: int, updates: int, save_dir: str):
-    return [fairseq_tool("fairseq-train"), data, "--user-dir", os.path.join(ROOT, "sut_fairseq"),
-            "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-            "--arch", arch, "--share-all-embeddings",
-            "--encoder-normalize-before", "--decoder-normalize-before",
-            "--criterion", "sut_label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-            "--mim-weight", "0.01", "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
-            "--weight-decay", "0.1", "--lr", "7e-4", "--lr-scheduler", "inverse_sqrt",
-            "--warmup-updates", "1000", "--max-tokens", str(max_tokens),
-            "--required-batch-size-multiple", "1", "--max-update", str(updates),
-            "--disable-validation", "--no-save", "--save-dir", save_dir,
-            "--log-format", "simple", "--log-interval", "10", "--num-workers", "0",
-            "--seed", "1", "--cpu"]
+def train_args(data: str, model: str, max_tokens: int, updates: int, save_dir: str):
+    """The recipe's reduced fairseq-train command for ``model``, without validation or
+    checkpoints, ``updates`` updates of ``max_tokens`` tokens, logging every 10."""
+    return recipe.train_command(
+        model, data, "reduced", seed=1, save_dir=save_dir, max_update=updates, cpu=True,
+        extra=["--max-tokens", str(max_tokens), "--disable-validation", "--no-save",
+               "--log-interval", "10"])
 
 
 def ups_after(log: str, warmup: int) -> float:
@@ -83,7 +80,8 @@ def run(commands, threads: int):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--arch", default="sut_logic")
+    parser.add_argument("--model", default="sut", choices=recipe.MODELS,
+                        help="a logic recipe model (configs/logic)")
     parser.add_argument("--updates", type=int, default=120)
     parser.add_argument("--warmup", type=int, default=20, help="updates left out of the average")
     parser.add_argument("--max-tokens", type=int, default=2048, help="tokens per update in all")
@@ -91,18 +89,18 @@ def main():
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
         data = args.data or make_data(work)
-        one = train_args(data, args.arch, args.max_tokens, args.updates, os.path.join(work, "a"))
+        one = train_args(data, args.model, args.max_tokens, args.updates, os.path.join(work, "a"))
         ups_threads = ups_after(run([one], threads=2), args.warmup)
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        ranks = [train_args(data, args.arch, args.max_tokens // 2, args.updates, os.path.join(work, "b"))
+        ranks = [train_args(data, args.model, args.max_tokens // 2, args.updates, os.path.join(work, "b"))
                  + ["--ddp-backend", "legacy_ddp", "--distributed-backend", "gloo",
                     "--distributed-world-size", "2", "--distributed-rank", str(r),
                     "--distributed-init-method", f"tcp://127.0.0.1:{port}",
                     "--distributed-no-spawn", "--device-id", "0"] for r in (0, 1)]
         ups_ranks = ups_after(run(ranks, threads=1), args.warmup)
-    print(f"{args.arch}, {args.max_tokens} tokens per update, updates {args.warmup}-{args.updates}:")
+    print(f"{args.model}, {args.max_tokens} tokens per update, updates {args.warmup}-{args.updates}:")
     print(f"one process, 2 threads:        {ups_threads:.3f} updates/s")
     print(f"two gloo processes, 1 thread:  {ups_ranks:.3f} updates/s")
     print(f"two processes / two threads: {ups_ranks / ups_threads:.2f}")

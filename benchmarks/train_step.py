@@ -37,7 +37,9 @@ relative to the transformer's.
 """
 import argparse
 import logging
+import os
 import statistics
+import sys
 import time
 from types import SimpleNamespace
 
@@ -55,13 +57,14 @@ from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (  # noqa: E
 from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy  # noqa: E402
 from sut_fairseq.standalone import build_model  # noqa: E402
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                                "scripts", "logic"))
+import logic_recipe  # noqa: E402
+
 MODELS = ["sut_base", "ut_base", "transformer_wmt_en_de"]
 LOGIC_MODELS = ["sut_logic", "transformer"]
-#: configs/logic/transformer.json's model options, and the recipe's pre-LN (common.json)
-LOGIC_TRANSFORMER = dict(encoder_embed_dim=128, encoder_ffn_embed_dim=256, encoder_attention_heads=4,
-                         encoder_layers=6, decoder_embed_dim=128, decoder_ffn_embed_dim=256,
-                         decoder_attention_heads=4, decoder_layers=6)
-PRE_LN = dict(encoder_normalize_before=True, decoder_normalize_before=True)
+#: benchmark arch -> the logic recipe's model (configs/logic/MODEL.json over common.json)
+LOGIC_RECIPE = {"sut_logic": "sut", "transformer": "transformer"}
 FUSED_CE = "+fused-ce"  # suffix: fairseq's transformer with the plugin's CE op as its loss
 
 
@@ -128,6 +131,30 @@ def make_logic_batch(source_tokens: int, seed: int):
     return sample, len(d), total
 
 
+def _option_values(flags):
+    """fairseq options -> keyword arguments: ``["--a-b", "1", "--c"]`` -> {a_b: 1, c: True}."""
+    def value(text):
+        for cast in (int, float):
+            try:
+                return cast(text)
+            except ValueError:
+                pass
+        return text
+
+    return {opt[2:].replace("-", "_"): value(vals[0]) if vals else True
+            for opt, vals in logic_recipe.parse_flags(flags).items()}
+
+
+def logic_recipe_model(model: str):
+    """(arch, build_model keyword arguments, criterion options) of a logic recipe model,
+    read from configs/logic: its architecture options with common.json's pre-LN and shared
+    embeddings, and its loss options (e.g. MIM 0.01, ACT 0 for the SUT)."""
+    kwargs = _option_values(logic_recipe.model_arch_flags(model))
+    arch = kwargs.pop("arch")
+    loss = _option_values(logic_recipe.load_model(model)["loss_flags"])
+    return arch, kwargs, loss
+
+
 def force_halting(model, bias: float, seed: int = 0) -> None:
     """Halting units with random last layers (std 1 logits) and the given bias: positions
     halt at different, token-dependent steps."""
@@ -145,18 +172,18 @@ def build(arch: str, vocab: int, halting_bias: float):
     torch.manual_seed(0)
     fused = arch.endswith(FUSED_CE)
     name = arch[: -len(FUSED_CE)] if fused else arch
-    if arch == "sut_logic":
-        model = build_model(name, dict_size=vocab, share_all_embeddings=True, **PRE_LN)
-        force_halting(model, halting_bias)
-    elif arch == "transformer":
-        model = build_model(name, dict_size=vocab, share_all_embeddings=True,
-                            **LOGIC_TRANSFORMER, **PRE_LN)
+    if arch in LOGIC_RECIPE:
+        recipe_arch, kwargs, loss = logic_recipe_model(LOGIC_RECIPE[arch])
+        model = build_model(recipe_arch, dict_size=vocab, **kwargs)
+        if arch == "sut_logic":
+            force_halting(model, halting_bias)
     else:
         model = build_model(name, dict_size=vocab, share_all_embeddings=True)
     model.train()
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
     if arch == "sut_logic":  # the logic recipe's losses
-        criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.01, act_weight=0.0)
+        criterion = SUTLabelSmoothedCrossEntropyCriterion(
+            task, False, 0.1, mim_weight=loss["mim_weight"], act_weight=loss["act_weight"])
     elif arch.startswith(("sut", "ut")):
         criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.1, act_weight=0.01)
     elif fused:

@@ -41,6 +41,16 @@ def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
     assert re.search(r"^\[1 thread\] sut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
 
 
+def test_cpu_parallel_runs_the_recipe_both_ways_and_prints_the_ratio():
+    out = run("cpu_parallel.py", "--model", "ut-halting", "--updates", "20", "--warmup", "5",
+              "--max-tokens", "256")
+    assert "--arch sut_logic --att-experts 1" in out and "--encoder-normalize-before" in out, out
+    assert out.count("--distributed-rank") == 2, out
+    assert re.search(r"^one process, 2 threads: +\d+\.\d{3} updates/s$", out, re.M), out
+    assert re.search(r"^two gloo processes, 1 thread: +\d+\.\d{3} updates/s$", out, re.M), out
+    assert re.fullmatch(r"two processes / two threads: \d+\.\d\d", out.strip().splitlines()[-1]), out
+
+
 def test_moe_cpu_ends_with_the_ratio():
     out = run("moe_cpu.py", "--tokens", "64", "--dim", "16", "--hidden", "16", "--experts", "4",
               "--topk", "2", "--repeats", "1")
