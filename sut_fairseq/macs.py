@@ -32,6 +32,10 @@ LayerNorm 1 per element, activations, dropout and residual adds 0):
   cross-attention: the encoder output once per forward);
 * routers: per running position the router MLP (d·h + h + h·E);
 * halting unit: per position it reads (running positions only), d_in·d + d + d + 1;
+* early-exit off-ramps (``--decoder-halting pabee|entropy``): V·d per running position per
+  step l < L for o_l = W_out LN_l(h_l) (the tied projection, no bias), while exits are on;
+  their LayerNorms as all LayerNorms below. A static count turns exits off, and a model
+  whose rule never exits (P = 0 or S = 0) evaluates no off-ramp;
 * everything else (dense nn.Linear layers such as the vanilla Transformer's FFN and the
   output projection, LayerNorms) by ptflops' own hooks, on the rows they ran on.
 * fairseq's ``MultiheadAttention`` (the vanilla Transformer) gets a hook with the same
@@ -60,10 +64,11 @@ BASELINE = "transformer_wmt_en_de"
 # paper Table 1 (WMT'14 En-De), MACs in millions; the ratios are what we compare
 PAPER_MACS = {"transformer_wmt_en_de": 604, "sut_base": 787, "sut_big": 787, "ut_base": 1998,
               "ut_big": 3707}
-CATEGORIES = ("ffd", "att_proj", "kv", "att_core", "router", "halting")
+CATEGORIES = ("ffd", "att_proj", "kv", "att_core", "router", "halting", "offramp")
 CATEGORY_NAMES = {"ffd": "FFD experts", "att_proj": "attention q/o projections",
                   "kv": "attention K/V", "att_core": "attention logits/softmax/sum + relative",
-                  "router": "routers", "halting": "halting unit", "other":
+                  "router": "routers", "halting": "halting unit",
+                  "offramp": "early-exit off-ramp projections", "other":
                   "other (dense linear layers, output projection, LayerNorm)"}
 
 
@@ -183,6 +188,13 @@ def halting_unit_hook(module, inputs, output) -> None:
     _fold(module, module.norm, "halting")
 
 
+def offramp_hook(module, inputs, output) -> None:
+    """Early-exit off-ramp projection o = x W_outᵀ: V·d per row it ran on (the running
+    positions of one step)."""
+    x, weight = inputs[0], inputs[1]
+    _add(module, "offramp", (x.numel() // x.size(-1)) * weight.numel())
+
+
 def _capture_call(module, args, kwargs) -> None:
     module._sut_call = (args, kwargs)
 
@@ -223,13 +235,15 @@ def custom_hooks(model: nn.Module) -> Dict[type, Callable]:
     """ptflops ``custom_modules_hooks`` for every hooked module type found in ``model``."""
     from fairseq.modules.multihead_attention import MultiheadAttention
 
+    from .modules.exits import OffRampProjection
     from .modules.halting import HaltingUnit
     from .modules.moe_ffd import MoEFeedForward
     from .modules.momha import MixtureOfMultiHeadAttention
     from .modules.router import Router
 
     known = {Router: router_hook, MoEFeedForward: moe_ffd_hook,
-             MixtureOfMultiHeadAttention: momha_hook, HaltingUnit: halting_unit_hook}
+             MixtureOfMultiHeadAttention: momha_hook, HaltingUnit: halting_unit_hook,
+             OffRampProjection: offramp_hook}
     hooks = {}
     for m in model.modules():
         for cls, hook in known.items():
@@ -316,19 +330,24 @@ def is_sut(model: nn.Module) -> bool:
 
 @contextlib.contextmanager
 def halting_threshold(model: nn.Module, threshold: Optional[float]):
-    """Temporarily set α_thresh of both sides; ``math.inf`` = never halt (static count);
-    None = leave it."""
+    """Temporarily set α_thresh of both sides; ``math.inf`` = never halt (static count:
+    early exits off too); None = leave it."""
     sides = [s.halting for s in (model.encoder, model.decoder)] if is_sut(model) else []
     saved = [getattr(h, "threshold", None) for h in sides]
+    saved_exits = [getattr(h, "exits_enabled", None) for h in sides]
     try:
         for h in sides:
             if threshold is not None and getattr(h, "threshold", None) is not None:
                 h.threshold = threshold
+            if threshold == math.inf and getattr(h, "exits_enabled", None) is not None:
+                h.exits_enabled = False
         yield
     finally:
-        for h, t in zip(sides, saved):
+        for h, t, e in zip(sides, saved, saved_exits):
             if t is not None:
                 h.threshold = t
+            if e is not None:
+                h.exits_enabled = e
 
 
 def count_forward(model: nn.Module, net_input: Dict[str, torch.Tensor], mode: str = "static",

@@ -18,6 +18,12 @@ Per threshold T:
 * optionally (``--macs-sentences N``) the mean executed MACs per sentence pair of the first
   N pairs (``sut_fairseq.macs``).
 
+Early exits (``--patience 0,1,2,3,5 --entropy 0.01,0.1,0.5 [--exit-path CKPT]``): the
+checkpoint with off-ramps (``--exit-path``, default ``--path``) is also decoded at each
+PABEE patience P and entropy threshold S; ``exits.csv`` holds those rows and ``exits.png``
+the three trade-off curves (α_thresh, P, S: metric against decoder steps executed while
+decoding). See ``sut_fairseq.exit_sweep``.
+
 Writes, atomically, into ``--output-dir``: ``sweep.csv``, ``sweep.json`` (the rows and
 the heat-map matrices), ``tradeoff.png``, ``halting_heatmap.png`` and the
 ``fairseq-generate`` outputs ``generate-T.txt``.
@@ -181,8 +187,11 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
           thresholds: Sequence[float] = DEFAULT_THRESHOLDS, output_dir: str = "sweep",
           example_id: Optional[int] = None, heatmap_threshold: Optional[float] = None,
           max_sentences: Optional[int] = None, beam: int = 1, batch_size: int = 128,
-          generate_args: Sequence[str] = (), macs_sentences: int = 0) -> Dict:
-    """Run the sweep and write its files; returns ``{"rows": [...], "heatmap": {...}}``."""
+          generate_args: Sequence[str] = (), macs_sentences: int = 0,
+          patience: Sequence[int] = (), entropy: Sequence[float] = (),
+          exit_path: Optional[str] = None) -> Dict:
+    """Run the sweep and write its files; returns ``{"rows": [...], "heatmap": {...}}``
+    (and ``"exit_rows"`` when ``patience`` or ``entropy`` values are given)."""
     from .generate_output import read_generate_output
     from .halting_analysis import analyse
     from .plots import halting_heatmap, tradeoff_curve, write_json_atomic
@@ -196,6 +205,12 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
     own_threshold = getattr(model.encoder.halting, "threshold", None) or 1.0
     heatmap_threshold = own_threshold if heatmap_threshold is None else heatmap_threshold
     src_lang, tgt_lang = getattr(task.cfg, "source_lang", None), getattr(task.cfg, "target_lang", None)
+    exit_path = exit_path or path
+    if patience or entropy:  # fails now, not after the α_thresh sweep
+        from .exit_sweep import require_offramps
+
+        require_offramps(model if exit_path == path else load_checkpoint(data, exit_path, subset)[0],
+                         exit_path)
 
     static_macs = None
     if macs_sentences:
@@ -248,6 +263,17 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
                   for p, m in zip(panels, mats)}}
     result = {"checkpoint": path, "data": data, "subset": subset, "metric": metric, "rows": rows,
               "heatmap": heatmap}
+    if patience or entropy:
+        from .exit_sweep import EXIT_COLUMNS, exits_figure, sweep_exits
+
+        base = generate_command(data, exit_path, task_name, src_lang, tgt_lang, subset, own_threshold,
+                                beam, batch_size, generate_args)
+        exit_rows = sweep_exits(base, patience, entropy, metric, output_dir, run_generate, score,
+                                read_generate_output)
+        write_csv_atomic(os.path.join(output_dir, "exits.csv"), exit_rows, EXIT_COLUMNS)
+        exits_figure(rows, exit_rows, METRIC_LABELS[metric], os.path.join(output_dir, "exits.png"),
+                     title=f"{subset}: α_thresh of {_short_path(path, 3)}; P, S of {_short_path(exit_path, 3)}")
+        result.update(exit_checkpoint=exit_path, exit_rows=exit_rows)
     write_json_atomic(os.path.join(output_dir, "sweep.json"), result)
     return result
 
@@ -300,11 +326,29 @@ def main(argv=None) -> int:
                         help="extra fairseq-generate options, e.g. \"--remove-bpe --lenpen 0.6\"")
     parser.add_argument("--macs-sentences", type=int, default=0,
                         help="also count mean executed MACs on the first N pairs (0: off)")
+    parser.add_argument("--patience", default="",
+                        help="early exits: also decode at these PABEE patiences P (comma-separated "
+                             "integers >= 0; 0 = never exit), e.g. 0,1,2,3,5")
+    parser.add_argument("--entropy", default="",
+                        help="early exits: also decode at these entropy thresholds S in nats "
+                             "(comma-separated, >= 0; 0 = never exit), e.g. 0.01,0.1,0.5")
+    parser.add_argument("--exit-path", default=None,
+                        help="checkpoint with off-ramps for --patience / --entropy (default: --path)")
     args = parser.parse_args(argv)
+    from .exit_sweep import format_exit_table, parse_entropy, parse_patience
+
+    try:
+        patience, entropy = parse_patience(args.patience), parse_entropy(args.entropy)
+    except ValueError as error:
+        parser.error(str(error))
     result = sweep(args.path, args.data, args.gen_subset, args.metric, parse_thresholds(args.thresholds),
                    args.output_dir, args.example_id, args.heatmap_threshold, args.max_sentences,
-                   args.beam, args.batch_size, shlex.split(args.generate_args), args.macs_sentences)
+                   args.beam, args.batch_size, shlex.split(args.generate_args), args.macs_sentences,
+                   patience, entropy, args.exit_path)
     print(format_table(result["rows"], args.metric))
+    if "exit_rows" in result:
+        print(format_exit_table(result["exit_rows"], args.metric))
+        print(f"wrote {os.path.join(args.output_dir, 'exits.csv')}, {os.path.join(args.output_dir, 'exits.png')}")
     print(f"wrote {', '.join(os.path.join(args.output_dir, f) for f in ('sweep.csv', 'sweep.json', 'tradeoff.png', 'halting_heatmap.png'))}")
     return 0
 

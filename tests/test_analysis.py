@@ -65,7 +65,7 @@ def test_momha_hook_equals_hand_count(case):
     relative = slots * H * 5 * D if case == "self" else 0  # offsets -2..2 materialised
     router = A * ((d * h + h) + h * E)
     assert c.parts == {"ffd": 0, "att_proj": q_o, "kv": kv_proj, "att_core": core + relative,
-                       "router": router, "halting": 0}
+                       "router": router, "halting": 0, "offramp": 0}
     assert c.total == kv_proj + q_o + core + relative + router
     if case == "self":
         assert c.total == 3472

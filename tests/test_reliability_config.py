@@ -98,7 +98,7 @@ def test_unknown_halting_rule_from_a_config_or_checkpoint_is_refused_at_build():
     for option, value, message in [
         ("decoder_halting", "stick_breaking",
          "--decoder-halting='stick_breaking' is invalid: choose from ('stick-breaking', "
-         "'global-mean', 'act', 'none')"),
+         "'global-mean', 'act', 'none', 'pabee', 'entropy')"),
         ("rel_pos", "relative", "--rel-pos='relative' is invalid: choose from ('clipped', 't5', 'none')"),
         ("halting_threshold", 2, "--halting-threshold=2 is invalid: must be in (0, 1]"),
         ("att_heads", 2.0, "--att-heads=2.0 is invalid: must be a positive integer"),

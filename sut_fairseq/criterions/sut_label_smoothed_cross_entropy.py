@@ -23,7 +23,22 @@ is the label-smoothed CE alone, so ``--best-checkpoint-metric loss``, ``--patien
 Logged separately (in training and validation): ``mim``, ``switch``, ``act_enc``,
 ``act_dec`` (expected steps, Eq. 4) and ``steps_enc`` / ``steps_dec`` (executed block
 applications per real position).
+
+Early-exit models (``--decoder-halting pabee|entropy``, off-ramps o_l = W_out LN_l(h_l)
+after steps l < L, the main head o_L) train their off-ramps with ``--exit-loss``, CE_l
+being the label-smoothed CE of o_l summed over target tokens:
+
+* ``none`` (default): the main head's CE only (the off-ramps get no gradient);
+* ``weighted`` (PABEE): ``loss = Σ_{l=1..L} l · CE_l / Σ_{l=1..L} l`` for all parameters;
+* ``offramps`` (DeeBERT's second stage, from a trained model): ``loss = Σ_{l<L} CE_l``
+  with the states h_l and W_out detached, so only the off-ramps' LayerNorms learn and
+  everything else stays frozen (no gradient; the MIM / ACT / switch weights must be 0).
+
+In training, ``exit_loss_1`` .. ``exit_loss_L`` log CE_l per target token (base 2, as
+``loss``). At validation nothing changes: ``loss`` is the CE of what the model emits, the
+exited positions' off-ramps included.
 """
+import math
 from dataclasses import dataclass, field
 
 import torch
@@ -39,6 +54,7 @@ from ..losses import mim_loss, record_routing, switch_loss
 from ..ops.label_smoothed_ce import label_smoothed_cross_entropy
 
 AUX_LOSS_SCALES = ChoiceEnum(["per-token", "reference"])
+EXIT_LOSSES = ChoiceEnum(["none", "weighted", "offramps"])
 
 
 @dataclass
@@ -52,16 +68,26 @@ class SUTCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
     aux_loss_scale: AUX_LOSS_SCALES = field(default="per-token", metadata={
         "help": "per-token: the auxiliary weights act per unit of sample_size (target "
                 "token); reference: as the official SUT code, weight / tokens-per-batch"})
+    exit_loss: EXIT_LOSSES = field(default="none", metadata={
+        "help": "early-exit models (--decoder-halting pabee|entropy): weighted = "
+                "sum_l l*CE_l / sum_l l over the off-ramps and the main head (PABEE); "
+                "offramps = sum_{l<L} CE_l, off-ramps only, the rest frozen (DeeBERT stage 2)"})
 
 
 @register_criterion("sut_label_smoothed_cross_entropy", dataclass=SUTCriterionConfig)
 class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
                  report_accuracy=False, mim_weight=0.0, act_weight=0.0, switch_weight=0.0,
-                 aux_loss_scale="per-token"):
+                 aux_loss_scale="per-token", exit_loss="none"):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
         self.aux_loss_scale = str(aux_loss_scale)
+        self.exit_loss = str(exit_loss)
+        if self.exit_loss == "offramps" and (mim_weight or act_weight or switch_weight):
+            raise ValueError(
+                "--exit-loss offramps trains the off-ramps only, with the rest of the model "
+                f"frozen; the auxiliary losses would train it: got --mim-weight {mim_weight}, "
+                f"--act-weight {act_weight}, --switch-weight {switch_weight} (set them to 0)")
 
     def forward(self, model, sample, reduce=True):
         with record_routing(model) as router_stats:
@@ -76,7 +102,13 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         halting_enc, halting_dec = extra["halting_encoder"], extra["halting_decoder"]
         act_enc, act_dec = halting_enc.act_loss(), halting_dec.act_loss()
         aux = self.mim_weight * mim + self.act_weight * (act_enc + act_dec) + self.switch_weight * switch
-        if model.training:  # validation's ``loss`` is the label-smoothed CE alone
+        exit_logs = {}
+        if model.training and self.exit_loss != "none":
+            loss, exit_logs = self.exit_losses(model, net_output, sample, loss)
+        # validation's ``loss`` is the label-smoothed CE alone; ``--exit-loss offramps``
+        # trains nothing but the off-ramps (even a zero-weighted term would give the
+        # routers zero gradients, and the optimiser would then update them)
+        if model.training and self.exit_loss != "offramps":
             scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
             loss = loss + scale * aux
 
@@ -95,12 +127,41 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             "steps_dec": halting_dec.steps.sum().item(),
             "positions_enc": enc_positions.item(),
             "positions_dec": dec_positions.item(),
+            **exit_logs,
         }
         if self.report_accuracy:
             n_correct, total = self.compute_accuracy(model, net_output, sample)
             logging_output["n_correct"] = n_correct.data
             logging_output["total"] = total.data
         return loss, sample_size, logging_output
+
+    def exit_losses(self, model, net_output, sample, main_loss):
+        """The ``--exit-loss`` objective from the training states h_1 .. h_{L-1} and the
+        main head's summed CE ``main_loss`` (= CE_L). Returns (loss, logs) with logs
+        ``exit_loss_l`` = CE_l (summed over target tokens) for l = 1 .. L."""
+        exits = net_output[1].get("decoder_exits")
+        if exits is None:
+            raise ValueError(f"--exit-loss {self.exit_loss} needs a model with off-ramps: "
+                             "--decoder-halting pabee or entropy (and --decoder-layers >= 2)")
+        decoder = model.decoder
+        weight = decoder.output_projection.weight
+        frozen = self.exit_loss == "offramps"  # DeeBERT stage 2: only the off-ramps learn
+        if frozen:
+            weight = weight.detach()
+        step_losses = []
+        for l, h in enumerate(exits.hidden, start=1):
+            logits = decoder.halting.offramp(h.detach() if frozen else h, l, weight)
+            flat_logits, target = self._logits_and_target(model, (logits, None), sample)
+            step_losses.append(label_smoothed_cross_entropy(flat_logits, target, self.eps,
+                                                            self.padding_idx)[0])
+        L = len(step_losses) + 1
+        if frozen:  # Σ_{l<L} CE_l
+            loss = sum(step_losses[1:], step_losses[0])
+        else:  # Σ_{l<=L} l · CE_l / Σ_{l<=L} l
+            loss = sum((l * ce for l, ce in enumerate(step_losses, start=1)), L * main_loss)
+            loss = loss / (L * (L + 1) / 2)
+        logs = {f"exit_loss_{l}": ce.data for l, ce in enumerate(step_losses + [main_loss], start=1)}
+        return loss, logs
 
     def _logits_and_target(self, model, net_output, sample):
         """(N, V) logits and (N,) targets after ``--ignore-prefix-size``."""
@@ -144,6 +205,10 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             if positions > 0:
                 metrics.log_scalar(f"act_{side}", total(f"act_{side}") / positions, positions, round=3)
                 metrics.log_scalar(f"steps_{side}", total(f"steps_{side}") / positions, positions, round=3)
+        exit_keys = {key for log in logging_outputs for key in log if key.startswith("exit_loss_")}
+        if sample_size > 0:  # CE_l per target token in base 2, as ``loss``
+            for key in sorted(exit_keys, key=lambda k: int(k.rsplit("_", 1)[1])):
+                metrics.log_scalar(key, total(key) / sample_size / math.log(2), sample_size, round=3)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

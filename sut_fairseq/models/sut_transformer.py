@@ -20,8 +20,10 @@ from fairseq.modules import LayerNorm, PositionalEmbedding
 
 from ..accounting import StepMeter, register_for_exit_summary
 from ..modules.dropout import Dropout
+from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
 from ..modules.recurrence import universal_recurrence
+from ..modules.step_embedding import STEP_EMBEDDINGS, SteppedStateKV, build_step_embedding, stepped_self_kv
 from ..modules.sut_block import HaltedStateKV, SUTBlock
 from .validation import validate_args
 
@@ -77,8 +79,18 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
         # halting
         parser.add_argument("--encoder-halting", choices=HALTING_RULES,
                             help="halting rule of the encoder recurrence")
-        parser.add_argument("--decoder-halting", choices=HALTING_RULES,
-                            help="halting rule of the decoder recurrence")
+        parser.add_argument("--decoder-halting", choices=HALTING_RULES + EXIT_RULES,
+                            help="halting rule of the decoder recurrence; 'pabee' / 'entropy': "
+                            "early exits through an off-ramp after every step (docs/exits.md)")
+        parser.add_argument("--exit-patience", type=int, metavar="P",
+                            help="pabee: exit once the off-ramps' argmax has stayed unchanged "
+                            "P times in a row (earliest exit after step P+1; 0 = never); change "
+                            "after training with "
+                            "--model-overrides \"{'exit_patience': 2}\"")
+        parser.add_argument("--exit-entropy", type=float, metavar="S",
+                            help="entropy: exit once the off-ramp's entropy (nats) is below S "
+                            "(0 = never); change after training with "
+                            "--model-overrides \"{'exit_entropy': 0.1}\"")
         parser.add_argument("--halting-threshold", type=float, metavar="A",
                             help="α_thresh in (0, 1]: a position stops once its cumulative halting "
                             "probability reaches it; change after training with "
@@ -91,6 +103,12 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             "G = sigmoid(MLP(LN(attention output)))")
         parser.add_argument("--halting-dropout", type=float, metavar="P",
                             help="dropout inside the halting unit's MLP")
+        parser.add_argument("--encoder-step-embedding", choices=STEP_EMBEDDINGS,
+                            help="UT step embedding added before every encoder step: the "
+                            "sinusoid TE(l) of the step (timestep), or PE(position) + TE(l) "
+                            "instead of the input positions (coordinate)")
+        parser.add_argument("--decoder-step-embedding", choices=STEP_EMBEDDINGS,
+                            help="UT step embedding added before every decoder step")
         # regularisation and positions
         parser.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
         parser.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
@@ -176,9 +194,13 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
     # with a single step nothing is ever decided: no halting unit (it would get no
     # gradient, which PyTorch DDP rejects)
     rule = getattr(args, f"{prefix}_halting") if side.num_steps > 1 else "none"
-    side.halting = build_halting(rule, d, args.halting_dropout,
-                                 args.halting_threshold, normalize_before,
-                                 transition=args.halting_transition, causal=decoder)
+    if rule in EXIT_RULES:
+        side.halting = ExitHalting(rule, d, side.num_steps, args.exit_patience, args.exit_entropy)
+    else:
+        side.halting = build_halting(rule, d, args.halting_dropout,
+                                     args.halting_threshold, normalize_before,
+                                     transition=args.halting_transition, causal=decoder)
+    side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
     side.final_norm = LayerNorm(d) if normalize_before else None
 
 
@@ -193,14 +215,26 @@ class SUTEncoder(FairseqEncoder):
         """src_tokens: (B, S). Returns fairseq's encoder-out dict; ``encoder_out`` is
         [S_L as (S, B, d)], ``halting`` is [HaltingResult]."""
         pad = src_tokens.eq(self.padding_idx)
-        x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
+        emb = self.step_embedding
+        if emb is not None and emb.coordinate:  # positions enter at every step instead
+            x = self.embed_scale * self.embed_tokens(src_tokens)
+        else:
+            x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
         x = self.dropout(x)
 
-        self_kv = HaltedStateKV(self.block)
+        if emb is None:
+            self_kv = HaltedStateKV(self.block)
 
-        def step(h, S, running, _l):
-            k, v = self_kv(S, running)
-            return self.block(h, k, v, running, self_padding_mask=pad)
+            def step(h, S, running, _l):
+                k, v = self_kv(S, running)
+                return self.block(h, k, v, running, self_padding_mask=pad)
+        else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
+            coords = emb.positions(src_tokens, self.padding_idx, x)
+            stepped_kv = SteppedStateKV(self.block, emb, coords)
+
+            def step(h, S, running, l):
+                k, v = stepped_kv(S, running, l)
+                return self.block(emb.add(h, l, coords), k, v, running, self_padding_mask=pad)
 
         S, halting, _ = universal_recurrence(step, x, ~pad, self.halting, self.num_steps)
         if not self.training and getattr(self, "step_meter", None) is not None:
@@ -242,10 +276,14 @@ class SUTDecoder(FairseqIncrementalDecoder):
                 incremental_state=None, features_only: bool = False, **unused):
         """prev_output_tokens: (B, T). Returns logits (B, T, V) (or (B, 1, V) when
         incremental) and ``{"attn": [None], "inner_states": [...], "halting_encoder":
-        HaltingResult, "halting_decoder": HaltingResult}``."""
+        HaltingResult, "halting_decoder": HaltingResult}``, plus ``"decoder_exits":
+        ExitOutput`` with ``--decoder-halting pabee|entropy`` (an exited position's logits
+        are its off-ramp's; ``features_only`` returns the frozen states, see ExitOutput)."""
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
             x = self.output_layer(x)
+            if extra.get("decoder_exits") is not None:  # exited positions emit their off-ramp
+                x = extra["decoder_exits"].apply(x)
         return x, extra
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
@@ -253,6 +291,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
         # positions of the whole prefix, then the last one when incremental: fairseq's
         # incremental positions count padding (wrong for left-padded prefixes)
         positions = self.embed_positions(prev_output_tokens)
+        emb = self.step_embedding  # None unless --decoder-step-embedding
+        coords = None if emb is None else emb.positions(prev_output_tokens, self.padding_idx, positions)
         # padding keys of self-attention over the whole prefix (B, T), incremental included:
         # the causal mask alone hides right padding, not left padding (--left-pad-target)
         key_pad = prev_output_tokens.eq(self.padding_idx)
@@ -261,8 +301,12 @@ class SUTDecoder(FairseqIncrementalDecoder):
             q_start = prev_output_tokens.size(1) - 1
             prev_output_tokens = prev_output_tokens[:, -1:]
             positions = positions[:, -1:]
+            coords = None if coords is None else coords[:, -1:]
         real = prev_output_tokens.ne(self.padding_idx)
-        x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions
+        if emb is not None and emb.coordinate:  # positions enter at every step instead
+            x = self.embed_scale * self.embed_tokens(prev_output_tokens)
+        else:
+            x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions
         x = self.dropout(x)
 
         enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)
@@ -275,10 +319,15 @@ class SUTDecoder(FairseqIncrementalDecoder):
         new_k: List[Optional[torch.Tensor]] = [None] * self.num_steps
         new_v: List[Optional[torch.Tensor]] = [None] * self.num_steps
 
-        self_kv = HaltedStateKV(self.block)
+        self_kv = HaltedStateKV(self.block) if emb is None else SteppedStateKV(self.block, emb, coords)
 
         def step(h, S, running, l):
-            k, v = self.block.self_kv(S) if incremental_state is not None else self_kv(S, running)
+            if emb is None:
+                k, v = self.block.self_kv(S) if incremental_state is not None else self_kv(S, running)
+            else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
+                k, v = (stepped_self_kv(self.block, emb, S, coords, l) if incremental_state is not None
+                        else self_kv(S, running, l))
+                h = emb.add(h, l, coords)
             if incremental_state is not None:
                 new_k[l - 1], new_v[l - 1] = k, v
                 if "self_k" in cache:  # (L, B, H, t, D): keys of the earlier positions at step l
@@ -293,16 +342,20 @@ class SUTDecoder(FairseqIncrementalDecoder):
         def freeze(S, h, first_skipped_step):
             """Every position halted: steps l..L see the frozen S rows as keys/values
             (and the frozen h in the causal prefix means of global-mean halting)."""
-            k, v = self.block.self_kv(S)
+            k, v = self.block.self_kv(S) if emb is None else (None, None)
             w = real.unsqueeze(-1).to(h.dtype)
             for l in range(first_skipped_step, self.num_steps + 1):
+                if emb is not None:  # the frozen S + E_l
+                    k, v = stepped_self_kv(self.block, emb, S, coords, l)
                 new_k[l - 1], new_v[l - 1] = k, v
                 if prefix_in is not None and l + 1 in prefix_in:
                     prev_sum, prev_count = prefix_in[l + 1]
                     frozen_prefix[l + 1] = (prev_sum + (h * w)[:, -1], prev_count + w[:, -1, 0])
 
+        exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
+        rule = self.halting.bind(self.output_projection.weight) if exits else self.halting
         S, halting, state = universal_recurrence(
-            step, x, real, self.halting, self.num_steps,
+            step, x, real, rule, self.num_steps,
             on_early_exit=freeze if incremental_state is not None else None,
             prefix_in=prefix_in)
         if not self.training and getattr(self, "step_meter", None) is not None:
@@ -312,12 +365,15 @@ class SUTDecoder(FairseqIncrementalDecoder):
             self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix)
         if self.final_norm is not None:
             S = self.final_norm(S)
-        return S, {
+        extra = {
             "attn": [None],
             "inner_states": [S.transpose(0, 1)],
             "halting_encoder": encoder_out["halting"][0] if "halting" in encoder_out else None,
             "halting_decoder": halting,
         }
+        if exits:  # ExitOutput: exit steps, off-ramp logits, training states h_1..h_{L-1}
+            extra["decoder_exits"] = state.output
+        return S, extra
 
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         return self.output_projection(features)

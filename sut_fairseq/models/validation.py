@@ -10,7 +10,9 @@ command line, from a preset, or from a checkpoint with ``--model-overrides``. Un
 """
 import numbers
 
+from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
+from ..modules.step_embedding import STEP_EMBEDDINGS
 
 POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers", "decoder_layers",
                      "att_experts", "att_heads", "att_head_dim", "ffd_experts", "ffd_hidden_dim",
@@ -60,9 +62,17 @@ def validate_args(args) -> None:
     _require(_is_real(args.halting_threshold)
              and 0.0 < args.halting_threshold <= 1.0, "--halting-threshold",
              args.halting_threshold, "must be in (0, 1]")
-    for side in ("encoder_halting", "decoder_halting"):
-        _require(getattr(args, side) in HALTING_RULES, _flag(side), getattr(args, side),
-                 f"choose from {HALTING_RULES}")
+    _require(args.encoder_halting in HALTING_RULES, "--encoder-halting", args.encoder_halting,
+             f"choose from {HALTING_RULES} (the exit rules {EXIT_RULES} are for the decoder)")
+    _require(args.decoder_halting in HALTING_RULES + EXIT_RULES, "--decoder-halting",
+             args.decoder_halting, f"choose from {HALTING_RULES + EXIT_RULES}")
+    _require(_is_int(args.exit_patience) and args.exit_patience >= 0, "--exit-patience",
+             args.exit_patience, "must be an integer >= 0 (0 = never exit)")
+    _require(_is_real(args.exit_entropy) and 0.0 <= args.exit_entropy < float("inf"),
+             "--exit-entropy", args.exit_entropy, "must be a finite number >= 0 (nats; 0 = never exit)")
+    for side in ("encoder_step_embedding", "decoder_step_embedding"):
+        _require(getattr(args, side) in STEP_EMBEDDINGS, _flag(side), getattr(args, side),
+                 f"choose from {STEP_EMBEDDINGS}")
     if args.halting_transition:
         for side in ("encoder_halting", "decoder_halting"):
             _require(getattr(args, side) in TRANSITION_RULES, _flag(side), getattr(args, side),

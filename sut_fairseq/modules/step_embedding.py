@@ -1,0 +1,147 @@
+"""The Universal Transformer's step (timestep) and coordinate embeddings.
+
+The UT adds, before every application of the shared block, a sinusoid of the step index
+(Dehghani et al. 2019). With d the model width, j = 0 .. ⌈d/2⌉ − 1 and the interleaved
+sin/cos layout of the UT paper (not fairseq's layout, which puts all sines before all
+cosines)::
+
+    TE(t)_{2j}   = sin(t / 10000^{2j/d})
+    TE(t)_{2j+1} = cos(t / 10000^{2j/d})
+
+``--encoder-step-embedding`` / ``--decoder-step-embedding``:
+
+* ``none`` (default): nothing is added; the model is the one without this option.
+* ``timestep``: step l (1-based block application) reads ``h_{l-1} + TE(l)`` as its
+  queries and ``S_{l-1} + TE(l)`` as the source of its self-attention keys and values;
+  the token embedding and fairseq's sinusoidal positions form h_0 as before.
+* ``coordinate``: the UT's coordinate embedding ``P^l_i = PE(i) + TE(l)``, with
+  ``PE(i)`` the same interleaved sinusoid of the 1-based position i (i counts the real
+  tokens, so left padding does not shift it): h_0 is the scaled token embedding alone and
+  step l reads ``h_{l-1} + P^l`` and ``S_{l-1} + P^l``.
+
+What is added enters the residual stream: ``h_l = Block(h_{l-1} + E_l, S_{l-1} + E_l)``.
+A halted (frozen) position computes nothing, so its h and S carry no embedding of the
+steps it skipped; the keys and values other positions read from it at step l are those of
+``S + E_l`` all the same. With post-LayerNorm blocks the key projection is affine,
+``W_k (S + E_l) + b = (W_k S' + b) + W_k TE(l)`` with ``S' = S`` (timestep) or
+``S + PE(i)`` (coordinate), so the keys of unchanged rows are kept from the previous step
+and only the per-step vector ``W_k TE(l)`` (and ``W_v TE(l)``) is added: exact, and halted
+rows still cost no projection. With pre-LayerNorm blocks the keys are ``W_k LN(S + E_l) +
+b``, which no per-step vector corrects, so every row is projected again at every step.
+"""
+from typing import Optional, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from fairseq import utils
+
+from .sut_block import HaltedStateKV
+
+STEP_EMBEDDINGS = ("none", "timestep", "coordinate")
+
+
+def sinusoid(index: torch.Tensor, dim: int) -> torch.Tensor:
+    """Interleaved sinusoid of ``index`` (any shape, integer or float): returns
+    ``index.shape + (dim,)`` in float64 with ``[..., 2j] = sin(index / 10000^{2j/dim})`` and
+    ``[..., 2j+1] = cos(index / 10000^{2j/dim})``; for odd ``dim`` the last entry is a sine."""
+    if dim < 1:
+        raise ValueError(f"sinusoid width must be >= 1; got {dim}")
+    even = torch.arange(0, dim, 2, dtype=torch.float64, device=index.device)  # 2j
+    angle = index.to(torch.float64).unsqueeze(-1) / torch.pow(10000.0, even / dim)
+    out = torch.stack([torch.sin(angle), torch.cos(angle)], -1).flatten(-2)  # sin, cos, sin, ...
+    return out[..., :dim]
+
+
+class StepEmbedding(nn.Module):
+    """The step embedding of one side (``timestep`` or ``coordinate``); built only when the
+    option is not ``none``. It holds no parameters or buffers: the sinusoids are computed
+    in float64 and cast to the states' dtype, once per forward for the positions and once
+    per step for TE(l)."""
+
+    def __init__(self, mode: str, embed_dim: int):
+        super().__init__()
+        if mode not in STEP_EMBEDDINGS or mode == "none":
+            raise ValueError(f"step embedding must be 'timestep' or 'coordinate' to build one; got {mode!r}")
+        self.mode, self.embed_dim = mode, embed_dim
+
+    @property
+    def coordinate(self) -> bool:
+        return self.mode == "coordinate"
+
+    def positions(self, tokens: torch.Tensor, padding_idx: int, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """``coordinate``: PE(i) (B, T, d) for tokens (B, T), i = 1, 2, ... over the real
+        tokens (0 on padding, whose keys are masked anyway); ``timestep``: None."""
+        if not self.coordinate:
+            return None
+        index = utils.make_positions(tokens, padding_idx) - padding_idx  # 1-based, 0 on padding
+        return sinusoid(index, self.embed_dim).to(like.dtype)
+
+    def timestep(self, step: int, like: torch.Tensor) -> torch.Tensor:
+        """TE(step) as a (d,) tensor of ``like``'s dtype and device."""
+        return sinusoid(torch.tensor(float(step), device=like.device), self.embed_dim).to(like.dtype)
+
+    def add(self, x: torch.Tensor, step: int, positions: Optional[torch.Tensor]) -> torch.Tensor:
+        """x (B, T, d) + E_step: ``x + TE(step)``, or ``x + PE(i) + TE(step)`` (coordinate)."""
+        if positions is not None:
+            x = x + positions
+        return x + self.timestep(step, x)
+
+
+def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``W_k TE(l)`` and ``W_v TE(l)`` of the block's self-attention (no bias), each shaped
+    (1, H, 1, D) to add to keys/values (B, H, T, D)."""
+    attn = block.self_attn
+    H, D = attn.num_heads, attn.head_dim
+    k = F.linear(te, attn.k_proj.weight).view(1, H, 1, D)
+    v = F.linear(te, attn.v_proj.weight).view(1, H, 1, D)
+    return k, v
+
+
+def stepped_self_kv(block, emb: StepEmbedding, S: torch.Tensor, positions: Optional[torch.Tensor],
+                    step: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values (B, H, T, D) of ``S + E_step`` for every row of S (B, T, d),
+    computed as the changed-rows cache computes them (post-LN: ``self_kv(S') + W TE``;
+    pre-LN: ``self_kv(S' + TE)``), so that incremental decoding and the full forward
+    use the same arithmetic."""
+    base = S if positions is None else S + positions
+    if block.normalize_before:
+        return block.self_kv(base + emb.timestep(step, S))
+    k, v = block.self_kv(base)
+    bk, bv = step_kv_bias(block, emb.timestep(step, S))
+    return k + bk, v + bv
+
+
+class SteppedStateKV:
+    """Self-attention keys/values of ``S_{l-1} + E_l`` over one recurrence (the
+    step-embedding counterpart of ``sut_block.HaltedStateKV``).
+
+    Post-LN: the keys of ``S'`` (``S``, or ``S + PE`` for the coordinate embedding) are
+    kept per row and re-projected only for the rows whose S changed (the rows that ran
+    the previous step); each step adds ``W_k TE(l)`` / ``W_v TE(l)`` to all rows. Pre-LN:
+    every row is projected again at every step (LayerNorm is not affine in S).
+
+    Call once per step as ``(S (B, T, d), running (B, T) bool, step l)``; returns keys
+    and values (B, H, T, D) each.
+    """
+
+    def __init__(self, block, emb: StepEmbedding, positions: Optional[torch.Tensor]):
+        self.block, self.emb, self.positions = block, emb, positions
+        self.rows = None if block.normalize_before else HaltedStateKV(block)
+
+    def __call__(self, S: torch.Tensor, running: torch.Tensor, step: int):
+        if self.rows is None:
+            return stepped_self_kv(self.block, self.emb, S, self.positions, step)
+        base = S if self.positions is None else S + self.positions
+        k, v = self.rows(base, running)
+        bk, bv = step_kv_bias(self.block, self.emb.timestep(step, S))
+        return k + bk, v + bv
+
+
+def build_step_embedding(mode: str, embed_dim: int) -> Optional[StepEmbedding]:
+    """None for ``none``; otherwise the side's ``StepEmbedding``."""
+    if mode == "none":
+        return None
+    if mode not in STEP_EMBEDDINGS:
+        raise ValueError(f"unknown step embedding {mode!r}; choose from {STEP_EMBEDDINGS}")
+    return StepEmbedding(mode, embed_dim)

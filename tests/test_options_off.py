@@ -1,0 +1,121 @@
+"""With the step-embedding and early-exit options off (their defaults), ``sut_tiny`` is
+bit-identical to the model before those options existed.
+
+``tests/fixtures/sut_tiny_options_off.pt`` holds the outputs of ``reference_outputs()``
+computed by the code before the options were added (same seed, same inputs): the
+parameters' names and the state dict's shapes, the encoder output, the teacher-forced
+decoder logits and executed steps (eval mode, halting at α_thresh 0.6 with randomised
+halting units so that positions stop at different steps), the incremental decoder logits,
+and the training-mode logits and gradients of a few parameters (dropout 0.1 under a fixed
+seed). Everything runs on one CPU thread (``torch.set_num_threads(1)``): the GEMM
+kernels' summation order, and so the last bits, depend on the thread count. Every
+comparison is exact (``torch.equal``) where the fixture's environment is reproduced (the
+same torch version and CPU capability, recorded in the file); elsewhere (another CPU
+instruction set, another torch) kernels may round differently and the outputs are
+compared to 1e-5 instead.
+
+A deliberate numerical change to the shared layers must regenerate the file, with the
+reason in its commit: ``python tests/test_options_off.py --write``.
+"""
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(__file__))
+from conftest import make_model, randomise_halting  # noqa: E402
+
+FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "sut_tiny_options_off.pt")
+GRAD_PARAMS = ("encoder.embed_tokens.weight", "encoder.block.self_attn.k_proj.weight",
+               "decoder.block.cross_attn.q_weight", "decoder.block.ffd.w1",
+               "decoder.halting.unit.fc1.weight", "decoder.block.self_attn_norm.weight")
+NOT_TENSORS = ("param_names", "state_shapes", "environment")
+
+
+def _inputs():
+    g = torch.Generator().manual_seed(3)
+    src = torch.randint(4, 40, (3, 7), generator=g)
+    src[0, :2] = 1  # left padding
+    prev = torch.randint(4, 40, (3, 6), generator=g)
+    prev[:, 0] = 2
+    prev[2, 4:] = 1  # right padding
+    return src, torch.tensor([5, 7, 7]), prev
+
+
+def environment():
+    return f"torch {torch.__version__}, CPU {torch.backends.cpu.get_cpu_capability()}"
+
+
+def reference_outputs(**options):
+    """The tensors the fixture holds, for ``sut_tiny`` built with ``options`` (one thread)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _outputs(options)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _outputs(options):
+    out = {}
+    model = make_model(halting_threshold=0.6, seed=0, **options)
+    out["param_names"] = [n for n, _ in model.named_parameters()]
+    out["state_shapes"] = [(n, tuple(p.shape)) for n, p in model.state_dict().items()]
+    randomise_halting(model, seed=4)
+    src, lengths, prev = _inputs()
+    with torch.no_grad():
+        enc = model.encoder(src, lengths)
+        logits, extra = model.decoder(prev, enc)
+        out["encoder_out"] = enc["encoder_out"][0].clone()
+        out["encoder_steps"] = enc["halting"][0].steps.clone()
+        out["decoder_logits"] = logits.clone()
+        out["decoder_steps"] = extra["halting_decoder"].steps.clone()
+        state, inc = {}, []
+        for t in range(prev.size(1)):
+            step_logits, _ = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
+            inc.append(step_logits)
+        out["incremental_logits"] = torch.cat(inc, 1)
+    train_model = make_model(halting_threshold=0.6, seed=0, dropout=0.1, **options)
+    randomise_halting(train_model, seed=4)
+    train_model.train()
+    torch.manual_seed(11)
+    logits, extra = train_model(src, lengths, prev)
+    loss = logits.float().logsumexp(-1).sum() + extra["halting_decoder"].act_loss() \
+        + extra["halting_encoder"].act_loss()
+    loss.backward()
+    out["train_logits"] = logits.detach().clone()
+    params = dict(train_model.named_parameters())
+    for name in GRAD_PARAMS:
+        out[f"grad/{name}"] = params[name].grad.clone()
+    return out
+
+
+def test_sut_tiny_with_new_options_off_is_bit_identical_to_before():
+    expected = torch.load(FIXTURE, weights_only=True)
+    got = {**reference_outputs(), "environment": environment()}
+    assert got["param_names"] == expected["param_names"]
+    assert got["state_shapes"] == expected["state_shapes"]
+    assert sorted(got) == sorted(expected)
+    _compare(got, expected, [k for k in expected if k not in NOT_TENSORS])
+
+
+def _compare(got, expected, keys):
+    exact = expected["environment"] == environment()
+    for key in keys:
+        if exact or got[key].dtype == torch.long:
+            assert torch.equal(got[key], expected[key]), key
+        else:
+            torch.testing.assert_close(got[key], expected[key], atol=1e-5, rtol=1e-5, msg=key)
+
+
+def test_explicit_off_values_are_the_defaults():
+    """Passing the off values explicitly gives the same model as not passing them."""
+    expected = torch.load(FIXTURE, weights_only=True)
+    got = reference_outputs(encoder_step_embedding="none", decoder_step_embedding="none",
+                            decoder_halting="stick-breaking")
+    _compare(got, expected, ["decoder_logits", "decoder_steps", "incremental_logits", "train_logits"])
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["--write"]:
+    torch.save({**reference_outputs(), "environment": environment()}, FIXTURE)
+    print(f"wrote {FIXTURE}")
