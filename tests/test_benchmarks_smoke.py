@@ -37,7 +37,7 @@ def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
                   r"(\d+\.\d\d)x the transformer's\)$", out, re.M)
     assert m, out
     ratio, bound, efficiency = map(float, m.groups())
-    assert 0 < bound < 1 and abs(efficiency - ratio / bound) <= 0.01 + 0.01 * efficiency
+    assert 0 < bound < 1 and abs(efficiency - ratio / bound) <= 0.03  # each printed to 2 decimals
     assert re.search(r"^\[1 thread\] sut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
 
 
