@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from fairseq import utils
 
 from ..ops import routed_linear
+from ..ops.routed_linear import kernel_backend
 from .dropout import Dropout
 from .expert_init import init_expert_weight_
 from .router import Router
@@ -36,10 +37,11 @@ class MoEFeedForward(nn.Module):
         x = x.reshape(-1, shape[-1])
         routing = self.router(x, active.reshape(-1))
         h = routed_linear(x, self.w1, self.b1, routing, fan_out=routing.k, grouped_out=True)
-        if not h.is_cuda:
+        if kernel_backend(h) == "reference":
             # (M, D) in sorted order, the no-op slots (halted and padding positions) last:
-            # the down projection reads only the routed rows, so only they need the
-            # activation (the row count is read on the host, free on CPU)
+            # the reference down projection reads only the routed rows, so only they need
+            # the activation (the row count is read on the host, free on CPU; the Triton
+            # kernels take all M rows)
             h = h[: int(routing.expert_offsets[-1])]
         h = self.activation_dropout(self.activation_fn(h))
         y = routed_linear(h, self.w2, self.b2, routing, fan_out=1, grouped_in=True,
