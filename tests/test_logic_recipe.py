@@ -149,7 +149,7 @@ def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
     for argv in trains:
         check_model_flags(value(argv, "--save-dir").split(os.sep)[-4], argv)
         # the budget is the update count (the same batches for every model); one hour caps it
-        assert value(argv, "--max-update") == "10000" and value(argv, "--stop-time-hours") == "4"
+        assert value(argv, "--max-update") == "10000" and value(argv, "--stop-time-hours") == "8"
         assert value(argv, "--max-tokens") == "2048" and value(argv, "--lr") == "7e-4"
         assert value(argv, "--warmup-updates") == "1000" and value(argv, "--validate-interval-updates") == "1000"
     subsets = [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")]
@@ -188,7 +188,7 @@ def test_train_py_dry_run(model, tmp_path):
                   + ["--", "--encoder-layers", "2", "--patience", "3"]).stdout
         (argv,) = commands(out, "fairseq-train")
         assert argv[1] == "BIN"
-        assert value(argv, "--stop-time-hours") == ("4" if reduced else "12")
+        assert value(argv, "--stop-time-hours") == ("8" if reduced else "12")
         assert value(argv, "--max-update") == ("10000" if reduced else "50000")
         assert value(argv, "--encoder-layers") == "2" and value(argv, "--patience") == "3"  # extra wins
         assert value(argv, "--log-file") == str(tmp_path / "ck" / "train.log")
@@ -344,7 +344,7 @@ def test_smoke_trains_the_reduced_sut_and_scores_every_line_of_buckets_7_to_12(s
     assert value(prep, "--protocol") == "standard" and "--binarize" in prep
     assert not commands(out, "generate.py")  # --original given: nothing generated
     (train,) = commands(out, "fairseq-train")
-    assert value(train, "--arch") == "sut_logic" and value(train, "--stop-time-hours") == "4"
+    assert value(train, "--arch") == "sut_logic" and value(train, "--stop-time-hours") == "8"
     assert value(train, "--max-update") == "3" and value(train, "--encoder-embed-dim") == "32"
     assert [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")] == [f"test{k}" for k in range(7, 13)]
     result = json.load(open(run_dir / "result.json"))
