@@ -6,9 +6,10 @@ scaled dot-product attention against the shared K/V heads; the output is
 ``Σ_e g_e · Wo_e(concat heads) + b_o``. With E = k = 1 it is dense multi-head attention.
 
 The k picks of a position are laid out as k consecutive query rows per head (the slot
-order of the routed projections, so no reordering copy), and one
-``scaled_dot_product_attention`` call over (B, H, T·k, D) queries serves all experts
-without copying K/V.
+order of the routed projections, so no reordering copy), and one attention over
+(B, H, T·k, D) queries serves all experts without copying K/V:
+``scaled_dot_product_attention``, or, on CPU with clipped relative positions, the same
+computation as plain tensor operations (``_attend_clipped``).
 """
 from typing import Optional, Tuple
 
