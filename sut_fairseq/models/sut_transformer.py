@@ -216,10 +216,9 @@ class SUTEncoder(FairseqEncoder):
         [S_L as (S, B, d)], ``halting`` is [HaltingResult]."""
         pad = src_tokens.eq(self.padding_idx)
         emb = self.step_embedding
-        if emb is not None and emb.coordinate:  # positions enter at every step instead
-            x = self.embed_scale * self.embed_tokens(src_tokens)
-        else:
-            x = self.embed_scale * self.embed_tokens(src_tokens) + self.embed_positions(src_tokens)
+        positions = self.embed_positions(src_tokens)
+        x = self.embed_scale * self.embed_tokens(src_tokens) + (
+            positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
         if emb is None:
@@ -303,10 +302,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
             positions = positions[:, -1:]
             coords = None if coords is None else coords[:, -1:]
         real = prev_output_tokens.ne(self.padding_idx)
-        if emb is not None and emb.coordinate:  # positions enter at every step instead
-            x = self.embed_scale * self.embed_tokens(prev_output_tokens)
-        else:
-            x = self.embed_scale * self.embed_tokens(prev_output_tokens) + positions
+        x = self.embed_scale * self.embed_tokens(prev_output_tokens) + (
+            positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
         enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)

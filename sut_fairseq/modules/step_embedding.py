@@ -69,6 +69,11 @@ class StepEmbedding(nn.Module):
     def coordinate(self) -> bool:
         return self.mode == "coordinate"
 
+    def input_positions(self, positions: torch.Tensor):
+        """What h_0 adds to the scaled token embedding: fairseq's positions, or 0 with the
+        coordinate embedding (its positions enter at every step instead)."""
+        return 0 if self.coordinate else positions
+
     def positions(self, tokens: torch.Tensor, padding_idx: int, like: torch.Tensor) -> Optional[torch.Tensor]:
         """``coordinate``: PE(i) (B, T, d) for tokens (B, T), i = 1, 2, ... over the real
         tokens (0 on padding, whose keys are masked anyway); ``timestep``: None."""
