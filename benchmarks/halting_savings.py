@@ -18,7 +18,7 @@ import torch
 
 logging.disable(logging.WARNING)
 
-from sut_fairseq.standalone import build_model  # noqa: E402
+from sut_fairseq.models.standalone import build_model  # noqa: E402
 
 THRESHOLDS = [1.0, 0.999, 0.99, 0.95, 0.9, 0.8, 0.7, 0.6, 0.5, 0.3]
 

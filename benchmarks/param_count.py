@@ -11,7 +11,7 @@ import logging
 
 logging.disable(logging.WARNING)
 
-from sut_fairseq.standalone import build_model  # noqa: E402
+from sut_fairseq.models.standalone import build_model  # noqa: E402
 
 PRESETS = ["sut_base", "sut_big", "ut_base", "ut_big", "ut_cfq", "sut_logic", "sut_tiny",
            "transformer_wmt_en_de"]

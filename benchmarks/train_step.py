@@ -30,7 +30,7 @@ set so that positions halt at different steps, about 8 of the 12 encoder steps o
 Runs at each of ``--threads`` and prints ``sut_logic / transformer tokens/s: R`` per
 thread count, beside the ratio the SUT would reach at the transformer's MACs per second
 (transformer MACs / sut_logic MACs of one forward on the batch, the SUT counted
-dynamically by ``sut_fairseq.macs``) and R divided by it, the SUT's MAC throughput
+dynamically by ``sut_fairseq.analysis.macs``) and R divided by it, the SUT's MAC throughput
 relative to the transformer's.
 
     python benchmarks/train_step.py --preset logic [--threads 1 2] [--repeats 5]
@@ -55,7 +55,7 @@ from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (  # noqa: E
     SUTLabelSmoothedCrossEntropyCriterion,
 )
 from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy  # noqa: E402
-from sut_fairseq.standalone import build_model  # noqa: E402
+from sut_fairseq.models.standalone import build_model  # noqa: E402
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
                                 "scripts", "logic"))
@@ -251,7 +251,7 @@ def logic_mac_ratio(sample, vocab: int, halting_bias: float) -> float:
     """transformer MACs / sut_logic MACs of one forward on ``sample`` (the SUT counted
     dynamically: only the (position, step) pairs that ran under the same halting forcing):
     the tokens/s ratio the SUT would reach at the transformer's MACs per second."""
-    from sut_fairseq.macs import count_forward
+    from sut_fairseq.analysis.macs import count_forward
 
     macs = {}
     for arch in LOGIC_MODELS:

@@ -6,6 +6,12 @@ Importing the package (fairseq does so for ``--user-dir``) registers the model
 pickle so that ``torch.load(weights_only=True)`` (torch >= 2.6) can read them, and makes
 ``fairseq-train --help`` list the chosen architecture's and criterion's options.
 """
+import logging
+
+# fairseq's speech task logs "Please install tensorboardX" at INFO on import; every script
+# that imports this package would print it
+logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
+
 from . import checkpoint_safety  # noqa: F401  (must run before fairseq loads a checkpoint)
 from . import cli_help, criterions, models, tasks  # noqa: F401  (registration)
 

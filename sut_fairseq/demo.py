@@ -16,17 +16,9 @@ import sys
 import time
 
 from .data.reverse_task import write_reverse_task
-from .generate_output import exact_match, read_generate_output
+from .eval.generate_output import exact_match, read_generate_output
+from .recipes.commands import tool as fairseq_tool  # the console script beside this Python
 from .user_dir import user_dir
-
-
-def fairseq_tool(name: str) -> str:
-    """The fairseq console script next to this interpreter (the venv's), else on PATH."""
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    found = beside if os.access(beside, os.X_OK) else shutil.which(name)
-    if found is None:
-        raise SystemExit(f"error: {name} not found; install fairseq-fixed (make install)")
-    return found
 
 
 def run(command, log_path=None):

@@ -9,7 +9,7 @@ logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.ERROR)
 
 def make_model(arch="sut_tiny", dict_size=40, seed=0, **overrides):
     """An eval-mode model with no dropout (deterministic), over a joined dictionary."""
-    from sut_fairseq.standalone import build_model
+    from sut_fairseq.models.standalone import build_model
 
     torch.manual_seed(seed)
     overrides.setdefault("dropout", 0.0)

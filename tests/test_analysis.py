@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import make_model, randomise_halting
-from sut_fairseq.macs import count_arch, count_call, count_forward, random_net_input
+from sut_fairseq.analysis.macs import count_arch, count_call, count_forward, random_net_input
 
 # ---------------------------------------------------------------------------------------
 # hooks against hand counts
@@ -140,7 +140,7 @@ def test_preset_ratios_to_the_vanilla_transformer_match_the_paper():
 
 
 def test_cli_prints_the_ratio_to_the_vanilla_transformer(capsys):
-    from sut_fairseq import macs
+    from sut_fairseq.analysis import macs
 
     assert macs.main(["--arch", "sut_tiny", "--src-len", "6", "--tgt-len", "5", "--dict-size", "64",
                       "--mode", "both", "--threshold", "0.5"]) == 0
@@ -188,7 +188,7 @@ def _png_size(path):
 
 
 def test_sweep_writes_csv_and_pngs(trained):
-    from sut_fairseq import sweep
+    from sut_fairseq.analysis import sweep
 
     data_bin, ckpt, root = trained
     out = root / "sweep"
@@ -221,7 +221,7 @@ def test_sweep_writes_csv_and_pngs(trained):
 def test_sweep_rejects_an_example_outside_the_analysed_sentences_before_decoding(trained, tmp_path, monkeypatch):
     """--example-id must be among the --max-sentences analysed; the check comes before
     any fairseq-generate run (it used to fail only after the whole sweep)."""
-    from sut_fairseq import sweep
+    from sut_fairseq.analysis import sweep
 
     data_bin, ckpt, _ = trained
     decoded = []
@@ -234,8 +234,8 @@ def test_sweep_rejects_an_example_outside_the_analysed_sentences_before_decoding
 
 
 def test_expert_report(trained, tmp_path, capsys):
-    from sut_fairseq import expert_report
-    from sut_fairseq.halting_analysis import analyse, load
+    from sut_fairseq.analysis import expert_report
+    from sut_fairseq.analysis.halting_analysis import analyse, load
 
     data_bin, ckpt, _ = trained
     model, task = load(data_bin, ckpt, subset="test")
@@ -263,7 +263,7 @@ def test_expert_report(trained, tmp_path, capsys):
 
 
 def test_macs_on_real_data(trained, capsys):
-    from sut_fairseq import macs
+    from sut_fairseq.analysis import macs
 
     data_bin, ckpt, _ = trained
     assert macs.main(["--path", ckpt, "--data", data_bin, "--max-sentences", "4",

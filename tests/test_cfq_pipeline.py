@@ -189,7 +189,7 @@ def test_exact_match_fails_unless_every_line_is_scored(tmp_path):
     write_generate_output(tmp_path / "gen.txt", [(Q1, Q1), (Q3, Q2), (Q3, Q3)])
     proc = subprocess.run([sys.executable, EXACT_MATCH, str(tmp_path / "gen.txt"), "--reference", str(ref)],
                           capture_output=True, text=True)
-    assert proc.returncode == 1 and "T-1 does not match line 2" in proc.stderr
+    assert proc.returncode == 1 and "T-1 is" in proc.stderr and "but line 2 of" in proc.stderr
 
 
 # --------------------------------------------------------------------------- the table

@@ -165,7 +165,7 @@ torch.set_num_threads(1)
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", world_size=2, rank=rank)
 from fairseq.distributed import ModuleProxyWrapper
 from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoothedCrossEntropyCriterion
-from sut_fairseq.standalone import build_model
+from sut_fairseq.models.standalone import build_model
 
 torch.manual_seed(0)  # the same initial parameters on both ranks
 model = build_model("sut_tiny", dict_size=40, share_all_embeddings=True, sample_topk=1,

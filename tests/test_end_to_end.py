@@ -12,7 +12,7 @@ import torch
 from sut_fairseq.checkpoint_safety import CHECKPOINT_GLOBALS
 from sut_fairseq.data.reverse_task import write_reverse_task
 from sut_fairseq.demo import fairseq_tool, generate_command, train_command
-from sut_fairseq.generate_output import read_generate_output
+from sut_fairseq.eval.generate_output import read_generate_output
 
 N_TEST = 60
 
@@ -132,7 +132,7 @@ def test_fairseq_train_help_lists_the_plugin_options():
 
 
 def test_teacher_forced_halting_analysis(data_bin, sut_run, tmp_path):
-    from sut_fairseq.halting_analysis import analyse, load
+    from sut_fairseq.analysis.halting_analysis import analyse, load
 
     save_dir, _ = sut_run
     model, task = load(data_bin, os.path.join(save_dir, "checkpoint_last.pt"), subset="test")
@@ -146,7 +146,7 @@ def test_teacher_forced_halting_analysis(data_bin, sut_run, tmp_path):
     s = low["sentences"][0]
     assert len(s["encoder_steps"]) == len(s["source"].split()) + 1  # + eos
     assert all(abs(sum(w) - 1) < 1e-5 for w in s["decoder_weights"])
-    out = subprocess.run([sys.executable, "-m", "sut_fairseq.halting_analysis", data_bin,
+    out = subprocess.run([sys.executable, "-m", "sut_fairseq.analysis.halting_analysis", data_bin,
                           "--path", os.path.join(save_dir, "checkpoint_last.pt"),
                           "--threshold", "0.5", "--output", str(tmp_path / "a.json")],
                          capture_output=True, text=True)

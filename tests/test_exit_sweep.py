@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import make_model
-from sut_fairseq.exit_sweep import (exit_overrides, parse_entropy, parse_patience, require_offramps,
+from sut_fairseq.analysis.exit_sweep import (exit_overrides, parse_entropy, parse_patience, require_offramps,
                                     with_overrides)
 
 
@@ -59,7 +59,7 @@ def trained_exits(tmp_path_factory):
 
 
 def test_sweep_decodes_each_patience_and_entropy_and_draws_three_curves(trained_exits):
-    from sut_fairseq import sweep
+    from sut_fairseq.analysis import sweep
 
     data_bin, ckpt, root = trained_exits
     out = root / "sweep"

@@ -15,7 +15,7 @@ from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoo
 from sut_fairseq.models.validation import validate_args
 from sut_fairseq.modules.exits import ExitHalting
 from sut_fairseq.modules.recurrence import universal_recurrence
-from sut_fairseq.standalone import model_args
+from sut_fairseq.models.standalone import model_args
 
 V = 40  # make_model's dictionary
 
@@ -344,7 +344,7 @@ def test_exit_loss_none_keeps_the_plain_objective():
 # ---- MACs and options ----------------------------------------------------------------------------
 
 def test_macs_count_the_offramps_per_running_position_and_step():
-    from sut_fairseq.macs import count_forward
+    from sut_fairseq.analysis.macs import count_forward
 
     model = _exit_model("pabee", exit_patience=2)
     src, prev = _batch(seed=1)

@@ -11,7 +11,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoothedCrossEntropyCriterion
 from sut_fairseq.ops import label_smoothed_ce
 from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy
-from sut_fairseq.standalone import build_model
+from sut_fairseq.models.standalone import build_model
 
 PAD = 1
 

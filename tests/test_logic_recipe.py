@@ -322,20 +322,46 @@ def test_scorer_fails_loudly_when_fewer_examples_were_scored_than_the_split_has(
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
+    """The smoke grid run in two calls, as a resumed recipe is: stages 1-2 (data, train),
+    then stages 3-4 (evaluate, report) on the same work directory."""
+    from sut_fairseq.data import logic_inference as li
+
     root = tmp_path_factory.mktemp("logic")
-    spec = importlib.util.spec_from_file_location(
-        "_logic_lib_for_test", os.path.join(REPO, "sut_fairseq", "data", "logic_inference.py"))
-    li = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(li)
     original = root / "original"
     li.write_original(str(original), li.split_buckets(li.generate_buckets(3000, seed=1)))
     data, work = root / "data", root / "work"
     command = [sys.executable, TABLE5, "--original", str(original), "--data-dir", str(data),
                "--work-dir", str(work), "--protocols", "standard", "--models", "sut", "--reduced",
                "--max-update", "3", "--train-args", TINY, "--buckets", "7..12"]
-    out = run(command).stdout
-    return {"data": data, "work": work, "out": out, "command": command,
-            "run": work / "sut" / "standard" / "seed1"}
+    first = run(command + ["--stop-stage", "train"]).stdout
+    run_dir = work / "sut" / "standard" / "seed1"
+    after_train = sorted(os.listdir(run_dir))
+    second = run(command + ["--stage", "evaluate"]).stdout
+    return {"data": data, "work": work, "out": first + second, "first": first, "second": second,
+            "after_train": after_train, "command": command, "run": run_dir}
+
+
+def test_smoke_stages_stop_after_train_and_resume_at_evaluate(smoke):
+    first, second = smoke["first"], smoke["second"]
+    assert "=== stage 1: data" in first and "=== stage 2: train" in first
+    assert "stage 3" not in first and not commands(first, "fairseq-generate")
+    assert "train.json" in smoke["after_train"] and "result.json" not in smoke["after_train"]
+    assert "stage 1" not in second and "stage 2" not in second
+    assert "=== stage 3: evaluate" in second and "=== stage 4: report" in second
+    assert not commands(second, "fairseq-train") and len(commands(second, "fairseq-generate")) == 6
+
+
+def test_stage_options_are_checked(tmp_path):
+    proc = run([sys.executable, TABLE5, "--data-dir", str(tmp_path), "--stage", "report",
+                "--stop-stage", "train", "--dry-run"], check=False)
+    assert proc.returncode != 0 and "--stage report comes after --stop-stage train" in proc.stderr
+    proc = run([sys.executable, TABLE5, "--stage", "decode", "--dry-run"], check=False)
+    assert proc.returncode == 2 and "unknown stage 'decode'" in proc.stderr
+    out = run([sys.executable, TABLE5, "--data-dir", str(tmp_path / "d"), "--work-dir",
+               str(tmp_path / "w"), "--stage", "2", "--stop-stage", "3", "--models", "sut",
+               "--protocols", "A", "--dry-run"]).stdout
+    assert len(commands(out, "fairseq-train")) == 1 and len(commands(out, "fairseq-generate")) == 1
+    assert not commands(out, "prepare.py") and not commands(out, "summarize.py")
 
 
 def test_smoke_trains_the_reduced_sut_and_scores_every_line_of_buckets_7_to_12(smoke):

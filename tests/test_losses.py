@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from sut_fairseq.losses import mim_loss, record_routing, switch_loss
+from sut_fairseq.criterions.losses import mim_loss, record_routing, switch_loss
 from sut_fairseq.modules.router import RouterStats
 
 

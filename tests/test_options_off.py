@@ -1,5 +1,6 @@
 """With the step-embedding and early-exit options off (their defaults), ``sut_tiny`` is
-bit-identical to the model before those options existed.
+identical to the model before those options existed (to
+floating-point rounding).
 
 ``tests/fixtures/sut_tiny_options_off.pt`` holds the outputs of ``reference_outputs()``
 computed by the code before the options were added (same seed, same inputs): the
@@ -7,12 +8,11 @@ parameters' names and the state dict's shapes, the encoder output, the teacher-f
 decoder logits and executed steps (eval mode, halting at α_thresh 0.6 with randomised
 halting units so that positions stop at different steps), the incremental decoder logits,
 and the training-mode logits and gradients of a few parameters (dropout 0.1 under a fixed
-seed). Everything runs on one CPU thread (``torch.set_num_threads(1)``): the GEMM
-kernels' summation order, and so the last bits, depend on the thread count. Every
-comparison is exact (``torch.equal``) where the fixture's environment is reproduced (the
-same torch version and CPU capability, recorded in the file); elsewhere (another CPU
-instruction set, another torch) kernels may round differently and the outputs are
-compared to 1e-5 instead.
+seed). Everything runs on one CPU thread (``torch.set_num_threads(1)``). Step counts are
+compared exactly, floating-point outputs to 1e-5: the last bits depend on which GEMM
+kernels the CPU gets, and two machines that report the same torch version and CPU
+capability (the fixture records both) were seen to differ by up to 1.4e-6 on logits of
+size ~5, while a changed computation moves them by far more than 1e-5.
 
 A deliberate numerical change to the shared layers must regenerate the file, with the
 reason in its commit: ``python tests/test_options_off.py --write``.
@@ -100,9 +100,8 @@ def test_sut_tiny_with_new_options_off_is_bit_identical_to_before():
 
 
 def _compare(got, expected, keys):
-    exact = expected["environment"] == environment()
     for key in keys:
-        if exact or got[key].dtype == torch.long:
+        if got[key].dtype == torch.long:
             assert torch.equal(got[key], expected[key]), key
         else:
             torch.testing.assert_close(got[key], expected[key], atol=1e-5, rtol=1e-5, msg=key)

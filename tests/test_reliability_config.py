@@ -1,5 +1,5 @@
 """Bad configurations fail at model build time with a message that names the option, the
-bad value and what is allowed (issue 9), through ``sut_fairseq.standalone.build_model``
+bad value and what is allowed (issue 9), through ``sut_fairseq.models.standalone.build_model``
 (exactly what ``fairseq-train --arch ...`` parses and builds) and through the real
 ``fairseq-train`` command line."""
 import os
@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 from sut_fairseq.demo import fairseq_tool
-from sut_fairseq.standalone import build_model, model_args, synthetic_dictionary
+from sut_fairseq.models.standalone import build_model, model_args, synthetic_dictionary
 from sut_fairseq.user_dir import user_dir
 
 # (overrides of sut_tiny, the exact message); sut_tiny: d = 64, MoMHA (4, 2, 2, 16, 4),
@@ -92,7 +92,7 @@ def test_unknown_halting_rule_from_a_config_or_checkpoint_is_refused_at_build():
     """Values that bypass argparse (a checkpoint's args, ``--model-overrides``, Python
     callers) meet the same check in ``build_model``."""
     from sut_fairseq.models.sut_transformer import SUTTransformerModel
-    from sut_fairseq.standalone import _Task
+    from sut_fairseq.models.standalone import _Task
 
     d = synthetic_dictionary(40)
     for option, value, message in [

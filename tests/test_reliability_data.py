@@ -27,7 +27,7 @@ from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (
     SUTLabelSmoothedCrossEntropyCriterion,
 )
 from sut_fairseq.demo import fairseq_tool
-from sut_fairseq.generate_output import read_generate_output
+from sut_fairseq.eval.generate_output import read_generate_output
 from sut_fairseq.user_dir import user_dir
 
 ENV = dict(os.environ, OMP_NUM_THREADS="1")

@@ -45,7 +45,7 @@ if WMT_DIR not in sys.path:
     sys.path.insert(0, WMT_DIR)
 wmt_prepare = load_script(os.path.join(WMT_DIR, "prepare.py"), "rel_wmt_prepare")
 wp = sys.modules["wmt14_prep"]
-od = generate.load_output_dir_module()
+from sut_fairseq.data import cfq as cfq_module, logic_inference, output_dir as od  # noqa: E402
 
 
 def run(script, *args, env=None):
@@ -176,7 +176,7 @@ def test_generate_interrupted_mid_write_keeps_the_previous_output(tmp_path, monk
     out = tmp_path / "raw"
     assert generate.main(["--out", str(out), "--pairs", "2000", "--no-progress"]) == 0
     before = snapshot(tmp_path)
-    li = generate.load_logic_module()
+    li = logic_inference
     real, calls = li.write_pairs, []
 
     def failing(path, pairs):
@@ -200,7 +200,7 @@ def test_generate_killed_leaves_only_a_temporary_that_the_rerun_ignores(tmp_path
     driver.write_text(f"""import importlib.util, os, signal, sys
 spec = importlib.util.spec_from_file_location("gen", {GENERATE!r})
 gen = importlib.util.module_from_spec(spec); spec.loader.exec_module(gen)
-li = gen.load_logic_module()
+from sut_fairseq.data import logic_inference as li
 real, calls = li.write_pairs, []
 def killing(path, pairs):
     calls.append(path)
@@ -282,7 +282,7 @@ def test_logic_prepare_interrupted_mid_write_keeps_the_previous_output(tmp_path,
     out = tmp_path / "std"
     assert logic_prepare.main(["--data", str(original), "--out", str(out)]) == 0
     before = snapshot(tmp_path)
-    li = logic_prepare.load_logic_module()
+    li = logic_inference
     real, calls = li.write_seq2seq, []
 
     def failing(directory, split, pairs):
@@ -354,7 +354,7 @@ def test_cfq_refuses_its_own_output_and_overwrite_drops_the_old_bin(tmp_path, fa
 
 def test_cfq_interrupted_mid_write_leaves_no_split_directory(tmp_path, monkeypatch):
     out = tmp_path / "cfq"
-    cfq = cfq_prepare.load_cfq_module()
+    cfq = cfq_module
     real, calls = cfq.write_lines_atomic, []
 
     def failing(path, lines):
@@ -523,7 +523,7 @@ def test_atomic_outputs_get_the_usual_file_mode_not_mkstemps_private_one(tmp_pat
     import importlib.util
     import stat
 
-    from sut_fairseq.plots import atomic_output
+    from sut_fairseq.data.atomic import atomic_path
 
     old = os.umask(0o022)
     try:
@@ -532,7 +532,7 @@ def test_atomic_outputs_get_the_usual_file_mode_not_mkstemps_private_one(tmp_pat
         recipe = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(recipe)
         recipe.write_json_atomic(str(tmp_path / "a.json"), {"x": 1})
-        with atomic_output(str(tmp_path / "b.png")) as tmp:
+        with atomic_path(str(tmp_path / "b.png")) as tmp:
             open(tmp, "w").write("png")
         with od.StagedDir(str(tmp_path / "out")) as staged:
             open(os.path.join(staged.path, "f"), "w").write("x")

@@ -10,7 +10,7 @@ import torch
 from conftest import make_model, randomise_halting
 from sut_fairseq.models.validation import validate_args
 from sut_fairseq.modules.step_embedding import SteppedStateKV, StepEmbedding, sinusoid
-from sut_fairseq.standalone import model_args
+from sut_fairseq.models.standalone import model_args
 
 
 def reference_sinusoid(t: float, d: int):

@@ -44,7 +44,7 @@ def dry_run(capsys, *argv):
 
 
 def value(command, option):
-    values = recipe.flag_value(command, option)
+    values = recipe.flag_values(command, option)
     return None if values is None else " ".join(values)
 
 
@@ -152,7 +152,7 @@ def test_every_command_parses_with_fairseq(capsys):
 
 def test_no_momha_keeps_the_parameter_count():
     """Table 2 lists 66M for both SUT base and '- MoMHA': single-head experts of width 256."""
-    from sut_fairseq.standalone import build_model
+    from sut_fairseq.models.standalone import build_model
 
     def count(**overrides):
         model = build_model("sut_base", dict_size=64, share_all_embeddings=True, **overrides)
@@ -161,21 +161,31 @@ def test_no_momha_keeps_the_parameter_count():
     assert count(att_heads=1, att_head_dim=256) == count()
 
 
-def test_table_scripts_dry_run():
-    env = dict(os.environ, PREP="/prep", NGPUS="16", DRY_RUN="1", PYTHON=sys.executable)
-    out = subprocess.run(["bash", os.path.join(SCRIPTS, "table2.sh")], env=env,
-                         capture_output=True, text=True, timeout=120)
+def test_tables_dry_run_prints_every_stage():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "2", "--prep", "/prep",
+                          "--ngpus", "16", "--dry-run"], env=env, capture_output=True, text=True,
+                         timeout=300)
     assert out.returncode == 0, out.stderr
+    stages = [l for l in out.stdout.splitlines() if l.startswith("=== stage")]
+    assert [s.split(":")[1].split()[0] for s in stages] == ["data", "train", "evaluate", "report"]
+    assert "prepare.py --workdir /prep" in out.stdout  # /prep/data-bin is missing
     trains = [l for l in out.stdout.splitlines() if l.startswith("+ ") and "fairseq-train" in l]
     generates = [l for l in out.stdout.splitlines() if "fairseq-generate" in l]
     assert len(trains) == 5 and len(generates) == 5
     assert all("--update-freq 2" in l for l in trains)
     assert all("--beam 8 --lenpen 0.4" in l for l in generates)
-    out = subprocess.run(["bash", os.path.join(SCRIPTS, "table1.sh")], env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", "/prep",
+                          "--ngpus", "16", "--stage", "train", "--stop-stage", "train", "--dry-run"],
+                         env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     archs = re.findall(r"--arch (\S+)", out.stdout)
     assert archs == ["transformer_wmt_en_de", "ut_base", "sut_base", "ut_big", "sut_big"]
+    assert "fairseq-generate" not in out.stdout and "prepare.py" not in out.stdout
+    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", "/p",
+                          "--runs", "sut_tiny", "--dry-run"], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 2 and "'sut_tiny' is not a run of Table 1" in out.stderr
 
 
 # --------------------------------------------------------------------------- end to end
@@ -189,45 +199,48 @@ def _run(command, timeout=300):
 
 @pytest.fixture(scope="module")
 def e2e(tmp_path_factory):
+    """Table 1's recipe (scripts/wmt14/tables.py) for one run on the fixture corpus, a tiny
+    model: stages data and train in one call, evaluate and report in a second one."""
     root = tmp_path_factory.mktemp("wmt14_e2e")
-    prep = root / "prep"
-    out = _run([sys.executable, os.path.join(REPO, "data-prep", "wmt14_en_de", "prepare.py"),
-                "--workdir", str(prep), "--local-dir", FIXTURE, "--no-download",
-                "--workers", "1", "--bpe-merges", "200"])
-    assert "[run ] binarize" in out and "fairseq-preprocess" in out
-    ckpt = root / "ckpt"
-    train_out = _run([sys.executable, os.path.join(SCRIPTS, "train.py"), "sut_base",
-                      "--arch", "sut_tiny", "--data", str(prep / "data-bin"), "--save-dir", str(ckpt),
-                      "--cpu", "--update-freq", "1", "--max-tokens", "256", "--",
-                      "--max-update", "20", "--warmup-updates", "10", "--lr", "2e-3",
-                      "--num-workers", "0", "--required-batch-size-multiple", "1"])
-    return prep, ckpt, train_out
+    prep, ckpt = root / "prep", root / "ckpt"
+    recipe_command = [sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", str(prep),
+                      "--ckpt", str(ckpt), "--runs", "sut_base",
+                      "--prep-args", f"--local-dir {FIXTURE} --no-download --workers 1 --bpe-merges 200",
+                      "--eval-args", "--num-best 3 --cpu"]
+    train_out = _run(recipe_command + [
+        "--stop-stage", "train", "--", "--arch", "sut_tiny", "--cpu", "--update-freq", "1",
+        "--max-tokens", "256", "--", "--max-update", "20", "--warmup-updates", "10", "--lr", "2e-3",
+        "--num-workers", "0", "--required-batch-size-multiple", "1"])
+    eval_out = _run(recipe_command + ["--stage", "evaluate"])
+    return prep, ckpt / "sut_base", train_out, eval_out
 
 
 def test_end_to_end_prep_train_average_generate_score(e2e):
-    prep, ckpt, train_out = e2e
-    assert "+ " in train_out and "--arch sut_tiny" in train_out and "--mim-weight 0.1" in train_out
+    prep, ckpt, train_out, out = e2e
+    assert "[run ] binarize" in train_out and "fairseq-preprocess" in train_out
+    assert "=== stage 2: train" in train_out and "stage 3" not in train_out
+    assert "--arch sut_tiny" in train_out and "--mim-weight 0.1" in train_out
     log = (ckpt / "train.log").read_text()
     assert "num_updates 20" in log or "num_updates=20" in log
     best = sorted(p for p in os.listdir(ckpt) if p.startswith("checkpoint.best_nll_loss_"))
     assert len(best) >= 3, best
-    out = _run([sys.executable, os.path.join(SCRIPTS, "evaluate.py"), "--checkpoint-dir", str(ckpt),
-                "--data", str(prep / "data-bin"), "--prep-dir", str(prep), "--num-best", "3",
-                "--name", "sut_tiny", "--cpu", "--table", str(ckpt / "table.md")])
+    assert "stage 2" not in out and "=== stage 3: evaluate" in out and "=== stage 4: report" in out
     assert "sut_fairseq.eval.average_checkpoints" in out and "--beam 8 --lenpen 0.4" in out
     assert re.search(r"tokenised BLEU \(compound-split, multi-bleu equivalent\): \d+\.\d\d", out)
     assert re.search(r"SacreBLEU \(detokenised vs raw reference\): \d+\.\d\d", out)
     assert "signature: nrefs:1|case:mixed|eff:no|tok:13a|smooth:exp|version:" in out
-    # the MACs column: mean executed MACs per test pair from python -m sut_fairseq.macs
-    assert re.search(r"\| sut_tiny \| 0\.\dM \([\d,]+\) \| \d+\.\d\d \| \d+\.\d\d \| [\d.,]+ ?[KMG]? \|", out), out[-1500:]
+    # the MACs column: mean executed MACs per test pair from python -m sut_fairseq.analysis.macs
+    row = r"\| sut_base \| 0\.\dM \([\d,]+\) \| \d+\.\d\d \| \d+\.\d\d \| [\d.,]+ ?[KMG]? \|"
+    assert re.search(row, out), out[-1500:]
     result = json.loads((ckpt / "eval.json").read_text())
     assert result["sentences"] == 8 and result["beam"] == 8 and result["lenpen"] == 0.4
     assert len((ckpt / "hyp.tok.de").read_text().splitlines()) == 8
-    assert (ckpt / "table.md").read_text().startswith("| model | params |")
+    table = (ckpt.parent / "table1.md").read_text()
+    assert table.startswith("| model | params |") and re.search(row, table)
 
     # the parameter count comes from the checkpoint and equals the model's
     from fairseq.data import Dictionary
-    from sut_fairseq.standalone import build_model
+    from sut_fairseq.models.standalone import build_model
 
     dict_size = len(Dictionary.load(str(prep / "data-bin" / "dict.en.txt")))
     model = build_model("sut_tiny", dict_size=dict_size, share_all_embeddings=True)
@@ -237,7 +250,7 @@ def test_end_to_end_prep_train_average_generate_score(e2e):
 def test_average_of_two_real_checkpoints(e2e, tmp_path):
     from sut_fairseq.eval import average_checkpoints as avg
 
-    _, ckpt, _ = e2e
+    _, ckpt, _, _ = e2e
     paths = avg.best_checkpoints(str(ckpt), 2)
     out = str(tmp_path / "avg2.pt")
     assert avg.main(["--inputs", *paths, "--output", out]) == 0

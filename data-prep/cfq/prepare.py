@@ -39,56 +39,20 @@ is not empty -- including the complete output of an earlier run with the same ar
 whole ``OUT/LABEL`` (no file of the earlier run survives). Other entries of ``OUT`` (other
 splits, the ``download/`` cache) are never touched, so splits can be added one at a time.
 
-The library is ``sut_fairseq/data/cfq.py``; this script loads it by file path, so
-preparing text files needs neither torch nor fairseq.
+The library is the installed package's ``sut_fairseq.data.cfq``.
 """
 import argparse
 import contextlib
-import importlib
-import importlib.util
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sut_fairseq.data import cfq, output_dir
+from sut_fairseq.recipes.commands import RecipeError, tool
+
 DEFAULT_SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
-
-
-def load_cfq_module():
-    """``sut_fairseq/data/cfq.py`` without importing ``sut_fairseq`` (which needs torch):
-    ``sut_fairseq/data`` is loaded as a stand-alone package under another name."""
-    name = "_sut_data"
-    if name not in sys.modules:
-        directory = os.path.join(REPO, "sut_fairseq", "data")
-        spec = importlib.util.spec_from_file_location(
-            name, os.path.join(directory, "__init__.py"), submodule_search_locations=[directory])
-        package = importlib.util.module_from_spec(spec)
-        sys.modules[name] = package
-        spec.loader.exec_module(package)
-    return importlib.import_module(name + ".cfq")
-
-
-def load_output_dir_module():
-    """``sut_fairseq/data/output_dir.py``, loaded as :func:`load_cfq_module` loads cfq.py."""
-    load_cfq_module()
-    return importlib.import_module("_sut_data.output_dir")
-
-
-def find_tool(name, explicit=None):
-    """``explicit``, else the console script next to this Python (a venv's bin/), else PATH."""
-    if explicit:
-        return explicit
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which(name)
-    if found is None:
-        raise SystemExit(f"error: --binarize needs {name} (pip install fairseq-fixed); none "
-                         f"found next to this Python or on PATH; pass --fairseq-preprocess")
-    return found
 
 
 def binarize_command(executable, split_dir, bin_dir, workers=1):
@@ -125,8 +89,7 @@ def main(argv=None):
     parser.add_argument("--chunk-chars", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
 
-    cfq = load_cfq_module()
-    od = load_output_dir_module()
+    od = output_dir
     start = time.time()
     progress = not args.no_progress
     archive = args.archive
@@ -141,7 +104,10 @@ def main(argv=None):
         return od.refuse(err)
     for directory in label_dirs.values():
         od.remove_stale(directory)
-    executable = find_tool("fairseq-preprocess", args.fairseq_preprocess) if args.binarize else None
+    try:
+        executable = tool("fairseq-preprocess", explicit=args.fairseq_preprocess) if args.binarize else None
+    except RecipeError as err:
+        raise SystemExit(f"error: --binarize needs {err}; or pass --fairseq-preprocess")
     try:
         with contextlib.ExitStack() as stack:
             stages = {label: stack.enter_context(od.StagedDir(directory, overwrite=args.overwrite))

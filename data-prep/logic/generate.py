@@ -17,39 +17,14 @@ always holds a complete output. An existing non-empty ``--out`` -- including the
 complete output of an earlier run with the same arguments -- is refused (error, exit
 status 2) unless ``--overwrite`` is given, which replaces the whole directory.
 
-The generator lives in ``sut_fairseq/data/logic_inference.py``; this script loads it by
-file path, so it needs neither torch nor fairseq (importing the ``sut_fairseq`` package
-registers the models and so imports both). A progress bar is shown when ``tqdm`` is
+The generator is the installed package's ``sut_fairseq.data.logic_inference``. A progress bar is shown when ``tqdm`` is
 installed.
 """
 import argparse
-import importlib.util
-import os
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _load(name, filename):
-    """Load ``sut_fairseq/data/FILENAME`` as module ``name`` without importing the package."""
-    if name not in sys.modules:
-        path = os.path.join(REPO, "sut_fairseq", "data", filename)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def load_logic_module():
-    """Load ``sut_fairseq/data/logic_inference.py`` without importing the package."""
-    return _load("_sut_logic_inference", "logic_inference.py")
-
-
-def load_output_dir_module():
-    """Load ``sut_fairseq/data/output_dir.py`` without importing the package."""
-    return _load("_sut_output_dir", "output_dir.py")
+from sut_fairseq.data import logic_inference, output_dir
 
 
 def size_table(li, buckets, splits, n_pairs):
@@ -103,13 +78,13 @@ def main(argv=None):
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
 
-    od = load_output_dir_module()
+    od = output_dir
     try:
         od.check_output_dir(args.out, args.overwrite)
     except od.OutputExistsError as err:
         return od.refuse(err)
     od.remove_stale(args.out)
-    li = load_logic_module()
+    li = logic_inference
     bar = None
     if not args.no_progress:
         try:

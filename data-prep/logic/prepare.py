@@ -37,60 +37,22 @@ leaves the previous directory as it was and no partial one under the final name,
 no file of the earlier run, e.g. another protocol's ``test*`` files or an old ``bin/``,
 survives); ``--data`` inside a directory to be replaced is refused.
 
-The library lives in ``sut_fairseq/data/logic_inference.py``; this script loads it by file
-path, so preparing text files needs neither torch nor fairseq.
+The library is the installed package's ``sut_fairseq.data.logic_inference``.
 """
 import argparse
 import contextlib
-import importlib.util
 import os
 import shlex
-import shutil
 import subprocess
 import sys
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _load(name, filename):
-    """Load ``sut_fairseq/data/FILENAME`` as module ``name`` without importing the package."""
-    if name not in sys.modules:
-        path = os.path.join(REPO, "sut_fairseq", "data", filename)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-def load_logic_module():
-    """Load ``sut_fairseq/data/logic_inference.py`` without importing the package."""
-    return _load("_sut_logic_inference", "logic_inference.py")
-
-
-def load_output_dir_module():
-    """Load ``sut_fairseq/data/output_dir.py`` without importing the package."""
-    return _load("_sut_output_dir", "output_dir.py")
+from sut_fairseq.data import logic_inference, output_dir
+from sut_fairseq.recipes.commands import RecipeError, tool
 
 
 def _inside(path, directory):
     path, directory = os.path.abspath(path), os.path.abspath(directory)
     return path == directory or path.startswith(directory.rstrip(os.sep) + os.sep)
-
-
-def find_fairseq_preprocess(explicit=None):
-    """The ``fairseq-preprocess`` executable: ``explicit``, else the one next to this
-    Python interpreter (a virtual environment's bin/), else the one on PATH."""
-    if explicit:
-        return explicit
-    beside = os.path.join(os.path.dirname(sys.executable), "fairseq-preprocess")
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which("fairseq-preprocess")
-    if found is None:
-        raise SystemExit("--binarize needs fairseq-preprocess (pip install fairseq-fixed); "
-                         "none found next to this Python or on PATH; pass --fairseq-preprocess")
-    return found
 
 
 def binarize_command(executable, out_dir, bin_dir, split_names):
@@ -125,7 +87,7 @@ def main(argv=None):
                              "(else: error, exit 2)")
     args = parser.parse_args(argv)
 
-    od = load_output_dir_module()
+    od = output_dir
     bin_dir = (args.bin_dir or os.path.join(args.out, "bin")) if args.binarize else None
     separate_bin = bin_dir is not None and not _inside(bin_dir, args.out)
     if separate_bin and _inside(args.out, bin_dir):
@@ -140,9 +102,12 @@ def main(argv=None):
     od.remove_stale(args.out)
     if separate_bin:
         od.remove_stale(bin_dir)
-    executable = find_fairseq_preprocess(args.fairseq_preprocess) if args.binarize else None
+    try:
+        executable = tool("fairseq-preprocess", explicit=args.fairseq_preprocess) if args.binarize else None
+    except RecipeError as err:
+        raise SystemExit(f"error: --binarize needs {err}; or pass --fairseq-preprocess")
 
-    li = load_logic_module()
+    li = logic_inference
     try:
         splits = li.make_protocol(args.data, args.protocol, check_relation=args.check_relations)
     except (OSError, ValueError) as err:

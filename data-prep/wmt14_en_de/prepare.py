@@ -51,21 +51,9 @@ if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 import wmt14_prep as wp  # noqa: E402
+from sut_fairseq.recipes.commands import RecipeError, tool  # noqa: E402
 
 DEFAULT_MERGES = 32764  # the recipe's BPE_TOKENS ("32k"); the joined dictionary comes out near 32k
-
-
-def find_tool(name: str, explicit=None) -> str:
-    if explicit:
-        return explicit
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which(name)
-    if found is None:
-        raise wp.PrepError(f"{name} not found next to this Python or on PATH "
-                           f"(pip install fairseq-fixed, or pass --fairseq-preprocess PATH)")
-    return found
 
 
 def binarize_command(executable: str, bpe_dir: str, dest: str, workers: int):
@@ -162,8 +150,11 @@ def build(args, pipe=None) -> wp.Pipeline:
     # 5. fairseq-preprocess
     if not args.no_binarize:
         dest = os.path.join(W, "data-bin")
-        command = binarize_command(find_tool("fairseq-preprocess", args.fairseq_preprocess),
-                                   bpe, dest, args.workers)
+        try:
+            preprocess = tool("fairseq-preprocess", explicit=args.fairseq_preprocess)
+        except RecipeError as err:
+            raise wp.PrepError(f"{err}; or pass --fairseq-preprocess PATH")
+        command = binarize_command(preprocess, bpe, dest, args.workers)
         pipe.step("binarize", [dest], {"command": "fairseq-preprocess --joined-dictionary"},
                   lambda: run_binarize(command, dest),
                   deps=[f"apply-bpe-{s}.{l}" for s in ("train", "valid", "test") for l in wp.LANGS])

@@ -22,18 +22,15 @@ and other separators inside lines that would break the sentence alignment).
 
 Parallel work (normalisation + tokenisation, word counts for BPE, BPE application) runs
 over chunks of lines in a ``multiprocessing`` pool; output order equals input order.
-This module needs neither torch nor fairseq.
 """
 import collections
 import dataclasses
 import hashlib
-import importlib.util
 import json
 import multiprocessing
 import os
 import re
 import shutil
-import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -42,7 +39,9 @@ from typing import Callable, Dict, Iterable, Iterator, List, Optional, Sequence,
 
 import regex
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from sut_fairseq.data import output_dir  # the staging of directory outputs (data-bin/)
+from sut_fairseq.data.atomic import write_lines_atomic
+
 SRC, TGT = "en", "de"
 LANGS = (SRC, TGT)
 
@@ -52,23 +51,6 @@ class PrepError(Exception):
 
 
 # --------------------------------------------------------------------------- atomic writes
-
-def _load_data_module(name: str, filename: str):
-    """``sut_fairseq/data/FILENAME``, loaded by file path as module ``name`` so that
-    importing it does not import fairseq/torch (the package's __init__ does)."""
-    if name not in sys.modules:
-        path = os.path.join(REPO, "sut_fairseq", "data", filename)
-        spec = importlib.util.spec_from_file_location(name, path)
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-write_lines_atomic = _load_data_module("_sut_logic_inference", "logic_inference.py").write_lines_atomic
-#: ``sut_fairseq/data/output_dir.py``: the staging of directory outputs (``data-bin/``).
-output_dir = _load_data_module("_sut_output_dir", "output_dir.py")
-
 
 class AtomicFiles:
     """Write several text files together: each goes to a temporary file in its directory

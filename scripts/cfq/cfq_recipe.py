@@ -1,7 +1,8 @@
 """The CFQ recipe (paper Table 4): the two UT variants, the training and decoding
 command lines, the reduced (smoke) configuration, and the paper's numbers.
 
-Imported by ``table4.py`` and the tests; importing it does not import fairseq or torch.
+What is this task's own; stages, commands, scoring and summaries come from the shared
+recipe layer ``sut_fairseq.recipes``.
 
 Variants (both on ``--arch ut_cfq``: E = k = 1, 8 heads of 64, FFD 1024, d = 512,
 T5 bucketed relative bias, pre-LN, 12/12 steps):
@@ -15,12 +16,13 @@ The optimisation settings below are ours: the paper's appendix, which would give
 is missing. They are ordinary Transformer-on-CFQ settings; the paper tuned
 on the MCD1 dev set, and so should anyone trying to match its numbers.
 """
-import importlib
-import importlib.util
 import os
-import shutil
 import sys
 from typing import Dict, List, Sequence
+
+from sut_fairseq.recipes import tool, user_dir
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SPLITS = ("mcd1", "mcd2", "mcd3", "random_split")
 MCD_SPLITS = ("mcd1", "mcd2", "mcd3")
@@ -77,50 +79,20 @@ EVAL_ARGS_SMOKE = '{"beam": 1, "max_len_a": 0, "max_len_b": 40}'
 GENERATE_SMOKE_ARGS = ["--max-len-a", "0", "--max-len-b", "40"]
 
 
-def fairseq_tool(name: str) -> str:
-    """The console script next to this interpreter (the venv's), else on PATH (as
-    ``sut_fairseq.demo.fairseq_tool``, without importing the package)."""
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    found = beside if os.access(beside, os.X_OK) else shutil.which(name)
-    if found is None:
-        raise SystemExit(f"error: {name} not found; install fairseq-fixed (make install)")
-    return found
-
-
-def plugin_dir() -> str:
-    """``--user-dir``: the ``sut_fairseq`` package directory of this checkout."""
-    return os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
-                        "sut_fairseq")
-
-
-def load_light_modules():
-    """``(cfq, generate_output)``: ``sut_fairseq/data/cfq.py`` and
-    ``sut_fairseq/generate_output.py`` loaded by file path, without importing the
-    ``sut_fairseq`` package (whose ``__init__`` imports torch and fairseq, seconds of
-    start-up a scorer does not need). Both are standard library only."""
-    package = os.path.join(plugin_dir(), "data")
-    if "_sut_data" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "_sut_data", os.path.join(package, "__init__.py"), submodule_search_locations=[package])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_sut_data"] = module
-        spec.loader.exec_module(module)
-    if "_sut_generate_output" not in sys.modules:
-        spec = importlib.util.spec_from_file_location(
-            "_sut_generate_output", os.path.join(plugin_dir(), "generate_output.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_sut_generate_output"] = module
-        spec.loader.exec_module(module)
-    return importlib.import_module("_sut_data.cfq"), sys.modules["_sut_generate_output"]
+def prepare_command(data: str, splits: Sequence[str], source: Sequence[str] = ()) -> List[str]:
+    """``data-prep/cfq/prepare.py`` for the given splits into ``data`` (replacing it):
+    ``source`` is ``["--cfq-dir", DIR]``, ``["--archive", FILE]`` or empty (download)."""
+    return [sys.executable, os.path.join(REPO, "data-prep", "cfq", "prepare.py"), *source,
+            "--out", data, "--split", *splits, "--binarize", "--overwrite"]
 
 
 def train_command(data_bin: str, save_dir: str, variant: str, seed: int, smoke: bool = False,
-                  extra: Sequence[str] = ()) -> List[str]:
+                  extra: Sequence[str] = (), required: bool = True) -> List[str]:
     """fairseq-train for one run: exact match on the dev set picks checkpoint_best.pt."""
     if variant not in VARIANTS:
         raise ValueError(f"unknown variant {variant!r}; choose from {', '.join(VARIANTS)}")
     return [
-        fairseq_tool("fairseq-train"), data_bin, "--user-dir", plugin_dir(),
+        tool("fairseq-train", required), data_bin, "--user-dir", user_dir(),
         "--task", "translation_exact_match", "--source-lang", "src", "--target-lang", "tgt",
         *FULL_ARGS, *VARIANTS[variant]["args"], *(SMOKE_ARGS if smoke else ()),
         "--eval-exact-match", "--eval-exact-match-args", EVAL_ARGS_SMOKE if smoke else EVAL_ARGS_FULL,
@@ -132,10 +104,10 @@ def train_command(data_bin: str, save_dir: str, variant: str, seed: int, smoke: 
 
 
 def generate_command(data_bin: str, checkpoint: str, subset: str = "test", smoke: bool = False,
-                     extra: Sequence[str] = ()) -> List[str]:
+                     extra: Sequence[str] = (), required: bool = True) -> List[str]:
     """Greedy fairseq-generate over a whole split (every example scored)."""
     return [
-        fairseq_tool("fairseq-generate"), data_bin, "--user-dir", plugin_dir(),
+        tool("fairseq-generate", required), data_bin, "--user-dir", user_dir(),
         "--task", "translation_exact_match", "--source-lang", "src", "--target-lang", "tgt",
         "--path", checkpoint, "--gen-subset", subset, "--beam", "1",
         "--batch-size", "256", "--required-batch-size-multiple", "1", "--num-workers", "0",

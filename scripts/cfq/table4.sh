@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Paper Table 4 on CFQ from scratch: prepare + binarize the splits (once), then train and
-# evaluate UT w/o halting and UT with halting, 5 seeds each, and print the table.
+# Paper Table 4 on CFQ from scratch with environment variables instead of options: the
+# same as scripts/cfq/table4.py (stages data -> train -> evaluate -> report).
 #
 #   scripts/cfq/table4.sh                        # downloads cfq1.1.tar.gz into $DATA/download
 #   ARCHIVE=~/cfq1.1.tar.gz scripts/cfq/table4.sh
@@ -10,37 +10,20 @@
 #
 # Variables: DATA (data/cfq), WORK (runs/cfq), SPLITS ("mcd1 mcd2 mcd3 random_split"),
 # VARIANTS ("no-halting halting"), SEEDS ("1 2 3 4 5"), PYTHON (python), TRAIN_ARGS (extra
-# fairseq-train arguments, e.g. "--fp16"). Arguments after the variables go to table4.py.
+# fairseq-train arguments, e.g. "--fp16"). Arguments after the variables go to table4.py
+# (e.g. --stage evaluate).
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-REPO="$(cd "$HERE/../.." && pwd)"
-PY="${PYTHON:-python}"
-DATA="${DATA:-data/cfq}"
-WORK="${WORK:-runs/cfq}"
 read -r -a SPLITS <<< "${SPLITS:-mcd1 mcd2 mcd3 random_split}"
 read -r -a VARIANTS <<< "${VARIANTS:-no-halting halting}"
 read -r -a SEEDS <<< "${SEEDS:-1 2 3 4 5}"
-
-SOURCE=()
-if [ -n "${CFQ_DIR:-}" ]; then SOURCE=(--cfq-dir "$CFQ_DIR"); fi
-if [ -n "${ARCHIVE:-}" ]; then SOURCE=(--archive "$ARCHIVE"); fi
 OPTIONS=()
+if [ -n "${CFQ_DIR:-}" ]; then OPTIONS+=(--cfq-dir "$CFQ_DIR"); fi
+if [ -n "${ARCHIVE:-}" ]; then OPTIONS+=(--archive "$ARCHIVE"); fi
 if [ -n "${SMOKE:-}" ]; then OPTIONS+=(--smoke); fi
 if [ -n "${DRY_RUN:-}" ]; then OPTIONS+=(--dry-run); fi
 if [ -n "${TRAIN_ARGS:-}" ]; then OPTIONS+=(--train-args "$TRAIN_ARGS"); fi
-
-MISSING=()
-for split in "${SPLITS[@]}"; do
-  [ -f "$DATA/$split/bin/dict.src.txt" ] || MISSING+=("$split")
-done
-if [ "${#MISSING[@]}" -gt 0 ]; then
-  PREPARE=("$PY" "$REPO/data-prep/cfq/prepare.py" "${SOURCE[@]}" --out "$DATA"
-           --split "${MISSING[@]}" --binarize --overwrite)
-  echo "+ ${PREPARE[*]}"
-  [ -n "${DRY_RUN:-}" ] || "${PREPARE[@]}"
-fi
-
-RUN=("$PY" "$HERE/table4.py" --data "$DATA" --work-dir "$WORK" --splits "${SPLITS[@]}"
-     --variants "${VARIANTS[@]}" --seeds "${SEEDS[@]}" "${OPTIONS[@]}" "$@")
+RUN=("${PYTHON:-python}" "$HERE/table4.py" --data "${DATA:-data/cfq}" --work-dir "${WORK:-runs/cfq}"
+     --splits "${SPLITS[@]}" --variants "${VARIANTS[@]}" --seeds "${SEEDS[@]}" "${OPTIONS[@]}" "$@")
 echo "+ ${RUN[*]}"
 exec "${RUN[@]}"

@@ -14,9 +14,9 @@ fairseq-generate per bucket in ``--buckets`` (default 7..12, the paper's; ``all`
 ``0..12`` adds the in-distribution buckets); bucket 0 is the binarized split ``test``,
 bucket k is ``test{k}``. A/B/C: the split ``test``.
 
-Each split is scored by ``accuracy.py`` (exact relation token), which fails unless the
-number of examples scored equals the number of lines of the split's text file (asserted
-again here). Files in ``--out-dir``: ``generate-SPLIT.txt`` (fairseq-generate's output),
+Each split is scored by ``accuracy.py`` (exact relation token; printed as that command
+and run in this process), which fails unless every line of the split's text file was
+scored exactly once. Files in ``--out-dir``: ``generate-SPLIT.txt`` (fairseq-generate's output),
 ``score-SPLIT.json`` (``accuracy.py``'s), ``halting.json``
 (``halting_depth.py``; standard protocol, SUT/UT models only) and ``eval.json`` (written
 atomically): ``{"model", "protocol", "checkpoint", "accuracy": {KEY: counts and %},
@@ -25,10 +25,8 @@ number as a string (standard) or the protocol letter. Every command is printed b
 it runs; ``--dry-run`` only prints them.
 """
 import argparse
-import json
 import os
 import shlex
-import subprocess
 import sys
 import time
 
@@ -37,19 +35,6 @@ import accuracy  # noqa: E402
 import logic_recipe as recipe  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-
-
-def run_logged(command, log_path, append=False):
-    """Run ``command`` with stdout and stderr into ``log_path`` (appended to with
-    ``append``); on failure print the log's tail and stop."""
-    recipe.show(command, log_path)
-    with open(log_path, "a" if append else "w") as log:
-        returncode = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT).returncode
-    if returncode != 0:
-        with open(log_path, errors="replace") as log:
-            sys.stdout.write(log.read()[-3000:])
-        raise SystemExit(f"error: {os.path.basename(command[0])} failed (exit {returncode}); "
-                         f"log: {log_path}")
 
 
 def score_command(gen_out, reference, out_json):
@@ -103,21 +88,14 @@ def evaluate(model, protocol, data, checkpoint, out_dir, buckets=recipe.REPORT_B
     for split in splits:
         command = recipe.generate_command(data_bin, checkpoint, split["subset"], batch_size, cpu, extra)
         gen_out = os.path.join(out_dir, f"generate-{split['subset']}.txt")
-        run_logged(command, gen_out)
+        recipe.run(command, gen_out)
         reference = os.path.join(data, split["text"] + ".tgt")
         score_json = os.path.join(out_dir, f"score-{split['subset']}.json")
-        if os.path.exists(score_json):
-            os.unlink(score_json)
-        score = score_command(gen_out, reference, score_json)
-        recipe.show(score)
-        # accuracy.py exits non-zero unless every line of the split was scored exactly once
-        if subprocess.run(score).returncode != 0:
-            raise SystemExit(f"error: scoring {gen_out} against {reference} failed (see above)")
-        with open(score_json) as handle:
-            scored = json.load(handle)
-        n_lines = len(accuracy.read_reference(reference))
-        assert scored["total"] == scored["lines"] == n_lines, \
-            f"{gen_out}: scored {scored['total']} examples, {reference} has {n_lines} lines"
+        recipe.show(score_command(gen_out, reference, score_json))
+        try:  # refuses unless every line of the split was scored exactly once
+            scored = accuracy.main([gen_out, "--reference", reference, "--json", score_json])
+        except SystemExit as err:
+            raise recipe.RecipeError(f"scoring {gen_out} against {reference} failed: {err}")
         scored.update({"subset": split["subset"], "bucket": split["bucket"]})
         result["accuracy"][split["key"]] = scored
         result["commands"].append(command)
@@ -125,9 +103,8 @@ def evaluate(model, protocol, data, checkpoint, out_dir, buckets=recipe.REPORT_B
               f"accuracy {scored['accuracy']:.2f}% ({scored['correct']}/{scored['total']}; all "
               f"{scored['lines']} lines scored)", flush=True)
     if analysis:
-        run_logged(analysis, os.path.join(out_dir, "halting.log"))
-        with open(halting_json) as handle:
-            result["halting_depth"] = json.load(handle)["splits"]
+        recipe.run(analysis, os.path.join(out_dir, "halting.log"))
+        result["halting_depth"] = recipe.load_json(halting_json)["splits"]
         result["commands"].append(analysis)
     result["seconds"] = round(time.time() - start, 1)
     recipe.write_json_atomic(os.path.join(out_dir, "eval.json"), result)
@@ -157,9 +134,13 @@ def main(argv=None):
         buckets = recipe.parse_buckets(args.buckets)
     except (recipe.RecipeError, ValueError) as err:
         parser.error(str(err))
-    result = evaluate(args.model, args.protocol, args.data, args.checkpoint, args.out_dir, buckets,
-                      args.data_bin, args.batch_size, args.threshold, args.cpu,
-                      shlex.split(args.generate_args), not args.no_halting_analysis, args.dry_run)
+    try:
+        result = evaluate(args.model, args.protocol, args.data, args.checkpoint, args.out_dir,
+                          buckets, args.data_bin, args.batch_size, args.threshold, args.cpu,
+                          shlex.split(args.generate_args), not args.no_halting_analysis,
+                          args.dry_run)
+    except recipe.RecipeError as err:
+        raise SystemExit(f"error: {err}")
     if result is not None:
         print(f"wrote {os.path.join(args.out_dir, 'eval.json')}")
     return 0

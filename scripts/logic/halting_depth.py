@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Average halting depth per operator count (paper Figure 4) from the teacher-forced
-halting analysis (``sut_fairseq.halting_analysis``) of a trained SUT / UT checkpoint.
+halting analysis (``sut_fairseq.analysis.halting_analysis``) of a trained SUT / UT checkpoint.
 
     python scripts/logic/halting_depth.py DATA_BIN --path CKPT --subsets test7 test8 ...
         --keys 7 8 ... [--threshold A] [--batch-size 64] --json OUT
@@ -64,7 +64,7 @@ def main(argv=None):
     if len(keys) != len(args.subsets):
         parser.error("--keys must name every --subsets entry")
 
-    from sut_fairseq.halting_analysis import analyse, load
+    from sut_fairseq.analysis.halting_analysis import analyse, load
 
     start = time.time()
     model, task = load(args.data, args.path, args.threshold, args.subsets[0])

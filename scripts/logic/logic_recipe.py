@@ -1,8 +1,9 @@
 """The logical-inference recipe (paper Table 5, Figure 4): models, configurations, command
 lines, split names, the paper's numbers and small helpers.
 
-Imported by the scripts in ``scripts/logic/`` and by the tests; standard library only, so
-importing it (and any ``--dry-run``) needs neither torch nor fairseq.
+What is this task's own; the stages, command handling, scoring and summaries come from
+the shared recipe layer ``sut_fairseq.recipes`` (re-exported here for the scripts in
+``scripts/logic/``).
 
 Models (``configs/logic/MODEL.json``, over ``configs/logic/common.json``):
 
@@ -22,16 +23,14 @@ bucket 0 is the binarized split ``test`` and bucket k (1..12) is ``test{k}``, wi
 files ``test{k}.src/.tgt``; for the compositional protocols A/B/C the one test file
 ``test.src/.tgt`` is split ``test``.
 """
-import contextlib
-import importlib.util
-import json
 import os
-import shlex
-import shutil
 import sys
-import tempfile
 from collections import OrderedDict
 from typing import Dict, List, Optional, Sequence
+
+from sut_fairseq.recipes import (RecipeError, atomic_path, flag_value, format_command,  # noqa: F401
+                                 load_json, merge_flags, parse_flags, run, show, tool, user_dir,
+                                 write_json_atomic, write_text_atomic)
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_DIR = os.path.join(REPO, "configs", "logic")
@@ -64,28 +63,16 @@ GENERATE_FLAGS = ["--beam", "1", "--required-batch-size-multiple", "1",
 DEFAULT_GENERATE_BATCH = 256
 
 
-class RecipeError(Exception):
-    pass
-
-
 # --------------------------------------------------------------------------- configs
 
-def load_json(name: str, config_dir: str = CONFIG_DIR) -> dict:
-    path = os.path.join(config_dir, name)
-    if not os.path.isfile(path):
-        raise RecipeError(f"missing config file: {path}")
-    with open(path, encoding="utf-8") as handle:
-        return json.load(handle)
-
-
 def load_common(config_dir: str = CONFIG_DIR) -> dict:
-    return load_json("common.json", config_dir)
+    return load_json(os.path.join(config_dir, "common.json"))
 
 
 def load_model(model: str, config_dir: str = CONFIG_DIR) -> dict:
     if model not in MODELS:
         raise RecipeError(f"unknown model {model!r}: choose from {', '.join(MODELS)}")
-    return load_json(f"{model}.json", config_dir)
+    return load_json(os.path.join(config_dir, f"{model}.json"))
 
 
 def label(model: str) -> str:
@@ -102,122 +89,6 @@ def has_halting(model: str) -> bool:
 def is_sut_transformer(model: str) -> bool:
     """Whether the model is one of the plugin's (the halting analysis applies)."""
     return load_model(model)["arch"] != "transformer"
-
-
-# --------------------------------------------------------------------------- flags
-
-def parse_flags(flags: Sequence[str]) -> "OrderedDict[str, List[str]]":
-    """``["--a", "1", "--b", "--c", "x"]`` -> {"--a": ["1"], "--b": [], "--c": ["x"]}.
-    A value is any token not starting with ``--`` (so ``(0.9, 0.98)`` is a value)."""
-    parsed: "OrderedDict[str, List[str]]" = OrderedDict()
-    current = None
-    for token in flags:
-        token = str(token)
-        if token.startswith("--"):
-            current = token.split("=", 1)[0]
-            parsed[current] = [token.split("=", 1)[1]] if "=" in token else []
-        elif current is None:
-            raise RecipeError(f"value {token!r} before any --option in {list(flags)}")
-        else:
-            parsed[current].append(token)
-    return parsed
-
-
-def merge_flags(*groups: Sequence[str]) -> List[str]:
-    """Concatenate option lists; an option given again replaces its earlier value in
-    place, so a printed command holds each option once."""
-    merged: "OrderedDict[str, List[str]]" = OrderedDict()
-    for group in groups:
-        for option, values in parse_flags(group).items():
-            merged[option] = values
-    out: List[str] = []
-    for option, values in merged.items():
-        out.append(option)
-        out.extend(values)
-    return out
-
-
-def flag_value(command: Sequence[str], option: str) -> Optional[str]:
-    """The value following the last ``option`` in a command (None when absent)."""
-    command = [str(c) for c in command]
-    if option not in command:
-        return None
-    i = len(command) - 1 - command[::-1].index(option)
-    return command[i + 1] if i + 1 < len(command) and not command[i + 1].startswith("--") else ""
-
-
-# --------------------------------------------------------------------------- tools
-
-def user_dir() -> str:
-    """``--user-dir``: the ``sut_fairseq`` package directory of this checkout."""
-    return os.path.join(REPO, "sut_fairseq")
-
-
-def tool(name: str, required: bool = True) -> str:
-    """A console script next to this interpreter (the venv's), else on PATH; with
-    ``required=False`` the bare name when missing (for ``--dry-run``)."""
-    beside = os.path.join(os.path.dirname(sys.executable), name)
-    if os.access(beside, os.X_OK):
-        return beside
-    found = shutil.which(name)
-    if found:
-        return found
-    if required:
-        raise RecipeError(f"{name} not found next to {sys.executable} or on PATH "
-                          "(install fairseq-fixed: make install)")
-    return name
-
-
-def format_command(command: Sequence[str], stdout: Optional[str] = None) -> str:
-    text = " ".join(shlex.quote(str(c)) for c in command)
-    return text + (f" > {shlex.quote(stdout)} 2>&1" if stdout else "")
-
-
-def show(command: Sequence[str], stdout: Optional[str] = None) -> None:
-    print("+ " + format_command(command, stdout), flush=True)
-
-
-@contextlib.contextmanager
-def atomic_path(path: str, suffix: str = ".tmp"):
-    """Yield a temporary path beside ``path``; on success it is renamed to ``path`` with
-    the mode a plain ``open`` would give (not mkstemp's 0600), on failure removed."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=suffix)
-    os.close(fd)
-    try:
-        yield tmp
-        umask = os.umask(0o022)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_json_atomic(path: str, obj) -> None:
-    """Write ``obj`` as JSON to ``path`` through a temporary file and ``os.replace``."""
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=2)
-        handle.write("\n")
-
-
-def write_text_atomic(path: str, text: str) -> None:
-    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        handle.write(text)
-
-
-def load_generate_output_module():
-    """``sut_fairseq/generate_output.py`` loaded by file path (standard library only),
-    without importing the ``sut_fairseq`` package (which imports torch and fairseq)."""
-    name = "_sut_generate_output"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, os.path.join(user_dir(), "generate_output.py"))
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
 
 
 # --------------------------------------------------------------------------- splits

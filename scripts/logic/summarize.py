@@ -18,8 +18,6 @@ of operators, y = average halting depth of the encoder, one line per model with 
 matplotlib's Agg backend).
 """
 import argparse
-import glob
-import json
 import os
 import statistics
 import sys
@@ -28,25 +26,19 @@ from typing import Dict, List
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
+from sut_fairseq.recipes import load_results as load_all  # noqa: E402
+from sut_fairseq.recipes.summary import line_plot, markdown_table  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
 IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
 
 
 def load_results(work_dir: str) -> List[Dict]:
-    results = []
-    for path in sorted(glob.glob(os.path.join(work_dir, "*", "*", "seed*", "result.json"))):
-        with open(path) as handle:
-            try:
-                result = json.load(handle)
-            except json.JSONDecodeError as err:
-                raise SystemExit(f"error: {path}: malformed JSON: {err}")
-        for key in ("model", "protocol", "seed", "accuracy"):
-            if key not in result:
-                raise SystemExit(f"error: {path}: no {key!r}")
-        result["_path"] = path
-        results.append(result)
-    return results
+    """Every WORK/MODEL/PROTOCOL/seedN/result.json."""
+    try:
+        return load_all(work_dir, ("model", "protocol", "seed", "accuracy"))
+    except recipe.RecipeError as err:
+        raise SystemExit(f"error: {err}")
 
 
 def _order(models):
@@ -108,32 +100,25 @@ def _row_label(row) -> str:
 
 def format_tables(summary: Dict) -> str:
     rows = summary["rows"]
-    header = "| Model | params | " + " | ".join(TABLE_KEYS) + " |"
-    lines = ["Table 5: accuracy (%) per number of operators (trained on 0-6) and on the "
-             "compositional splits A/B/C", "", header, "|---|---:|" + "---:|" * len(TABLE_KEYS)]
-    for model, row in rows.items():
-        params = f"{row['params']:,}" if isinstance(row["params"], int) else "–"
-        lines.append(f"| {_row_label(row)} | {params} | "
-                     + " | ".join(_cell(row["cells"].get(k)) for k in TABLE_KEYS) + " |")
-    for name, paper in summary["paper"].items():
-        lines.append(f"| {name} (paper) | – | "
-                     + " | ".join(str(paper[k]) if k in paper else "–" for k in TABLE_KEYS) + " |")
+    table = [[_row_label(row), f"{row['params']:,}" if isinstance(row["params"], int) else "–"]
+             + [_cell(row["cells"].get(k)) for k in TABLE_KEYS] for row in rows.values()]
+    table += [[f"{name} (paper)", "–"] + [str(paper[k]) if k in paper else "–" for k in TABLE_KEYS]
+              for name, paper in summary["paper"].items()]
+    parts = ["Table 5: accuracy (%) per number of operators (trained on 0-6) and on the "
+             "compositional splits A/B/C", markdown_table(["Model", "params", *TABLE_KEYS], table)]
     seen = [k for k in IN_DISTRIBUTION_KEYS if any(k in r["cells"] for r in rows.values())]
     if seen:
-        lines += ["", "In-distribution buckets (accuracy %, standard protocol)", "",
-                  "| Model | " + " | ".join(seen) + " |", "|---|" + "---:|" * len(seen)]
-        for model, row in rows.items():
-            lines.append(f"| {_row_label(row)} | " + " | ".join(_cell(row["cells"].get(k)) for k in seen) + " |")
+        parts += ["In-distribution buckets (accuracy %, standard protocol)", markdown_table(
+            ["Model", *seen], [[_row_label(row)] + [_cell(row["cells"].get(k)) for k in seen]
+                               for row in rows.values()])]
     depths = summary["halting_depth"]
     if depths:
         keys = sorted({k for d in depths.values() for k in d}, key=int)
-        lines += ["", "Average halting depth of the encoder (mean over sentences of the mean "
-                  "executed steps per position; teacher-forced; standard protocol)", "",
-                  "| Model | " + " | ".join(keys) + " |", "|---|" + "---:|" * len(keys)]
-        for model, d in depths.items():
-            lines.append(f"| {recipe.label(model)} | "
-                         + " | ".join(f"{d[k]['encoder']:.2f}" if k in d else "–" for k in keys) + " |")
-    return "\n".join(lines)
+        parts += ["Average halting depth of the encoder (mean over sentences of the mean "
+                  "executed steps per position; teacher-forced; standard protocol)", markdown_table(
+                      ["Model", *keys], [[recipe.label(model)] + [f"{d[k]['encoder']:.2f}" if k in d else "–"
+                                                                  for k in keys] for model, d in depths.items()])]
+    return "\n\n".join(parts)
 
 
 def plot_figure4(summary: Dict, path: str) -> bool:
@@ -142,27 +127,13 @@ def plot_figure4(summary: Dict, path: str) -> bool:
              if summary["rows"].get(m, {}).get("halting")}
     if not lines:
         return False
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    series = {}
     for model, d in lines.items():
         keys = sorted(d, key=int)
-        ax.plot([int(k) for k in keys], [d[k]["encoder"] for k in keys], marker="o",
-                label=recipe.label(model))
-    ax.set_xticks(sorted({int(k) for d in lines.values() for k in d}))
-    ax.set_xlabel("number of operators")
-    ax.set_ylabel("average halting depth")
-    ax.set_title("Average encoder halting depth (logical inference)")
-    ax.grid(True, alpha=0.3)
-    ax.legend()
-    fig.tight_layout()
-    try:
-        with recipe.atomic_path(path, suffix=".png") as tmp:
-            fig.savefig(tmp, dpi=120)
-    finally:
-        plt.close(fig)
+        series[recipe.label(model)] = ([int(k) for k in keys], [d[k]["encoder"] for k in keys])
+    line_plot(path, series, "number of operators", "average halting depth",
+              "Average encoder halting depth (logical inference)",
+              xticks=sorted({int(k) for d in lines.values() for k in d}))
     return True
 
 

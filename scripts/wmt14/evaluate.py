@@ -16,13 +16,12 @@
    (b) SacreBLEU on the detokenised output against WORKDIR/raw/newstest2014.de
    (``python -m sut_fairseq.eval.bleu``), with their signatures;
 4. print ``| model | params | BLEU | SacreBLEU | MACs |`` (parameters counted from the
-   checkpoint's model; MACs from ``python -m sut_fairseq.macs`` when it exists, else n/a),
+   checkpoint's model; MACs from ``python -m sut_fairseq.analysis.macs`` when it exists, else n/a),
    append it to --table, and write DIR/eval.json.
 
 Commands are printed before they run; --dry-run only prints them.
 """
 import argparse
-import json
 import os
 import sys
 
@@ -80,39 +79,32 @@ def evaluate(args) -> int:
                  "--tok-ref", tok_ref, "--raw-ref", raw_ref, "--compound-split", args.compound_split]
     if args.dry_run:
         if average:
-            recipe.run(average, dry_run=True)
-        recipe.run(generate, dry_run=True, stdout_path=gen_out)
-        recipe.run(score_cmd, dry_run=True)
+            recipe.show(average)
+        recipe.show(generate, gen_out)
+        recipe.show(score_cmd)
         return 0
 
     for path, what in ((tok_ref, "tokenised reference"), (raw_ref, "raw reference")):
         if not os.path.isfile(path):
             raise recipe.RecipeError(f"missing {what} {path} (run data-prep/wmt14_en_de/prepare.py, "
                                      "or pass --tok-ref/--raw-ref)")
-    from sut_fairseq.data.logic_inference import write_lines_atomic
     from sut_fairseq.eval import average_checkpoints, bleu
     from sut_fairseq.eval.model_info import count_parameters, measure_macs
-    from sut_fairseq.generate_output import read_generate_output
+    from sut_fairseq.recipes import scoring, write_json_atomic, write_lines_atomic
 
     if average:
         # the printed command, run in this process (it has imported torch and fairseq already)
-        print("+ " + recipe.format_command(average), flush=True)
+        recipe.show(average)
         if average_checkpoints.main(average[3:]) != 0:
             raise recipe.RecipeError("checkpoint averaging failed")
-    if recipe.run(generate, stdout_path=gen_out) != 0:
-        raise recipe.RecipeError(f"fairseq-generate failed; see {gen_out}")
+    recipe.run(generate, gen_out)
 
-    examples = read_generate_output(gen_out)
-    tok_refs, raw_refs = bleu.read_lines(tok_ref), bleu.read_lines(raw_ref)
-    if not (len(examples) == len(tok_refs) == len(raw_refs)):
-        raise recipe.RecipeError(f"fairseq-generate decoded {len(examples)} sentences; the "
-                                 f"references have {len(tok_refs)} / {len(raw_refs)} lines")
-    if [e.id for e in examples] != list(range(len(examples))):
-        raise recipe.RecipeError(f"{gen_out}: sentence ids are not 0..{len(examples) - 1}")
-    hyps = [e.hypothesis for e in examples]
+    recipe.show(score_cmd)  # run in this process; refuses unless every test sentence was decoded
+    try:
+        hyps, tok, sacre, detok = scoring.bleu(gen_out, tok_ref, raw_ref, "de", args.compound_split)
+    except ValueError as err:
+        raise recipe.RecipeError(str(err))
     write_lines_atomic(hyp_tok, hyps)
-    print("scoring: " + recipe.format_command(score_cmd), flush=True)
-    tok, sacre, detok = bleu.score_both(hyps, tok_refs, raw_refs, "de", args.compound_split)
     write_lines_atomic(hyp_detok, detok)
     print(bleu.format_scores(tok, sacre))
 
@@ -127,8 +119,7 @@ def evaluate(args) -> int:
               "bleu_tokenized_signature": tok.signature, "sacrebleu": sacre.score,
               "sacrebleu_detail": sacre.detail, "sacrebleu_signature": sacre.signature,
               "beam": args.beam, "lenpen": args.lenpen, "sentences": len(hyps)}
-    write_lines_atomic(os.path.join(args.checkpoint_dir, "eval.json"),
-                       [json.dumps(result, indent=1)])
+    write_json_atomic(os.path.join(args.checkpoint_dir, "eval.json"), result)
     if args.table:
         append_row(args.table, row)
     return 0

@@ -23,7 +23,7 @@ import wmt14_recipe as recipe  # noqa: E402
 
 
 def build_command(args) -> list:
-    common = recipe.load_json("common.json")
+    common = recipe.load_config("common.json")
     model = recipe.load_model(args.model)
     paper = common["paper_batch"]
     flags = [common["flags"], ["--arch", args.arch or model["arch"]], model["flags"]]
@@ -94,7 +94,12 @@ def main(argv=None) -> int:
     print(f"# {run_name}: {note}", flush=True)
     if not args.dry_run:
         os.makedirs(save_dir, exist_ok=True)
-    return recipe.run(command, dry_run=args.dry_run)
+    try:
+        recipe.run(command, dry_run=args.dry_run)
+    except recipe.RecipeError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

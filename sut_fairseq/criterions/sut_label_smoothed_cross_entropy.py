@@ -50,7 +50,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
-from ..losses import mim_loss, record_routing, switch_loss
+from .losses import mim_loss, record_routing, switch_loss
 from ..ops.label_smoothed_ce import label_smoothed_cross_entropy
 
 AUX_LOSS_SCALES = ChoiceEnum(["per-token", "reference"])

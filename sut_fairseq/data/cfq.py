@@ -52,7 +52,7 @@ import urllib.request
 from collections import defaultdict
 from typing import Callable, Dict, IO, Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
-from .logic_inference import write_lines_atomic
+from .atomic import write_lines_atomic
 
 #: Public location of the dataset (Keysers et al. 2019), about 255 MiB.
 CFQ_URL = "https://storage.googleapis.com/cfq_dataset/cfq1.1.tar.gz"

@@ -1,8 +1,7 @@
 """Logical inference data of Bowman et al. (2015), as used by the SUT paper
 (docs/results/logic_data.md).
 
-Everything here is standard library only, so data preparation needs neither torch nor
-fairseq.
+Everything here is standard library only.
 
 Formulas
     A formula is a variable name (``"a"`` .. ``"f"``), ``("not", X)``, ``("and", L, R)``
@@ -29,8 +28,9 @@ docs/results/logic_data.md#protocols.
 import os
 import random
 import re
-import tempfile
 from typing import Callable, Dict, Iterable, Iterator, List, NamedTuple, Optional, Sequence, Tuple, Union
+
+from .atomic import write_lines_atomic
 
 VARIABLES = ("a", "b", "c", "d", "e", "f")
 BINARY_OPERATORS = ("and", "or")
@@ -71,13 +71,6 @@ COMPOSITIONAL_PATTERNS = {
 PROTOCOLS = ("standard",) + tuple(COMPOSITIONAL_PATTERNS)
 
 Formula = Union[str, tuple]
-
-
-def _umask() -> int:
-    """The process umask (read by setting and restoring it)."""
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 class Pair(NamedTuple):
@@ -346,28 +339,6 @@ def split_buckets(buckets: Sequence[Sequence[Pair]]) -> List[Tuple[List[Pair], L
 def format_pair(pair: Pair) -> str:
     """``RELATION<TAB>LEFT<TAB>RIGHT`` (no newline)."""
     return f"{pair.relation}\t{pair.left}\t{pair.right}"
-
-
-def write_lines_atomic(path: str, lines: Iterable[str]) -> None:
-    """Write ``lines`` (each followed by a newline) to ``path`` atomically: into a
-    temporary file in the same directory, then ``os.replace``."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".",
-                               suffix=".tmp")
-    os.chmod(tmp, 0o666 & ~_umask())  # not mkstemp's 0600
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as handle:
-            for line in lines:
-                handle.write(line)
-                handle.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
 
 
 def write_pairs(path: str, pairs: Iterable[Pair]) -> None:

@@ -1,7 +1,6 @@
 """Output directories of the data-preparation scripts: refuse, stage, commit.
 
-Standard library only: the scripts in ``data-prep/`` load this file by its path (importing
-the ``sut_fairseq`` package would import torch and fairseq).
+Standard library only, like everything in ``sut_fairseq.data``.
 
 The rules every data-preparation script follows:
 

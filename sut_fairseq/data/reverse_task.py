@@ -10,7 +10,7 @@ import os
 import random
 from typing import Dict, List, Tuple
 
-from .logic_inference import write_lines_atomic
+from .atomic import write_lines_atomic
 
 SPLITS = {"train": 20000, "valid": 500, "test": 1000}
 

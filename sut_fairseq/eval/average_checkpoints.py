@@ -107,9 +107,9 @@ def average_state_dicts(states: Sequence[Dict[str, torch.Tensor]], names: Sequen
 
 
 def save_atomic(state: dict, path: str) -> None:
-    from ..plots import atomic_output
+    from ..data.atomic import atomic_path
 
-    with atomic_output(path) as tmp:
+    with atomic_path(path) as tmp:
         torch.save(state, tmp)
 
 

@@ -122,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.hyp:
         hyps = read_lines(args.hyp)
     else:
-        from ..generate_output import read_generate_output
+        from .generate_output import read_generate_output
 
         hyps = [e.hypothesis for e in read_generate_output(args.generate_output)]
     tok_refs, raw_refs = read_lines(args.tok_ref), read_lines(args.raw_ref)
@@ -132,7 +132,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         sys.exit(f"error: {len(hyps)} hypotheses for {len(tok_refs)} reference lines")
     tok, sacre, detok = score_both(hyps, tok_refs, raw_refs, args.lang, args.compound_split)
     if args.detok_out:
-        from ..data.logic_inference import write_lines_atomic
+        from ..data.atomic import write_lines_atomic
 
         write_lines_atomic(args.detok_out, detok)
     print(format_scores(tok, sacre))

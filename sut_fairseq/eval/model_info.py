@@ -10,8 +10,8 @@ import subprocess
 import sys
 from typing import Optional
 
-MACS_MODULE = "sut_fairseq.macs"
-DEFAULT_MACS_COMMAND = "{python} -m sut_fairseq.macs --path {checkpoint} --data {data} --max-sentences 200"
+MACS_MODULE = "sut_fairseq.analysis.macs"
+DEFAULT_MACS_COMMAND = "{python} -m sut_fairseq.analysis.macs --path {checkpoint} --data {data} --max-sentences 200"
 
 
 def count_parameters(checkpoint: str, data_bin: Optional[str] = None) -> int:
@@ -45,14 +45,14 @@ def measure_macs(checkpoint: str, data_bin: str, command: str = DEFAULT_MACS_COM
     print("+ " + cmd, flush=True)
     proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
     if proc.returncode != 0:
-        return f"n/a (sut_fairseq.macs failed: exit {proc.returncode})"
+        return f"n/a (sut_fairseq.analysis.macs failed: exit {proc.returncode})"
     for line in reversed(proc.stdout.splitlines()):
         if "mac" in line.lower():
             numbers = re.findall(r"(\d[\d,]*(?:\.\d+)?)\s*([KMG]?)", line)
             if numbers:
                 value, unit = numbers[-1]
                 return value + unit
-    return "n/a (no MACs figure in sut_fairseq.macs output)"
+    return "n/a (no MACs figure in sut_fairseq.analysis.macs output)"
 
 
 def main(argv=None) -> int:

@@ -1,2 +1,6 @@
-"""fairseq models of the plugin: ``sut_transformer`` and its architecture presets."""
-from . import sut_transformer, architectures  # noqa: F401  (registration)
+"""fairseq models of the plugin: ``sut_transformer`` and its architecture presets.
+
+Importing ``sut_transformer`` registers the model and then every preset of
+``architectures.PRESETS`` as an ``--arch``.
+"""
+from . import sut_transformer  # noqa: F401  (registration)

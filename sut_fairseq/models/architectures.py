@@ -13,10 +13,13 @@
 
 The UT widths are not published; see README "Presets" for how they were chosen (parameter
 count and static MAC ratio to ``transformer_wmt_en_de`` both close to the paper).
-"""
-from fairseq.models import register_model_architecture
 
-from .sut_transformer import DEFAULT_MAX_POSITIONS
+This module holds the presets as plain functions of the argument Namespace and imports
+nothing of the model: ``models/sut_transformer.py`` registers the model and then every
+entry of ``PRESETS`` as an ``--arch`` (fairseq needs the model registered before its
+architectures), so the dependency goes one way only, model -> presets.
+"""
+DEFAULT_MAX_POSITIONS = 1024
 
 
 def _default(args, name, value):
@@ -49,7 +52,6 @@ DECODER_FOLLOWS_ENCODER = dict(decoder_embed_dim="encoder_embed_dim", decoder_la
                                decoder_step_embedding="encoder_step_embedding")
 
 
-@register_model_architecture("sut_transformer", "sut_transformer")
 def base_architecture(args):
     """Fills every option still unset with ``BASE_DEFAULTS`` (``sut_base``'s sizes)."""
     _set(args, **BASE_DEFAULTS)
@@ -60,13 +62,11 @@ def _wmt_regularisation(args):
     _set(args, dropout=0.2, attention_dropout=0.2, activation_dropout=0.2, gating_dropout=0.2)
 
 
-@register_model_architecture("sut_transformer", "sut_base")
 def sut_base(args):
     _wmt_regularisation(args)
     base_architecture(args)
 
 
-@register_model_architecture("sut_transformer", "sut_big")
 def sut_big(args):
     _set(args, att_experts=48, ffd_experts=48, sample_topk=1)
     sut_base(args)
@@ -77,26 +77,22 @@ def _dense(args, embed_dim, heads, ffd_hidden):
          att_head_dim=64, ffd_experts=1, ffd_topk=1, ffd_hidden_dim=ffd_hidden)
 
 
-@register_model_architecture("sut_transformer", "ut_base")
 def ut_base(args):
     _dense(args, embed_dim=1024, heads=16, ffd_hidden=3840)
     sut_base(args)
 
 
-@register_model_architecture("sut_transformer", "ut_big")
 def ut_big(args):
     _dense(args, embed_dim=1536, heads=24, ffd_hidden=3584)
     sut_base(args)
 
 
-@register_model_architecture("sut_transformer", "ut_cfq")
 def ut_cfq(args):
     _dense(args, embed_dim=512, heads=8, ffd_hidden=1024)
     _set(args, rel_pos="t5", encoder_layers=12, encoder_normalize_before=True)
     base_architecture(args)
 
 
-@register_model_architecture("sut_transformer", "sut_logic")
 def sut_logic(args):
     _set(args, encoder_embed_dim=128, encoder_layers=12,
          att_experts=12, att_topk=4, att_heads=2, att_head_dim=32, rel_window=1,
@@ -104,9 +100,21 @@ def sut_logic(args):
     base_architecture(args)
 
 
-@register_model_architecture("sut_transformer", "sut_tiny")
 def sut_tiny(args):
     _set(args, encoder_embed_dim=64, encoder_layers=3,
          att_experts=4, att_topk=2, att_heads=2, att_head_dim=16, rel_window=4,
          ffd_experts=4, ffd_topk=2, ffd_hidden_dim=64)
     base_architecture(args)
+
+
+#: ``--arch`` name -> preset, in registration order (``sut_transformer`` itself first).
+PRESETS = {
+    "sut_transformer": base_architecture,
+    "sut_base": sut_base,
+    "sut_big": sut_big,
+    "ut_base": ut_base,
+    "ut_big": ut_big,
+    "ut_cfq": ut_cfq,
+    "sut_logic": sut_logic,
+    "sut_tiny": sut_tiny,
+}

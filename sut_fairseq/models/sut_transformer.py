@@ -15,19 +15,19 @@ from fairseq.models import (
     FairseqEncoderDecoderModel,
     FairseqIncrementalDecoder,
     register_model,
+    register_model_architecture,
 )
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
-from ..accounting import StepMeter, register_for_exit_summary
+from ..modules.accounting import StepMeter, register_for_exit_summary
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
 from ..modules.recurrence import universal_recurrence
 from ..modules.step_embedding import STEP_EMBEDDINGS, SteppedStateKV, build_step_embedding, stepped_self_kv
 from ..modules.sut_block import HaltedStateKV, SUTBlock
+from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
 from .validation import validate_args
-
-DEFAULT_MAX_POSITIONS = 1024
 
 
 @register_model("sut_transformer")
@@ -117,8 +117,6 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
         parser.add_argument("--max-source-positions", type=int, metavar="N", help="longest source")
         parser.add_argument("--max-target-positions", type=int, metavar="N", help="longest target")
         # fmt: on
-        from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER
-
         for action in parser._group_actions if hasattr(parser, "_group_actions") else parser._actions:
             if action.dest in BASE_DEFAULTS and action.help:
                 action.help += f" (default: {BASE_DEFAULTS[action.dest]}; presets may differ)"
@@ -127,8 +125,6 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
 
     @classmethod
     def build_model(cls, args, task):
-        from .architectures import base_architecture
-
         base_architecture(args)
         validate_args(args)
         src_dict, tgt_dict = task.source_dictionary, task.target_dictionary
@@ -161,6 +157,12 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
 
                 check_threshold(threshold)
                 halting.threshold = threshold
+
+
+# The ``--arch`` presets (models/architectures.py), registered once the model is.
+for _arch, _preset in PRESETS.items():
+    register_model_architecture("sut_transformer", _arch)(_preset)
+del _arch, _preset
 
 
 def expert_slots(block) -> int:

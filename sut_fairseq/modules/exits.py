@@ -76,7 +76,7 @@ def check_entropy(entropy) -> None:
 class OffRampProjection(nn.Module):
     """``x (N, d) -> x Wᵀ (N, V)`` with the decoder's output projection W (V, d), passed in
     at each call (the weight is the decoder's, not a parameter of this module). A module
-    of its own so that ``sut_fairseq.macs`` counts its V·d MACs per row."""
+    of its own so that ``sut_fairseq.analysis.macs`` counts its V·d MACs per row."""
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
@@ -139,7 +139,7 @@ class ExitHalting(nn.Module):
         check_entropy(entropy)
         self.rule, self.patience, self.entropy = rule, int(patience), float(entropy)
         self.max_steps = max_steps
-        self.exits_enabled = True  # False: no exits (``sut_fairseq.macs`` static counts)
+        self.exits_enabled = True  # False: no exits (``sut_fairseq.analysis.macs`` static counts)
         self.norms = nn.ModuleList(LayerNorm(embed_dim) for _ in range(max_steps - 1))
         self.project = OffRampProjection()
 

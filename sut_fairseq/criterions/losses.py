@@ -19,7 +19,7 @@ from typing import Iterator, List
 import torch
 import torch.nn as nn
 
-from .modules.router import EPS, Router, RouterStats
+from ..modules.router import EPS, Router, RouterStats
 
 
 def mim_loss(stats: RouterStats) -> torch.Tensor:

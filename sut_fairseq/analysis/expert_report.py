@@ -1,7 +1,7 @@
 """Expert–token co-occurrence (paper Table 3): the top tokens of every expert of every
 router, over all steps, from a teacher-forced pass over a data split.
 
-    python -m sut_fairseq.expert_report --path CKPT --data DATA_BIN [--gen-subset test]
+    python -m sut_fairseq.analysis.expert_report --path CKPT --data DATA_BIN [--gen-subset test]
         [--threshold T] [--top 5] [--score pmi|p_token_given_expert|count]
         [--min-count 10] [--max-sentences N] [--decoder-token input|target] [--json out.json]
 
@@ -211,7 +211,7 @@ def main(argv=None) -> int:
           f"α_thresh {model.encoder.halting.threshold}\n")
     print(format_markdown(report, args.score, args.min_count))
     if args.json:
-        from .plots import write_json_atomic
+        from ..data.atomic import write_json_atomic
 
         write_json_atomic(args.json, {"checkpoint": args.path, "subset": args.gen_subset,
                                       "sentences": co.sentences, "score": args.score,

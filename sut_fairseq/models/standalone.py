@@ -11,7 +11,7 @@ from fairseq import options
 from fairseq.data import Dictionary
 from fairseq.models import ARCH_MODEL_REGISTRY
 
-import sut_fairseq  # noqa: F401  (registers the plugin's architectures)
+from . import sut_transformer  # noqa: F401  (registers sut_transformer and its presets)
 
 
 def synthetic_dictionary(size: int) -> Dictionary:

@@ -1,6 +1,6 @@
 """Teacher-forced accuracy of every off-ramp of an early-exit checkpoint.
 
-    python -m sut_fairseq.offramps --path CKPT --data DATA_BIN [--gen-subset test] [--json F]
+    python -m sut_fairseq.analysis.offramps --path CKPT --data DATA_BIN [--gen-subset test] [--json F]
 
 For a model trained with ``--decoder-halting pabee|entropy``, runs the reference
 source/target pairs through the model with every position computing all L decoder steps
@@ -26,7 +26,7 @@ import torch
 def offramp_accuracy(model, task, subset: str, batch_size: int = 256) -> List[Dict]:
     """Per step l = 1..L: ``{"step", "tokens", "token_accuracy", "sentences",
     "sentence_accuracy"}`` (accuracies in %)."""
-    from .modules.exits import ExitHalting
+    from ..modules.exits import ExitHalting
 
     decoder = model.decoder
     if not isinstance(decoder.halting, ExitHalting):
@@ -93,7 +93,7 @@ def main(argv=None) -> int:
           "target tokens, teacher-forced, all steps run")
     print(format_table(rows))
     if args.json:
-        from .plots import write_json_atomic
+        from ..data.atomic import write_json_atomic
 
         write_json_atomic(args.json, {"checkpoint": args.path, "subset": args.gen_subset, "rows": rows})
     return 0

@@ -1,9 +1,9 @@
 """MACs of a model, counting only the work that ran: ptflops with custom hooks for the
 expert layers (docs/model.md#counting-macs).
 
-    python -m sut_fairseq.macs --arch sut_base [ARCH ...|all] [--src-len 32] [--tgt-len 32]
+    python -m sut_fairseq.analysis.macs --arch sut_base [ARCH ...|all] [--src-len 32] [--tgt-len 32]
         [--dict-size 32768] [--mode static|dynamic|both] [--threshold 0.8]
-    python -m sut_fairseq.macs --path CKPT --data DATA_BIN [--gen-subset test]
+    python -m sut_fairseq.analysis.macs --path CKPT --data DATA_BIN [--gen-subset test]
         [--threshold 0.8] [--max-sentences N]
 
 **Convention.** The MACs of a (source length S, target length T) pair are those of one
@@ -155,7 +155,7 @@ def _relative_offsets(window: int, T: int, q_start: int, S: int) -> int:
 def momha_hook(module, inputs, output) -> None:
     """MoMHA: the k selected query/output experts, the attention of their rows, the
     relative term, the shared K/V projections and the router."""
-    from .modules.relative_position import ClippedRelativePosition, T5RelativeBias
+    from ..modules.relative_position import ClippedRelativePosition, T5RelativeBias
 
     query, key = inputs[0], inputs[1]
     q_start = int(inputs[5]) if len(inputs) > 5 else 0
@@ -235,11 +235,11 @@ def custom_hooks(model: nn.Module) -> Dict[type, Callable]:
     """ptflops ``custom_modules_hooks`` for every hooked module type found in ``model``."""
     from fairseq.modules.multihead_attention import MultiheadAttention
 
-    from .modules.exits import OffRampProjection
-    from .modules.halting import HaltingUnit
-    from .modules.moe_ffd import MoEFeedForward
-    from .modules.momha import MixtureOfMultiHeadAttention
-    from .modules.router import Router
+    from ..modules.exits import OffRampProjection
+    from ..modules.halting import HaltingUnit
+    from ..modules.moe_ffd import MoEFeedForward
+    from ..modules.momha import MixtureOfMultiHeadAttention
+    from ..modules.router import Router
 
     known = {Router: router_hook, MoEFeedForward: moe_ffd_hook,
              MixtureOfMultiHeadAttention: momha_hook, HaltingUnit: halting_unit_hook,
@@ -361,7 +361,7 @@ def count_forward(model: nn.Module, net_input: Dict[str, torch.Tensor], mode: st
     if mode not in ("static", "dynamic"):
         raise ValueError(f"mode must be 'static' or 'dynamic'; got {mode!r}")
     if mode == "dynamic" and threshold is not None:
-        from .modules.halting import check_threshold
+        from ..modules.halting import check_threshold
 
         check_threshold(threshold)
     model.eval()
@@ -404,9 +404,9 @@ def random_net_input(model: nn.Module, src_len: int, tgt_len: int, seed: int = 0
 def count_arch(arch: str, src_len: int = 32, tgt_len: int = 32, dict_size: int = 32768,
                modes: Iterable[str] = ("static",), threshold: Optional[float] = None,
                seed: int = 0, **overrides) -> Dict[str, MacsCount]:
-    """MACs of a registered architecture (``standalone.build_model``, joined dictionary,
+    """MACs of a registered architecture (``models.standalone.build_model``, joined dictionary,
     all embeddings shared) for one random (src_len, tgt_len) pair; mode -> count."""
-    from .standalone import build_model, model_args
+    from ..models.standalone import build_model, model_args
 
     torch.manual_seed(seed)
     share = {"share_all_embeddings": True}
@@ -569,7 +569,7 @@ def main(argv=None) -> int:
     else:
         parser.error("give --arch ARCH [...] or --path CKPT --data DATA_BIN")
     if args.json:
-        from .plots import write_json_atomic
+        from ..data.atomic import write_json_atomic
 
         write_json_atomic(args.json, result)
     return 0

@@ -2,7 +2,7 @@
 model at a given threshold and record executed steps per position, per step (layer) and
 per sentence, and the halting weights behind them.
 
-    python -m sut_fairseq.halting_analysis DATA_BIN --path CKPT [--gen-subset test]
+    python -m sut_fairseq.analysis.halting_analysis DATA_BIN --path CKPT [--gen-subset test]
         [--threshold 0.8] [--max-sentences 1000] [--output analysis.json]
 
 The JSON holds, per side, ``executed_fraction`` (executed (position, step) pairs / (L ×
@@ -13,7 +13,6 @@ it (``analyse`` is the same as a Python function).
 """
 import argparse
 import json
-import os
 from typing import Dict, List, Optional
 
 import torch
@@ -88,9 +87,9 @@ def load(data: str, path: str, threshold: Optional[float] = None, subset: str = 
 
 
 def write_json_atomic(path: str, obj) -> None:
-    from .plots import atomic_output
+    from ..data.atomic import atomic_path
 
-    with atomic_output(path) as tmp, open(tmp, "w") as f:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
         json.dump(obj, f)
 
 

@@ -2,7 +2,7 @@
 and the task metric at each α_thresh, the efficiency/performance trade-off curve and the
 halting heat map of one example.
 
-    python -m sut_fairseq.sweep --path CKPT --data DATA_BIN --gen-subset test \\
+    python -m sut_fairseq.analysis.sweep --path CKPT --data DATA_BIN --gen-subset test \\
         --metric {exact_match,accuracy,bleu} [--thresholds 0.1,0.2,...,0.9,0.99,0.999] \\
         [--example-id ID] [--output-dir sweep] [--beam 1] [--generate-args "--remove-bpe"]
 
@@ -16,13 +16,13 @@ Per threshold T:
   "{'halting_threshold': T}" --required-batch-size-multiple 1`` (its closing line gives the
   fraction of steps executed while decoding, also recorded);
 * optionally (``--macs-sentences N``) the mean executed MACs per sentence pair of the first
-  N pairs (``sut_fairseq.macs``).
+  N pairs (``sut_fairseq.analysis.macs``).
 
 Early exits (``--patience 0,1,2,3,5 --entropy 0.01,0.1,0.5 [--exit-path CKPT]``): the
 checkpoint with off-ramps (``--exit-path``, default ``--path``) is also decoded at each
 PABEE patience P and entropy threshold S; ``exits.csv`` holds those rows and ``exits.png``
 the three trade-off curves (α_thresh, P, S: metric against decoder steps executed while
-decoding). See ``sut_fairseq.exit_sweep``.
+decoding). See ``sut_fairseq.analysis.exit_sweep``.
 
 Writes, atomically, into ``--output-dir``: ``sweep.csv``, ``sweep.json`` (the rows and
 the heat-map matrices), ``tradeoff.png``, ``halting_heatmap.png`` and the
@@ -54,7 +54,7 @@ CSV_COLUMNS = ("threshold", "skipped", "skipped_encoder", "skipped_decoder", "me
 
 
 def parse_thresholds(text: str) -> List[float]:
-    from .modules.halting import check_threshold
+    from ..modules.halting import check_threshold
 
     values = []
     for part in text.split(","):
@@ -75,7 +75,7 @@ def score(examples, metric: str) -> float:
     if not examples:
         raise ValueError("no examples to score")
     if metric == "exact_match":
-        from .generate_output import exact_match
+        from ..eval.generate_output import exact_match
 
         return 100.0 * exact_match(examples)
     if metric == "accuracy":
@@ -86,7 +86,7 @@ def score(examples, metric: str) -> float:
             total += max(len(hyp), len(ref), 1)
         return 100.0 * right / total
     if metric == "bleu":
-        from .eval.bleu import tokenized_bleu
+        from ..eval.bleu import tokenized_bleu
 
         return tokenized_bleu([e.hypothesis for e in examples], [e.reference for e in examples]).score
     raise ValueError(f"unknown metric {metric!r}; choose from {METRICS}")
@@ -109,8 +109,8 @@ def load_checkpoint(data: str, path: str, subset: str):
 def generate_command(data: str, path: str, task_name: str, source_lang: Optional[str],
                      target_lang: Optional[str], subset: str, threshold: float, beam: int,
                      batch_size: int, extra: Sequence[str] = ()) -> List[str]:
-    from .demo import fairseq_tool
-    from .user_dir import user_dir
+    from ..recipes.commands import tool as fairseq_tool
+    from ..user_dir import user_dir
 
     command = [fairseq_tool("fairseq-generate"), data, "--user-dir", user_dir(), "--task", task_name]
     if source_lang and target_lang:
@@ -128,10 +128,10 @@ _EXECUTED = re.compile(r"(encoder|decoder) steps executed ([\d.]+)%")
 def run_generate(command: List[str], out_path: str) -> Dict[str, float]:
     """Run fairseq-generate, keep its stdout in ``out_path`` (atomically); returns the
     executed-step fractions of its closing summary line (side -> fraction)."""
-    from .plots import atomic_output
+    from ..data.atomic import atomic_path
 
     print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
-    with atomic_output(out_path) as tmp:
+    with atomic_path(out_path) as tmp:
         with open(tmp, "w") as out:
             proc = subprocess.run(command, stdout=out, stderr=subprocess.PIPE, text=True)
         if proc.returncode != 0:
@@ -174,9 +174,9 @@ def heatmap_panels(sentence: Dict) -> List[Dict]:
 
 
 def write_csv_atomic(path: str, rows: List[Dict], columns: Sequence[str] = CSV_COLUMNS) -> None:
-    from .plots import atomic_output
+    from ..data.atomic import atomic_path
 
-    with atomic_output(path) as tmp, open(tmp, "w", newline="") as handle:
+    with atomic_path(path) as tmp, open(tmp, "w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(columns), extrasaction="ignore")
         writer.writeheader()
         for row in rows:
@@ -192,9 +192,10 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
           exit_path: Optional[str] = None) -> Dict:
     """Run the sweep and write its files; returns ``{"rows": [...], "heatmap": {...}}``
     (and ``"exit_rows"`` when ``patience`` or ``entropy`` values are given)."""
-    from .generate_output import read_generate_output
+    from ..eval.generate_output import read_generate_output
     from .halting_analysis import analyse
-    from .plots import halting_heatmap, tradeoff_curve, write_json_atomic
+    from ..data.atomic import write_json_atomic
+    from .plots import halting_heatmap, tradeoff_curve
 
     if metric not in METRICS:
         raise ValueError(f"unknown metric {metric!r}; choose from {METRICS}")

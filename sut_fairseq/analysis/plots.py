@@ -6,13 +6,11 @@
   ``1 − Σ_{l'<l} α_{l'}`` before step l (paper Fig. 5, above): yellow = still running,
   dark blue = halted. Encoder (source tokens) and decoder (target tokens) panels.
 """
-import contextlib
-import json
-import os
-import tempfile
 from typing import Dict, List, Optional, Sequence
 
 import numpy as np
+
+from ..data.atomic import atomic_path
 
 
 def _pyplot():
@@ -27,33 +25,9 @@ def _pyplot():
     return plt
 
 
-@contextlib.contextmanager
-def atomic_output(path: str, suffix: str = ".tmp"):
-    """Yield a temporary path beside ``path``; on success it is renamed to ``path`` (with
-    the permissions a plain ``open`` would give), on failure removed."""
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix="." + os.path.basename(path) + ".", suffix=suffix)
-    os.close(fd)
-    try:
-        yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-
-
-def write_json_atomic(path: str, obj) -> None:
-    with atomic_output(path) as tmp, open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(obj, handle, indent=1)
-
-
 def savefig_atomic(fig, path: str, dpi: int = 120) -> None:
     """Save ``fig`` as PNG to a temporary file beside ``path``, then rename it."""
-    with atomic_output(path, ".png") as tmp:
+    with atomic_path(path, ".png") as tmp:
         fig.savefig(tmp, format="png", dpi=dpi, bbox_inches="tight")
 
 

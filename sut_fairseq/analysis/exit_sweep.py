@@ -1,7 +1,7 @@
 """Early-exit part of the threshold sweep: decoding at each PABEE patience P and each
 entropy threshold S, and one figure with three trade-off curves.
 
-``python -m sut_fairseq.sweep ... --patience 0,1,2,3,5 --entropy 0.01,0.1,0.5
+``python -m sut_fairseq.analysis.sweep ... --patience 0,1,2,3,5 --entropy 0.01,0.1,0.5
 [--exit-path CKPT]`` decodes the test set with the stock ``fairseq-generate`` once per
 value, overriding the decoder's rule and its parameter::
 
@@ -17,7 +17,7 @@ depth. ``exits.csv`` holds the P and S rows.
 """
 from typing import Dict, List, Optional, Sequence
 
-from .modules.exits import check_entropy, check_patience
+from ..modules.exits import check_entropy, check_patience
 
 EXIT_COLUMNS = ("rule", "value", "metric", "metric_name", "sentences",
                 "decode_executed_encoder", "decode_executed_decoder")
@@ -67,7 +67,7 @@ def with_overrides(command: List[str], overrides: str) -> List[str]:
 
 
 def require_offramps(model, path: str) -> None:
-    from .modules.exits import ExitHalting
+    from ..modules.exits import ExitHalting
 
     if not isinstance(getattr(model.decoder, "halting", None), ExitHalting):
         raise SystemExit(f"error: --patience / --entropy need a checkpoint with off-ramps "

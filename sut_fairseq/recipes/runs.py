@@ -1,0 +1,80 @@
+"""One run of a recipe's grid and the files it leaves in its directory::
+
+    DIR/train.log       fairseq-train's output (appended to by a resumed training)
+    DIR/checkpoints/    checkpoint_last.pt (resumes), checkpoint_best.pt (evaluated)
+    DIR/train.json      written when training has finished: the train stage is done
+    DIR/result.json     written when the run is scored: the evaluate stage is done
+
+The two JSON files are what makes every stage resumable: :meth:`RunDir.train` and
+:meth:`RunDir.needs_evaluation` skip a run whose file exists (unless ``force``).
+"""
+import os
+import shutil
+import time
+from typing import Optional, Sequence
+
+from .commands import RecipeError, run, show
+from .files import load_json
+
+
+class RunDir:
+    def __init__(self, path: str, title: str):
+        self.dir, self.title = path, title
+        self.save_dir = os.path.join(path, "checkpoints")
+        self.train_log = os.path.join(path, "train.log")
+        self.train_json = os.path.join(path, "train.json")
+        self.result = os.path.join(path, "result.json")
+        self.checkpoint = os.path.join(self.save_dir, "checkpoint_best.pt")
+
+    def train(self, command: Sequence[str], force: bool = False,
+              dry_run: bool = False) -> Optional[float]:
+        """Run the training ``command`` (its output appended to train.log) unless the run
+        has trained before; ``force`` deletes the run first. Returns the seconds it took, or
+        None when nothing ran. The caller writes train.json."""
+        print(self.title, flush=True)
+        if dry_run:
+            show(command, self.train_log)
+            return None
+        if force and os.path.isdir(self.dir):
+            shutil.rmtree(self.dir)
+        if os.path.exists(self.train_json) or os.path.exists(self.result):
+            print(f"   trained before: {self.train_json} (--force to redo)")
+            return None
+        os.makedirs(self.dir, exist_ok=True)
+        if os.path.exists(os.path.join(self.save_dir, "checkpoint_last.pt")):
+            print("   resuming from checkpoints/checkpoint_last.pt", flush=True)
+        start = time.time()
+        run(command, self.train_log, append=True)
+        return time.time() - start
+
+    def needs_evaluation(self, force: bool = False, dry_run: bool = False) -> bool:
+        """Whether the evaluate stage should score this run: not when it has a result.json
+        (unless ``force``); a run that has not trained is an error. Always True for a dry
+        run (its commands are printed)."""
+        print(self.title, flush=True)
+        if dry_run:
+            return True
+        if os.path.exists(self.result) and not force:
+            print(f"   done before: {self.result} (--force to redo)")
+            return False
+        if not os.path.exists(self.train_json):
+            raise RecipeError(f"{self.dir} has no train.json: run the train stage first")
+        return True
+
+    def trained(self) -> dict:
+        """train.json's content."""
+        return load_json(self.train_json)
+
+    def cleanup(self) -> None:
+        """Delete the checkpoints (once the run is scored)."""
+        shutil.rmtree(self.save_dir, ignore_errors=True)
+
+
+def add_grid_arguments(parser) -> None:
+    """The options every grid recipe shares: ``--force``, ``--cleanup``, ``--train-args``,
+    ``--generate-args``."""
+    parser.add_argument("--force", action="store_true", help="redo the selected stages of every run")
+    parser.add_argument("--cleanup", action="store_true",
+                        help="delete each run's checkpoints once it is scored")
+    parser.add_argument("--train-args", default="", help="extra fairseq-train options (one string)")
+    parser.add_argument("--generate-args", default="", help="extra fairseq-generate options (one string)")

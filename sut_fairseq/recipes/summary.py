@@ -1,0 +1,69 @@
+"""The report stage's pieces: means over seeds, markdown tables, a line plot (PNG).
+
+A task's summariser collects its ``result.json`` files (:func:`..files.load_results`),
+reduces the seeds of each cell with :func:`mean_std`, and writes one table with
+:func:`markdown_table` (its rows, then the paper's) and, where a figure says more, one PNG
+with :func:`line_plot`; every file is written atomically.
+"""
+import statistics
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from .files import atomic_path
+
+MeanStd = Tuple[float, float, int]
+
+
+def mean_std(values: Sequence[float]) -> Optional[MeanStd]:
+    """(mean, sample standard deviation (n - 1; 0 for one value), n), or None for none."""
+    values = [float(v) for v in values]
+    if not values:
+        return None
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    return statistics.mean(values), std, len(values)
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
+                   numeric_from: int = 1) -> str:
+    """A markdown table; columns from ``numeric_from`` on are right-aligned."""
+    align = ["---" if i < numeric_from else "---:" for i in range(len(header))]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join(align) + "|"]
+    for row in rows:
+        if len(row) != len(header):
+            raise ValueError(f"row {list(row)} has {len(row)} cells for {len(header)} columns")
+        lines.append("| " + " | ".join(str(c) for c in row) + " |")
+    return "\n".join(lines)
+
+
+def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[float]]],
+              xlabel: str, ylabel: str, title: str, xticks: Optional[List[float]] = None) -> None:
+    """One line per series (label -> (x, y)), markers on the points, written atomically as
+    a PNG (matplotlib's Agg backend: no display needed)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.0, 3.6))
+    try:
+        for label, (x, y) in series.items():
+            ax.plot(list(x), list(y), marker="o", label=label)
+        if xticks is not None:
+            ax.set_xticks(xticks)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(title)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        with atomic_path(path, suffix=".png") as tmp:
+            fig.savefig(tmp, dpi=120)
+    finally:
+        plt.close(fig)
+
+
+def format_mean_std(cell: Optional[MeanStd], full_n: int) -> str:
+    """``mean ± std`` with one decimal, ``(n=K)`` when K seeds differ from ``full_n``; "–"
+    for an empty cell."""
+    if cell is None:
+        return "–"
+    mean, std, n = cell
+    return f"{mean:.1f} ± {std:.1f}" + ("" if n == full_n else f" (n={n})")

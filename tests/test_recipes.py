@@ -1,0 +1,171 @@
+"""The shared recipe layer (sut_fairseq.recipes): stage selection, option lists, the
+scorer's refusals, train-log parsing, run directories and the summary helpers. The task
+recipes that use it are tested end to end in test_logic_recipe.py, test_cfq_pipeline.py
+and test_wmt14_recipe.py."""
+import argparse
+import json
+import os
+import sys
+
+import pytest
+
+from sut_fairseq.recipes import (RecipeError, add_stage_arguments, flag_value, flag_values,
+                                 load_json, load_results, merge_flags, run, run_stages,
+                                 selected_stages, write_json_atomic)
+from sut_fairseq.recipes import scoring
+from sut_fairseq.recipes.runs import RunDir
+from sut_fairseq.recipes.summary import format_mean_std, line_plot, markdown_table, mean_std
+from sut_fairseq.recipes.train_log import best_valid, parse_train_log
+
+
+def parse(*argv):
+    parser = argparse.ArgumentParser()
+    add_stage_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_stage_selection_by_name_and_number():
+    assert selected_stages(parse()) == ["data", "train", "evaluate", "report"]
+    assert selected_stages(parse("--stage", "2", "--stop-stage", "evaluate")) == ["train", "evaluate"]
+    assert selected_stages(parse("--stage", "report")) == ["report"]
+    with pytest.raises(SystemExit, match="--stage report comes after --stop-stage data"):
+        selected_stages(parse("--stage", "4", "--stop-stage", "1"))
+    with pytest.raises(SystemExit):
+        parse("--stage", "5")
+
+
+def test_run_stages_runs_the_range_in_order_and_turns_recipe_errors_into_exits(capsys):
+    done = []
+    handlers = {name: (lambda n=name: done.append(n)) for name in ("data", "train", "evaluate", "report")}
+    assert run_stages(parse("--stage", "train", "--stop-stage", "evaluate"), handlers) == 0
+    assert done == ["train", "evaluate"]
+    out = capsys.readouterr().out
+    assert "=== stage 2: train" in out and "=== stage 3: evaluate" in out and "stage 1" not in out
+
+    def failing():
+        raise RecipeError("no data here")
+
+    with pytest.raises(SystemExit, match="error: no data here"):
+        run_stages(parse(), dict(handlers, data=failing))
+    with pytest.raises(ValueError, match="missing"):
+        run_stages(parse(), {"data": failing})
+
+
+def test_merged_options_keep_one_value_each():
+    merged = merge_flags(["--lr", "1e-3", "--adam-betas", "(0.9, 0.98)", "--fp16"],
+                         ["--lr", "7e-4", "--max-tokens=4096"])
+    assert merged == ["--lr", "7e-4", "--adam-betas", "(0.9, 0.98)", "--fp16", "--max-tokens", "4096"]
+    assert flag_value(merged, "--lr") == "7e-4" and flag_value(merged, "--fp16") == ""
+    assert flag_value(merged, "--seed") is None
+    assert flag_values(["--keys", "7", "8", "--x"], "--keys") == ["7", "8"]
+    with pytest.raises(RecipeError, match="before any --option"):
+        merge_flags(["7e-4", "--lr"])
+
+
+def test_run_prints_then_fails_with_the_log_tail(tmp_path, capsys):
+    log = str(tmp_path / "logs" / "x.log")
+    run([sys.executable, "-c", "print('hello')"], log)
+    assert open(log).read() == "hello\n"
+    run([sys.executable, "-c", "print('again')"], log, append=True)
+    assert open(log).read() == "hello\nagain\n"
+    with pytest.raises(RecipeError, match=r"failed \(exit 3\); log: .*x\.log"):
+        run([sys.executable, "-c", "import sys; print('boom'); sys.exit(3)"], log)
+    out = capsys.readouterr().out
+    assert out.startswith("+ ") and "boom" in out
+    run(["/nonexistent/tool"], dry_run=True)  # a dry run only prints
+    assert "+ /nonexistent/tool" in capsys.readouterr().out
+
+
+def write_generate(path, rows):
+    """fairseq-generate-like output for (id, T text, H text), in the given order."""
+    with open(path, "w") as handle:
+        for i, target, hyp in rows:
+            handle.write(f"S-{i}\tsrc {i}\nT-{i}\t{target}\nH-{i}\t-0.1\t{hyp}\nD-{i}\t-0.1\t{hyp}\n")
+
+
+def test_scorer_metrics_on_exact_small_examples(tmp_path):
+    ref = tmp_path / "ref.tgt"
+    ref.write_text("#\n<\n=\n")
+    write_generate(tmp_path / "g.txt", [(2, "=", "= ="), (0, "#", "#"), (1, "<", ">")])
+    r = scoring.relation_accuracy(str(tmp_path / "g.txt"), str(ref))
+    assert (r["correct"], r["first_token_correct"], r["total"], r["lines"]) == (1, 2, 3, 3)
+    assert r["accuracy"] == pytest.approx(100 / 3)
+    ref.write_text("a b c\nx <rare> z\n")
+    write_generate(tmp_path / "g.txt", [(0, "a b c", "a b c"), (1, "x <unk> z", "x <unk> z")])
+    r = scoring.exact_match(str(tmp_path / "g.txt"), str(ref), canonical=lambda t: sorted(t.split()))
+    # <unk> in T- agrees with the reference, but a hypothesis <unk> never matches it
+    assert (r["correct"], r["order_insensitive_correct"]) == (1, 1)
+
+
+def test_scorer_refuses_missing_examples_and_wrong_references(tmp_path):
+    ref = tmp_path / "ref.tgt"
+    ref.write_text("a\nb\nc\n")
+    write_generate(tmp_path / "g.txt", [(0, "a", "a"), (1, "b", "b")])
+    with pytest.raises(ValueError, match=r"scored 2 examples but .* has 3 lines; 1 missing, e.g. ids \[2\]"):
+        scoring.relation_accuracy(str(tmp_path / "g.txt"), str(ref))
+    write_generate(tmp_path / "g.txt", [(0, "a", "a"), (1, "q", "b"), (2, "c", "c")])
+    with pytest.raises(ValueError, match="T-1 is 'q' but line 2 of .* is 'b'"):
+        scoring.exact_match(str(tmp_path / "g.txt"), str(ref))
+    # BLEU does not compare T- lines (BPE-joined), but still needs every sentence
+    ref.write_text("")
+    write_generate(tmp_path / "g.txt", [])
+    with pytest.raises(ValueError, match="no examples scored"):
+        scoring.aligned(str(tmp_path / "g.txt"), str(ref), check_targets=False)
+
+
+def test_train_log_parsing(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(
+        "| num. shared model params: 1,000 (num. trained: 1,000)\n"
+        "| num. expert model params: 234 (num. trained: 234)\n"
+        "epoch 001:    100 / 50 loss=2, num_updates=100, lr=1\n"
+        "epoch 001 | valid on 'valid' subset | loss 1.2 | nll_loss 0.9 | accuracy 77.5 | num_updates 100\n"
+        "epoch 001 | valid on 'valid' subset | loss 1.1 | nll_loss 0.95 | accuracy 79.25 | num_updates 200 "
+        "| best_accuracy 79.25\n"
+        "Stopping training due to num_updates: 200 >= max_update: 200\n")
+    parsed = parse_train_log(str(log))
+    assert parsed == {"params": 1234, "updates": 200, "stop_reason": "num_updates: 200 >= max_update: 200"}
+    assert best_valid(str(log), "accuracy") == 79.25
+    assert best_valid(str(log), "nll_loss", maximize=False) == 0.9
+    assert best_valid(str(log), "exact_match") is None
+
+
+def test_run_dir_skips_what_is_done_and_resumes(tmp_path, capsys):
+    run_dir = RunDir(str(tmp_path / "m" / "p" / "seed1"), "== m | p | seed 1")
+    command = [sys.executable, "-c", "print('trained')"]
+    assert run_dir.train(command, dry_run=True) is None and not os.path.exists(run_dir.dir)
+    with pytest.raises(RecipeError, match="no train.json: run the train stage first"):
+        run_dir.needs_evaluation()
+    assert run_dir.train(command) is not None
+    write_json_atomic(run_dir.train_json, {"ok": 1})
+    assert run_dir.train(command) is None and "trained before" in capsys.readouterr().out
+    assert run_dir.needs_evaluation()
+    write_json_atomic(run_dir.result, {"seed": 1})
+    assert not run_dir.needs_evaluation() and run_dir.needs_evaluation(force=True)
+    assert run_dir.train(command, force=True) is not None  # --force: the run from scratch
+    assert not os.path.exists(run_dir.result) and open(run_dir.train_log).read() == "trained\n"
+
+
+def test_results_and_summary_helpers(tmp_path):
+    for seed, value in ((1, 70.0), (2, 74.0)):
+        write_json_atomic(str(tmp_path / "v" / "s" / f"seed{seed}" / "result.json"),
+                          {"variant": "v", "seed": seed, "score": value})
+    results = load_results(str(tmp_path), ("variant", "seed", "score"))
+    assert [r["seed"] for r in results] == [1, 2]
+    with pytest.raises(RecipeError, match="no 'split'"):
+        load_results(str(tmp_path), ("split",))
+    (tmp_path / "bad.json").write_text("{")
+    with pytest.raises(RecipeError, match="malformed JSON"):
+        load_json(str(tmp_path / "bad.json"))
+    cell = mean_std([r["score"] for r in results])
+    assert cell[0] == 72.0 and cell[1] == pytest.approx(2 ** 0.5 * 2) and cell[2] == 2
+    assert format_mean_std(cell, 5) == "72.0 ± 2.8 (n=2)" and format_mean_std(None, 5) == "–"
+    assert mean_std([]) is None and mean_std([3.0]) == (3.0, 0.0, 1)
+    assert markdown_table(["Model", "A"], [["x", "1.0"]]) == "| Model | A |\n|---|---:|\n| x | 1.0 |"
+    with pytest.raises(ValueError, match="2 cells for 1 columns"):
+        markdown_table(["Model"], [["x", "y"]])
+    png = tmp_path / "fig" / "p.png"
+    line_plot(str(png), {"a": ([1, 2], [3.0, 4.0])}, "x", "y", "t", xticks=[1, 2])
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and oct(png.stat().st_mode & 0o777) != "0o600"
+    assert not [p for p in os.listdir(png.parent) if p.endswith(".tmp") or p.startswith(".")]
+    assert json.loads((tmp_path / "v" / "s" / "seed1" / "result.json").read_text())["score"] == 70.0
