@@ -31,3 +31,22 @@ def randomise_halting(model, std=2.0, seed=1):
 @pytest.fixture
 def tiny_model():
     return make_model
+
+
+def run_incremental(model, enc, prev, reorder=None):
+    """Decode ``prev`` (B, T) one position at a time through fairseq's incremental API;
+    with ``reorder`` (B,) the cache, the encoder output and the prefix are reordered before
+    every step after the first, as beam search does. Returns the logits (B, T, V), the
+    decoder's executed steps (B, T) and the final (reordered) prefix."""
+    state, outs, steps = {}, [], []
+    for t in range(prev.size(1)):
+        if reorder is not None and t > 0:
+            model.decoder.reorder_incremental_state_scripting(state, reorder)
+            enc = model.encoder.reorder_encoder_out(enc, reorder)
+            prev = prev.index_select(0, reorder)
+            outs = [o.index_select(0, reorder) for o in outs]
+            steps = [s.index_select(0, reorder) for s in steps]
+        out, extra = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
+        outs.append(out)
+        steps.append(extra["halting_decoder"].steps)
+    return torch.cat(outs, 1), torch.cat(steps, 1), prev

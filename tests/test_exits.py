@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.criterions.label_smoothed_cross_entropy import label_smoothed_nll_loss
 
-from conftest import make_model, randomise_halting
+from conftest import make_model, randomise_halting, run_incremental
 from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoothedCrossEntropyCriterion
 from sut_fairseq.models.validation import validate_args
 from sut_fairseq.modules.exits import ExitHalting
@@ -125,19 +125,6 @@ def _exit_model(rule, L=5, spread=False, **kw):
     return model
 
 
-def _incremental(model, enc, prev, reorder=None):
-    state, outs, steps = {}, [], []
-    for t in range(prev.size(1)):
-        if reorder is not None and t > 0:
-            model.decoder.reorder_incremental_state_scripting(state, reorder)
-            enc = model.encoder.reorder_encoder_out(enc, reorder)
-            prev = prev.index_select(0, reorder)
-            outs = [o.index_select(0, reorder) for o in outs]
-            steps = [s.index_select(0, reorder) for s in steps]
-        out, extra = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
-        outs.append(out)
-        steps.append(extra["halting_decoder"].steps)
-    return torch.cat(outs, 1), torch.cat(steps, 1), prev
 
 
 @pytest.mark.parametrize("rule,option", [("pabee", {"exit_patience": 0}), ("entropy", {"exit_entropy": 0})])
@@ -149,8 +136,8 @@ def test_zero_patience_or_entropy_reproduces_no_exit_decoding_exactly(rule, opti
         enc_e, enc_p = exits.encoder(src), plain.encoder(src)
         out_e, extra_e = exits.decoder(prev, enc_e)
         out_p, extra_p = plain.decoder(prev, enc_p)
-        inc_e, steps_e, _ = _incremental(exits, enc_e, prev, reorder=torch.tensor([3, 0, 0, 2]))
-        inc_p, steps_p, _ = _incremental(plain, enc_p, prev, reorder=torch.tensor([3, 0, 0, 2]))
+        inc_e, steps_e, _ = run_incremental(exits, enc_e, prev, reorder=torch.tensor([3, 0, 0, 2]))
+        inc_p, steps_p, _ = run_incremental(plain, enc_p, prev, reorder=torch.tensor([3, 0, 0, 2]))
     assert torch.equal(out_e, out_p)
     assert torch.equal(inc_e, inc_p)
     assert torch.equal(extra_e["halting_decoder"].steps, extra_p["halting_decoder"].steps)
@@ -167,7 +154,7 @@ def test_entropy_above_log_vocabulary_exits_after_step_one():
         logits, extra = model.decoder(prev, enc)
         feats, _ = model.decoder(prev, enc, features_only=True)  # the frozen h_1
         ref = F.linear(model.decoder.halting.norms[0](feats), model.decoder.output_projection.weight)
-        _, inc_steps, _ = _incremental(model, enc, prev)
+        _, inc_steps, _ = run_incremental(model, enc, prev)
     assert (extra["halting_decoder"].steps == 1).all() and (inc_steps == 1).all()
     assert (extra["decoder_exits"].exit_step == 1).all()
     torch.testing.assert_close(logits, ref, atol=1e-6, rtol=1e-6)
@@ -216,7 +203,7 @@ def test_incremental_equals_full_forward_with_exits(rule, option, seed):
     with torch.no_grad():
         enc = model.encoder(src)
         full, extra = model.decoder(prev, enc)
-        inc, steps, _ = _incremental(model, enc, prev)
+        inc, steps, _ = run_incremental(model, enc, prev)
     steps_full = extra["halting_decoder"].steps
     assert torch.equal(steps, steps_full)
     assert (steps_full < 5).any() and (steps_full == 5).any(), "the test needs exits and non-exits"
@@ -225,7 +212,7 @@ def test_incremental_equals_full_forward_with_exits(rule, option, seed):
     # per hypothesis under beam reordering: equal to decoding each final history from scratch
     reorder = torch.tensor([2, 0, 0, 3])
     with torch.no_grad():
-        inc, _, final_prev = _incremental(model, enc, prev, reorder=reorder)
+        inc, _, final_prev = run_incremental(model, enc, prev, reorder=reorder)
         order = torch.arange(4)
         for _ in range(prev.size(1) - 1):
             order = order.index_select(0, reorder)

@@ -379,7 +379,7 @@ def _cuda_setup(threshold, seed=0):
 
 @pytest.mark.parametrize("threshold", [0.999, 0.6, 0.3])
 def test_incremental_equals_full_forward_on_cuda(threshold):
-    from test_incremental import _incremental
+    from conftest import run_incremental as _incremental
 
     model, src, prev = _cuda_setup(threshold)
     with torch.no_grad():
@@ -394,7 +394,7 @@ def test_incremental_equals_full_forward_on_cuda(threshold):
 
 
 def test_incremental_equals_full_forward_after_beam_reordering_on_cuda():
-    from test_incremental import _incremental
+    from conftest import run_incremental as _incremental
 
     model, src, prev = _cuda_setup(0.6, seed=1)
     reorder = torch.tensor([2, 0, 0], device=DEV)

@@ -4,7 +4,7 @@ and stays equal after beam reordering."""
 import pytest
 import torch
 
-from conftest import make_model, randomise_halting
+from conftest import make_model, randomise_halting, run_incremental
 
 
 def _setup(threshold, seed=0):
@@ -18,20 +18,6 @@ def _setup(threshold, seed=0):
     return model, src, prev
 
 
-def _incremental(model, enc, prev, reorder=None):
-    state = {}
-    outs, steps = [], []
-    for t in range(prev.size(1)):
-        if reorder is not None and t > 0:
-            model.decoder.reorder_incremental_state_scripting(state, reorder)
-            enc = model.encoder.reorder_encoder_out(enc, reorder)
-            prev = prev.index_select(0, reorder)
-            outs = [o.index_select(0, reorder) for o in outs]
-            steps = [s.index_select(0, reorder) for s in steps]
-        out, extra = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
-        outs.append(out)
-        steps.append(extra["halting_decoder"].steps)
-    return torch.cat(outs, 1), torch.cat(steps, 1), prev
 
 
 @pytest.mark.parametrize("threshold", [0.999, 0.6, 0.3])
@@ -40,7 +26,7 @@ def test_incremental_equals_full_forward(threshold):
     with torch.no_grad():
         enc = model.encoder(src)
         full, extra = model.decoder(prev, enc)
-        inc, steps, _ = _incremental(model, enc, prev)
+        inc, steps, _ = run_incremental(model, enc, prev)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
     assert torch.equal(steps, extra["halting_decoder"].steps)
     if threshold < 0.999:
@@ -54,7 +40,7 @@ def test_incremental_equals_full_forward_after_beam_reordering():
     reorder = torch.tensor([2, 0, 0])
     with torch.no_grad():
         enc = model.encoder(src)
-        inc, _, final_prev = _incremental(model, enc, prev, reorder=reorder)
+        inc, _, final_prev = run_incremental(model, enc, prev, reorder=reorder)
         # reference: the sequences that end up in each beam slot, decoded from scratch
         # (each slot's history follows the reorderings: composed index map)
         order = torch.arange(3)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import make_model, randomise_halting
+from conftest import make_model, randomise_halting, run_incremental
 from sut_fairseq.models.validation import validate_args
 from sut_fairseq.modules.step_embedding import SteppedStateKV, StepEmbedding, sinusoid
 from sut_fairseq.models.standalone import model_args
@@ -115,19 +115,6 @@ def test_encoder_equals_a_plain_loop(mode, pre_ln):
     torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
 
 
-def _incremental(model, enc, prev, reorder=None):
-    state, outs, steps = {}, [], []
-    for t in range(prev.size(1)):
-        if reorder is not None and t > 0:
-            model.decoder.reorder_incremental_state_scripting(state, reorder)
-            enc = model.encoder.reorder_encoder_out(enc, reorder)
-            prev = prev.index_select(0, reorder)
-            outs = [o.index_select(0, reorder) for o in outs]
-            steps = [s.index_select(0, reorder) for s in steps]
-        out, extra = model.decoder(prev[:, : t + 1], enc, incremental_state=state)
-        outs.append(out)
-        steps.append(extra["halting_decoder"].steps)
-    return torch.cat(outs, 1), torch.cat(steps, 1), prev
 
 
 @pytest.mark.parametrize("mode", ["timestep", "coordinate"])
@@ -146,7 +133,7 @@ def test_incremental_equals_full_with_step_embedding(mode, pre_ln, threshold):
     with torch.no_grad():
         enc = model.encoder(src)
         full, extra = model.decoder(prev, enc)
-        inc, steps, _ = _incremental(model, enc, prev)
+        inc, steps, _ = run_incremental(model, enc, prev)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
     assert torch.equal(steps, extra["halting_decoder"].steps)
     if threshold < 0.999:
@@ -155,7 +142,7 @@ def test_incremental_equals_full_with_step_embedding(mode, pre_ln, threshold):
     # after beam reordering: equal to decoding each final history from scratch
     reorder = torch.tensor([2, 0, 0])
     with torch.no_grad():
-        inc, _, final_prev = _incremental(model, enc, prev, reorder=reorder)
+        inc, _, final_prev = run_incremental(model, enc, prev, reorder=reorder)
         order = torch.arange(3)
         for _ in range(prev.size(1) - 1):
             order = order.index_select(0, reorder)

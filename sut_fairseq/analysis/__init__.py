@@ -2,6 +2,8 @@
 
 * ``python -m sut_fairseq.analysis.macs``: MACs, static (all L steps) or executed on data.
 * ``python -m sut_fairseq.analysis.halting_analysis``: teacher-forced halting analysis.
+* ``python -m sut_fairseq.analysis.halting_depth``: mean halting depth per test split
+  (depth per operator count, per hop).
 * ``python -m sut_fairseq.analysis.sweep``: the α_thresh sweep (skipped steps against the
   task metric, trade-off curve, halting heat map), and with ``exit_sweep`` the early-exit
   sweep over PABEE patience and entropy thresholds.

@@ -36,6 +36,17 @@ LayerNorm 1 per element, activations, dropout and residual adds 0):
   step l < L for o_l = W_out LN_l(h_l) (the tied projection, no bias), while exits are on;
   their LayerNorms as all LayerNorms below. A static count turns exits off, and a model
   whose rule never exits (P = 0 or S = 0) evaluates no off-ramp;
+* hyper-modules (``--hyper-modules``, docs/hyper_ut.md), per call of a component
+  d_in -> d_out with M modules, embeddings d_e, keys d_k, over rows of width d: the router
+  per example embedding z (LN d + W_r d·d_k + logits M·d_k + mixture M·d_e, category
+  ``router``); per example (encoder: one z per sentence and step) the generator
+  d_e·d_out·d_in + d_out·d_in (category ``hyper``) and per token x Wᵀ + b, d_in·d_out +
+  d_out (under the component's category: ``att_proj`` for q and out, ``kv`` for k and v,
+  ``ffd`` for the FFN maps); per token (decoder: one z per token and step) the d_e-fold
+  projection d_in·d_e·d_out and the contraction with e, d_e·d_out (``hyper``), plus
+  g x + b, d_in·d_out + d_out (component's category). Every row runs (halted and padding
+  rows too, their outputs discarded), so dynamic counts count them all. The hyper
+  self-attention's core as MoMHA's with k = 1 over all its query rows;
 * everything else (dense nn.Linear layers such as the vanilla Transformer's FFN and the
   output projection, LayerNorms) by ptflops' own hooks, on the rows they ran on.
 * fairseq's ``MultiheadAttention`` (the vanilla Transformer) gets a hook with the same
@@ -59,23 +70,27 @@ import torch
 import torch.nn as nn
 
 PRESETS = ["sut_base", "sut_big", "ut_base", "ut_big", "ut_cfq", "sut_logic", "sut_tiny",
-           "transformer_wmt_en_de"]
+           "ut_cpvr", "hyper_ut_cpvr", "transformer_wmt_en_de"]
 BASELINE = "transformer_wmt_en_de"
 # paper Table 1 (WMT'14 En-De), MACs in millions; the ratios are what we compare
 PAPER_MACS = {"transformer_wmt_en_de": 604, "sut_base": 787, "sut_big": 787, "ut_base": 1998,
               "ut_big": 3707}
 CATEGORIES = ("ffd", "att_proj", "kv", "att_core", "router", "halting", "offramp")
+# counted only for models with hyper-modules (their parts gain this key)
+HYPER_CATEGORY = "hyper"
 CATEGORY_NAMES = {"ffd": "FFD experts", "att_proj": "attention q/o projections",
                   "kv": "attention K/V", "att_core": "attention logits/softmax/sum + relative",
                   "router": "routers", "halting": "halting unit",
-                  "offramp": "early-exit off-ramp projections", "other":
+                  "offramp": "early-exit off-ramp projections",
+                  "hyper": "hyper-module weight composition (generator / d_e-fold projection)",
+                  "other":
                   "other (dense linear layers, output projection, LayerNorm)"}
 
 
 @dataclass
 class MacsCount:
-    """total: MACs of the counted call; parts: category -> MACs (``CATEGORIES``; the
-    remainder is ``other``); steps: side -> (executed (position, step) pairs, L × real
+    """total: MACs of the counted call; parts: category -> MACs (``CATEGORIES``, plus
+    ``hyper`` for models with hyper-modules; the remainder is ``other``); steps: side -> (executed (position, step) pairs, L × real
     positions) for SUT models."""
 
     total: int
@@ -195,6 +210,64 @@ def offramp_hook(module, inputs, output) -> None:
     _add(module, "offramp", (x.numel() // x.size(-1)) * weight.numel())
 
 
+def hyper_router_macs(layer, rows: int) -> int:
+    """Router of a HyperLinear on ``rows`` example embeddings: LN + W_r + logits + mixture."""
+    router = layer.router
+    ctx, d_k = router.query.in_features, router.query.out_features
+    M, d_e = layer.num_modules, layer.embed_dim
+    return rows * (ctx + ctx * d_k + M * d_k + M * d_e)
+
+
+def hyper_linear_macs(layer, x_shape, z_shape) -> Dict[str, int]:
+    """MACs of one HyperLinear call, by category (see the module docstring)."""
+    d_in, d_out, d_e = layer.in_dim, layer.out_dim, layer.embed_dim
+    rows = math.prod(x_shape[:-1])
+    contexts = math.prod(z_shape[:-1])
+    out = {"router": hyper_router_macs(layer, contexts)}
+    if len(z_shape) == len(x_shape) - 1:  # per example: compose (B, d_out, d_in), then x Wᵀ + b
+        out["hyper"] = contexts * (d_e * d_out * d_in + d_out * d_in)
+    else:  # per token: x [G^(1) .. G^(d_e)], contraction with e; then g x + b
+        out["hyper"] = rows * (d_in * d_e * d_out + d_e * d_out)
+    out[layer.category] = out.get(layer.category, 0) + rows * (d_in * d_out + d_out)
+    return out
+
+
+def hyper_linear_hook(module, inputs, output) -> None:
+    """HyperLinear: router, weight composition and the projection itself."""
+    for category, macs in hyper_linear_macs(module, inputs[0].shape, inputs[1].shape).items():
+        _add(module, category, macs)
+
+
+def hyper_attention_hook(module, inputs, output) -> None:
+    """Hyper self-attention: the attention core over every query row (its projections
+    are counted by their own hooks, HyperLinear's or ptflops' for dense ones)."""
+    query, key = inputs[0], inputs[1]
+    B, T, _ = query.shape
+    H, S, D = key.size(1), key.size(2), key.size(3)
+    _add(module, "att_core", B * T * H * (S * D + S + S * D))
+    _fold_hyper_attention(module)
+
+
+def _fold_hyper_attention(module) -> None:
+    from ..modules.hyper_module import HyperLinear
+
+    for child, category in ((module.q_proj, "att_proj"), (module.out_proj, "att_proj"),
+                            (module.k_proj, "kv"), (module.v_proj, "kv")):
+        _fold(module, child, None if isinstance(child, HyperLinear) else category)
+
+
+def hyper_ffd_hook(module, inputs, output) -> None:
+    """Hyper FFN: its two maps (counted by their own hooks)."""
+    _fold_hyper_ffd(module)
+
+
+def _fold_hyper_ffd(module) -> None:
+    from ..modules.hyper_module import HyperLinear
+
+    for child in (module.fc1, module.fc2):
+        _fold(module, child, None if isinstance(child, HyperLinear) else "ffd")
+
+
 def _capture_call(module, args, kwargs) -> None:
     module._sut_call = (args, kwargs)
 
@@ -237,13 +310,16 @@ def custom_hooks(model: nn.Module) -> Dict[type, Callable]:
 
     from ..modules.exits import OffRampProjection
     from ..modules.halting import HaltingUnit
+    from ..modules.hyper_block import HyperFeedForward, HyperSelfAttention
+    from ..modules.hyper_module import HyperLinear
     from ..modules.moe_ffd import MoEFeedForward
     from ..modules.momha import MixtureOfMultiHeadAttention
     from ..modules.router import Router
 
     known = {Router: router_hook, MoEFeedForward: moe_ffd_hook,
              MixtureOfMultiHeadAttention: momha_hook, HaltingUnit: halting_unit_hook,
-             OffRampProjection: offramp_hook}
+             OffRampProjection: offramp_hook, HyperLinear: hyper_linear_hook,
+             HyperSelfAttention: hyper_attention_hook, HyperFeedForward: hyper_ffd_hook}
     hooks = {}
     for m in model.modules():
         for cls, hook in known.items():
@@ -282,6 +358,10 @@ class _Once(nn.Module):
                 _fold(m, m.router)
             elif type(m) in hooks and hooks[type(m)] is halting_unit_hook:
                 _fold(m, m.norm, "halting")
+            elif type(m) in hooks and hooks[type(m)] is hyper_attention_hook:
+                _fold_hyper_attention(m)  # K/V projections run outside its forward
+            elif type(m) in hooks and hooks[type(m)] is hyper_ffd_hook:
+                _fold_hyper_ffd(m)
         return out
 
 
@@ -310,6 +390,8 @@ def count_call(model: nn.Module, fn: Callable[[], object]) -> MacsCount:
                 custom_modules_hooks=hooks, backend="pytorch",
                 backend_specific_config={"count_functional": False})
         parts = {c: _TALLY.get(c, 0) for c in CATEGORIES}
+        if hyper_linear_hook in hooks.values():
+            parts[HYPER_CATEGORY] = _TALLY.get(HYPER_CATEGORY, 0)
     finally:
         _TALLY, CUSTOM_TYPES_IN_USE = None, {}
         for h in handles:

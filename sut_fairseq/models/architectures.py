@@ -10,6 +10,8 @@
 | ut_cfq      | (1, 1, 8, 64, T5 bias) | (1, 1, 1024)    | 512  | 12/12     | SB, pre-LN |
 | sut_logic   | (12, 4, 2, 32, 1)      | (12, 4, 128)    | 128  | 12/12     | SB      |
 | sut_tiny    | (4, 2, 2, 16, 4)       | (4, 2, 64)      | 64   | 3/3       | SB      |
+| ut_cpvr     | (1, 1, 4, 16, none)    | (1, 1, 256)     | 64   | 16/16     | ACT 0.99, pre-LN |
+| hyper_ut_cpvr | as ut_cpvr, hyper-modules M = 8, d_e = 32 on qkv, out, ffn | | 64 | 16/16 | ACT 0.99, pre-LN |
 
 The UT widths are not published; see README "Presets" for how they were chosen (parameter
 count and static MAC ratio to ``transformer_wmt_en_de`` both close to the paper).
@@ -43,6 +45,8 @@ BASE_DEFAULTS = dict(
     encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
     halting_transition=False, gated_ffn=False,
     encoder_step_embedding="none", exit_patience=3, exit_entropy=0.1,
+    hyper_modules=0, hyper_embed_dim=128, hyper_key_dim=0, hyper_router_temp=1.0,
+    hyper_components="qkv,out,ffn",
     dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
     max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
 )
@@ -107,6 +111,23 @@ def sut_tiny(args):
     base_architecture(args)
 
 
+def ut_cpvr(args):
+    """The dense UT baseline of the Hyper-UT C-PVR experiment (docs/hyper_ut.md): d = 64,
+    4 heads of 16, FFN 256, up to 16 steps per side, per-token ACT at 1 - ε = 0.99."""
+    _set(args, encoder_embed_dim=64, encoder_layers=16,
+         att_experts=1, att_topk=1, att_heads=4, att_head_dim=16, rel_pos="none",
+         ffd_experts=1, ffd_topk=1, ffd_hidden_dim=256,
+         encoder_halting="act", halting_threshold=0.99, encoder_normalize_before=True,
+         dropout=0.1)
+    base_architecture(args)
+
+
+def hyper_ut_cpvr(args):
+    """``ut_cpvr`` with hyper-modules (M = 8, d_e = 32) on qkv, out and ffn, both sides."""
+    _set(args, hyper_modules=8, hyper_embed_dim=32)
+    ut_cpvr(args)
+
+
 #: ``--arch`` name -> preset, in registration order (``sut_transformer`` itself first).
 PRESETS = {
     "sut_transformer": base_architecture,
@@ -117,4 +138,6 @@ PRESETS = {
     "ut_cfq": ut_cfq,
     "sut_logic": sut_logic,
     "sut_tiny": sut_tiny,
+    "ut_cpvr": ut_cpvr,
+    "hyper_ut_cpvr": hyper_ut_cpvr,
 }

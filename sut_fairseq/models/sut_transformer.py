@@ -23,6 +23,7 @@ from ..modules.accounting import StepMeter, register_for_exit_summary
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
+from ..modules.hyper_module import example_embedding, prefix_embedding
 from ..modules.recurrence import universal_recurrence
 from ..modules.step_embedding import STEP_EMBEDDINGS, SteppedStateKV, build_step_embedding, stepped_self_kv
 from ..modules.sut_block import HaltedStateKV, SUTBlock
@@ -109,6 +110,23 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             "instead of the input positions (coordinate)")
         parser.add_argument("--decoder-step-embedding", choices=STEP_EMBEDDINGS,
                             help="UT step embedding added before every decoder step")
+        # hyper-modules (Hyper-UT, docs/hyper_ut.md)
+        parser.add_argument("--hyper-modules", type=int, metavar="M",
+                            help="Hyper-UT: compose the weights of the chosen block components "
+                            "per example (encoder) / per token (decoder) and per step as a soft "
+                            "mixture of M weight embeddings (0 = off; needs dense experts)")
+        parser.add_argument("--hyper-embed-dim", type=int, metavar="N",
+                            help="width d_e of the weight embeddings (the generator of a "
+                            "component has d_out·d_in·d_e weights)")
+        parser.add_argument("--hyper-key-dim", type=int, metavar="N",
+                            help="width d_k of the module keys of the attention router "
+                            "(0 = the model width d)")
+        parser.add_argument("--hyper-router-temp", type=float, metavar="T",
+                            help="temperature τ of the hyper-module router's softmax")
+        parser.add_argument("--hyper-components", type=str, metavar="LIST",
+                            help="comma list of the components made hyper-modules: qkv "
+                            "(self-attention query/key/value projections), out (self-attention "
+                            "output projection), ffn (both feed-forward maps)")
         # regularisation and positions
         parser.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
         parser.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
@@ -166,9 +184,10 @@ del _arch, _preset
 
 
 def expert_slots(block) -> int:
-    """Expert rows one executed (position, step) costs: Σ over expert layers of k."""
+    """Expert rows one executed (position, step) costs: Σ over expert layers of k (a
+    hyper-module sub-layer, which has no expert router, counts 1)."""
     layers = [block.self_attn, block.cross_attn, block.ffd]
-    return sum(m.router.top_k for m in layers if m is not None)
+    return sum(m.router.top_k if hasattr(m, "router") else 1 for m in layers if m is not None)
 
 
 def build_embedding(dictionary, dim: int) -> nn.Embedding:
@@ -223,7 +242,16 @@ class SUTEncoder(FairseqEncoder):
             positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
-        if emb is None:
+        if self.block.hyper:  # Hyper-UT: z_l = masked mean of h_{l-1} per sentence
+            self_kv = HaltedStateKV(self.block)
+            real = ~pad
+
+            def step(h, S, running, _l):
+                z = example_embedding(h, real)  # (B, d)
+                # hyper K/V change with every step's mixture: every row is projected again
+                k, v = self.block.self_kv(S, z) if self.block.hyper_kv else self_kv(S, running)
+                return self.block(h, k, v, running, self_padding_mask=pad, hyper_z=z)
+        elif emb is None:
             self_kv = HaltedStateKV(self.block)
 
             def step(h, S, running, _l):
@@ -319,9 +347,22 @@ class SUTDecoder(FairseqIncrementalDecoder):
         new_v: List[Optional[torch.Tensor]] = [None] * self.num_steps
 
         self_kv = HaltedStateKV(self.block) if emb is None else SteppedStateKV(self.block, emb, coords)
+        hyper, hyper_kv = self.block.hyper, self.block.hyper_kv
+        # Hyper-UT: z_{t,l} = causal prefix mean of h_{l-1} over real positions <= t;
+        # incremental decoding continues each step's (sum, count) of the earlier positions
+        hyper_prefix_in = cache.get("hyper_prefix") if cache is not None else None
+        hyper_prefix_out = {}
+
+        def hyper_z(h, l):
+            z, hyper_prefix_out[l] = prefix_embedding(
+                h, real, hyper_prefix_in.get(l) if hyper_prefix_in else None)
+            return z
 
         def step(h, S, running, l):
-            if emb is None:
+            z = hyper_z(h, l) if hyper else None
+            if hyper_kv:  # position j's keys/values at step l use its own mixture e_{j,l}
+                k, v = self.block.self_kv(S, z)
+            elif emb is None:
                 k, v = self.block.self_kv(S) if incremental_state is not None else self_kv(S, running)
             else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
                 k, v = (stepped_self_kv(self.block, emb, S, coords, l) if incremental_state is not None
@@ -333,18 +374,23 @@ class SUTDecoder(FairseqIncrementalDecoder):
                     k = torch.cat([cache["self_k"][l - 1], k], 2)
                     v = torch.cat([cache["self_v"][l - 1], v], 2)
             return self.block(h, k, v, running, self_padding_mask=key_pad, q_start=q_start,
-                              cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad)
+                              cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad,
+                              **({"hyper_z": z} if hyper else {}))
 
         prefix_in = cache.get("prefix") if cache is not None else None
         frozen_prefix = {}
 
         def freeze(S, h, first_skipped_step):
             """Every position halted: steps l..L see the frozen S rows as keys/values
-            (and the frozen h in the causal prefix means of global-mean halting)."""
-            k, v = self.block.self_kv(S) if emb is None else (None, None)
+            (and the frozen h in the causal prefix means of global-mean halting and of the
+            hyper-modules' example embedding, whose step-l mixture gives step l's K/V)."""
+            k, v = self.block.self_kv(S) if emb is None and not hyper_kv else (None, None)
             w = real.unsqueeze(-1).to(h.dtype)
             for l in range(first_skipped_step, self.num_steps + 1):
-                if emb is not None:  # the frozen S + E_l
+                z = hyper_z(h, l) if hyper else None
+                if hyper_kv:
+                    k, v = self.block.self_kv(S, z)
+                elif emb is not None:  # the frozen S + E_l
                     k, v = stepped_self_kv(self.block, emb, S, coords, l)
                 new_k[l - 1], new_v[l - 1] = k, v
                 if prefix_in is not None and l + 1 in prefix_in:
@@ -361,7 +407,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
             self.step_meter.add("dec", halting)
         if incremental_state is not None:
             prefix = {**state.prefix_out, **frozen_prefix} if state.prefix_out else None
-            self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix)
+            self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix,
+                               hyper_prefix_out or None)
         if self.final_norm is not None:
             S = self.final_norm(S)
         extra = {
@@ -383,7 +430,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
             return None
         return self.get_incremental_state(incremental_state, "sut_cache") or {}
 
-    def _update_cache(self, incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix):
+    def _update_cache(self, incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix,
+                      hyper_prefix=None):
         k, v = torch.stack(new_k), torch.stack(new_v)  # (L, B, H, 1, D)
         if "self_k" in cache:
             k = torch.cat([cache["self_k"], k], 3)
@@ -391,6 +439,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
         new_cache = {"self_k": k, "self_v": v, "cross_k": cross_k, "cross_v": cross_v}
         if prefix is not None:
             new_cache["prefix"] = prefix
+        if hyper_prefix is not None:  # step l -> (Σ h_{l-1}, count) over the real prefix
+            new_cache["hyper_prefix"] = hyper_prefix
         self.set_incremental_state(incremental_state, "sut_cache", new_cache)
 
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
@@ -403,9 +453,10 @@ class SUTDecoder(FairseqIncrementalDecoder):
             "cross_k": cache["cross_k"].index_select(0, new_order),
             "cross_v": cache["cross_v"].index_select(0, new_order),
         }
-        if "prefix" in cache:
-            reordered["prefix"] = {l: (s.index_select(0, new_order), c.index_select(0, new_order))
-                                   for l, (s, c) in cache["prefix"].items()}
+        for key in ("prefix", "hyper_prefix"):
+            if key in cache:
+                reordered[key] = {l: (s.index_select(0, new_order), c.index_select(0, new_order))
+                                  for l, (s, c) in cache[key].items()}
         self.set_incremental_state(incremental_state, "sut_cache", reordered)
 
     def max_positions(self):

@@ -12,6 +12,7 @@ import numbers
 
 from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
+from ..modules.hyper_module import HYPER_COMPONENTS, parse_components
 from ..modules.step_embedding import STEP_EMBEDDINGS
 
 POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers", "decoder_layers",
@@ -81,7 +82,42 @@ def validate_args(args) -> None:
         value = getattr(args, opt)
         _require(_is_real(value) and 0.0 <= value < 1.0, _flag(opt), value,
                  "must be in [0, 1)")
+    _validate_hyper(args)
     if args.share_all_embeddings:
         _require(args.encoder_embed_dim == args.decoder_embed_dim, "--decoder-embed-dim",
                  args.decoder_embed_dim,
                  f"--share-all-embeddings needs it equal to --encoder-embed-dim ({args.encoder_embed_dim})")
+
+
+def _validate_hyper(args) -> None:
+    """The hyper-module options (docs/hyper_ut.md); with ``--hyper-modules M > 0`` the
+    block must be dense (E = k = 1) with no relative positions or step embeddings."""
+    m = getattr(args, "hyper_modules", 0)
+    _require(_is_int(m) and m >= 0, "--hyper-modules", m, "must be an integer >= 0 (0 = off)")
+    d_e = getattr(args, "hyper_embed_dim", 128)
+    _require(_is_int(d_e) and d_e >= 1, "--hyper-embed-dim", d_e, "must be a positive integer")
+    d_k = getattr(args, "hyper_key_dim", 0)
+    _require(_is_int(d_k) and d_k >= 0, "--hyper-key-dim", d_k,
+             "must be an integer >= 0 (0 = the model width)")
+    tau = getattr(args, "hyper_router_temp", 1.0)
+    _require(_is_real(tau) and 0.0 < tau < float("inf"), "--hyper-router-temp", tau,
+             "must be a finite number > 0")
+    raw = getattr(args, "hyper_components", "qkv,out,ffn")
+    components = parse_components(raw)
+    bad = [c for c in components if c not in HYPER_COMPONENTS]
+    _require(not bad, "--hyper-components", raw,
+             f"unknown component(s) {', '.join(bad)}; choose a comma list from {HYPER_COMPONENTS}")
+    if m == 0:
+        return
+    _require(len(components) > 0, "--hyper-components", raw,
+             f"--hyper-modules {m} needs at least one of {HYPER_COMPONENTS}")
+    for opt in ("att_experts", "att_topk", "ffd_experts", "ffd_topk"):
+        _require(getattr(args, opt) == 1, _flag(opt), getattr(args, opt),
+                 f"--hyper-modules {m} needs dense experts: E = k = 1 (hyper-modules replace "
+                 "expert routing)")
+    _require(args.rel_pos == "none", "--rel-pos", args.rel_pos,
+             f"--hyper-modules {m} supports only 'none' (the hyper self-attention has no "
+             "relative position term)")
+    for side in ("encoder_step_embedding", "decoder_step_embedding"):
+        _require(getattr(args, side) == "none", _flag(side), getattr(args, side),
+                 f"--hyper-modules {m} supports only 'none'")

@@ -5,6 +5,9 @@ MoMHA cross-attention -> MoE-FFD. Each sub-layer is ``x + dropout(f(x))`` follow
 LayerNorm (post-LN, like ``transformer_wmt_en_de``) or preceded by it (pre-LN,
 ``normalize_before``). With E = k = 1 everywhere this is a Transformer layer.
 ``--gated-ffn`` adds GUT's gate between the block's output and its input state.
+With ``--hyper-modules M`` (Hyper-UT, docs/hyper_ut.md) the self-attention and/or the
+feed-forward network are ``hyper_block``'s hyper-module sub-layers, which read the step's
+example embedding z (``hyper_z``); cross-attention stays a dense MoMHA.
 """
 from typing import Optional, Tuple
 
@@ -14,6 +17,7 @@ import torch.nn.functional as F
 from fairseq.modules import LayerNorm
 
 from .dropout import Dropout
+from .hyper_block import HyperConfig, HyperFeedForward, HyperSelfAttention
 from .moe_ffd import MoEFeedForward
 from .momha import MixtureOfMultiHeadAttention
 
@@ -34,23 +38,43 @@ class SUTBlock(nn.Module):
                 relative=relative, window=args.rel_window, causal=causal)
 
         relative = None if args.rel_pos == "none" else args.rel_pos
-        self.self_attn = attention(d, relative, causal=decoder)
+        hyper = HyperConfig.from_args(args)
+        parts = hyper.components if hyper is not None else ()
+        if "qkv" in parts or "out" in parts:
+            self.self_attn = HyperSelfAttention(d, args.att_heads, args.att_head_dim, hyper,
+                                                args.attention_dropout, causal=decoder)
+        else:
+            self.self_attn = attention(d, relative, causal=decoder)
         self.self_attn_norm = LayerNorm(d)
         if decoder:
             self.cross_attn = attention(args.encoder_embed_dim, None, causal=False)
             self.cross_attn_norm = LayerNorm(d)
         else:
             self.cross_attn = None
-        self.ffd = MoEFeedForward(
-            d, args.ffd_hidden_dim, args.ffd_experts, args.ffd_topk, router_hidden,
-            activation_fn=args.activation_fn, activation_dropout=args.activation_dropout,
-            gating_dropout=args.gating_dropout, sample_topk=args.sample_topk)
+        if "ffn" in parts:
+            self.ffd = HyperFeedForward(d, args.ffd_hidden_dim, hyper, args.activation_fn,
+                                        args.activation_dropout)
+        else:
+            self.ffd = MoEFeedForward(
+                d, args.ffd_hidden_dim, args.ffd_experts, args.ffd_topk, router_hidden,
+                activation_fn=args.activation_fn, activation_dropout=args.activation_dropout,
+                gating_dropout=args.gating_dropout, sample_topk=args.sample_topk)
         self.ffd_norm = LayerNorm(d)
         self.gate = FeedForwardGate(d) if args.gated_ffn else None
+        self.hyper_attn = isinstance(self.self_attn, HyperSelfAttention)
+        self.hyper_ffd = isinstance(self.ffd, HyperFeedForward)
+        self.hyper = self.hyper_attn or self.hyper_ffd
+        #: self-attention keys/values change with the step's mixture: recompute every row
+        self.hyper_kv = self.hyper_attn and self.self_attn.hyper_kv
 
-    def self_kv(self, S: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Keys and values (B, H, T, D) of the halted states S (B, T, d)."""
-        return self.self_attn.project_kv(self.self_attn_norm(S) if self.normalize_before else S)
+    def self_kv(self, S: torch.Tensor, hyper_z: Optional[torch.Tensor] = None
+                ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, T, D) of the halted states S (B, T, d); ``hyper_z``: the
+        step's example embedding when the key/value projections are hyper-modules."""
+        x = self.self_attn_norm(S) if self.normalize_before else S
+        if self.hyper_attn:
+            return self.self_attn.project_kv(x, hyper_z)
+        return self.self_attn.project_kv(x)
 
     def cross_kv(self, encoder_out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H, S, D) of the encoder output (B, S, d_enc): once per forward."""
@@ -66,15 +90,24 @@ class SUTBlock(nn.Module):
                 running: torch.Tensor, self_padding_mask: Optional[torch.Tensor] = None,
                 q_start: int = 0, cross_k: Optional[torch.Tensor] = None,
                 cross_v: Optional[torch.Tensor] = None,
-                cross_padding_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+                cross_padding_mask: Optional[torch.Tensor] = None,
+                hyper_z: Optional[torch.Tensor] = None) -> torch.Tensor:
         """h: (B, T, d) queries (un-halted states); self_k/self_v: (B, H, S, D) from the
-        halted states; running: (B, T) bool. Returns the new h (B, T, d)."""
-        x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
-            q, self_k, self_v, running, self_padding_mask, q_start))
+        halted states; running: (B, T) bool; hyper_z: the step's example embedding, (B, d)
+        per example or (B, T, d) per token (hyper-modules only). Returns the new h (B, T, d)."""
+        if self.hyper_attn:
+            x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
+                q, self_k, self_v, running, self_padding_mask, q_start, hyper_z))
+        else:
+            x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
+                q, self_k, self_v, running, self_padding_mask, q_start))
         if self.cross_attn is not None:
             x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
                 q, cross_k, cross_v, running, cross_padding_mask))
-        out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running))
+        if self.hyper_ffd:
+            out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running, hyper_z))
+        else:
+            out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running))
         if self.gate is not None:  # GUT: h_l = G * out + (1 - G) * h_{l-1}
             g = self.gate(x)
             out = g * out + (1.0 - g) * h

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""The C-PVR report: accuracy and mean executed encoder depth per hop of every model,
+beside the shortcut baselines of the data, as a table and two figures.
+
+    python scripts/cpvr/summarize.py WORK [--data-dir data/cpvr]
+
+Reads ``WORK/MODEL/seedN/result.json`` (``hops.py``'s evaluate stage) and
+``DATA/baselines.json`` (``data-prep/cpvr/generate.py``); writes, atomically,
+``WORK/hops.md`` (the table), ``WORK/hops.json`` (the same numbers),
+``WORK/accuracy.png`` (accuracy per hop, with the capped solver) and ``WORK/depth.png``
+(mean executed encoder steps per hop). Seeds are averaged. Spearman's rho between the hop
+count and the mean depth over hops 1-6 says whether the depth rises with the hops.
+"""
+import argparse
+import os
+import sys
+from collections import OrderedDict
+from typing import Dict, List, Optional, Sequence
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import cpvr_recipe as recipe  # noqa: E402
+from sut_fairseq.recipes import load_json, load_results, write_json_atomic, write_text_atomic  # noqa: E402
+from sut_fairseq.recipes.summary import line_plot, markdown_table, mean_std  # noqa: E402
+
+
+def ranks(values: Sequence[float]) -> List[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation (Pearson's r of the ranks); None when undefined
+    (fewer than 2 points or a constant series)."""
+    if len(x) != len(y) or len(x) < 2:
+        return None
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+
+
+def collect(work_dir: str) -> "OrderedDict[str, Dict]":
+    """Per model (in the grid's order): label, seeds, params, updates and the seed means
+    of accuracy and encoder depth per hop."""
+    results = load_results(work_dir, ["model", "accuracy", "encoder_depth"],
+                           pattern=os.path.join("*", "seed*", "result.json"))
+    models: "OrderedDict[str, Dict]" = OrderedDict()
+    for name in recipe.GRID.models:
+        runs = [r for r in results if r["model"] == name]
+        if not runs:
+            continue
+        hops = sorted({int(h) for r in runs for h in r["accuracy"]})
+        models[name] = {
+            "label": runs[0]["label"], "seeds": [r["seed"] for r in runs],
+            "params": runs[0].get("params"), "updates": [r.get("updates") for r in runs],
+            "max_steps": runs[0].get("max_steps"),
+            "accuracy": {n: mean_std([r["accuracy"][str(n)] for r in runs if str(n) in r["accuracy"]])
+                         for n in hops},
+            "depth": {n: mean_std([r["encoder_depth"][str(n)] for r in runs
+                                   if r["encoder_depth"].get(str(n)) is not None]) for n in hops},
+        }
+        depth_hops = [n for n in recipe.DEPTH_HOPS if models[name]["depth"].get(n)]
+        models[name]["depth_spearman_1_6"] = spearman(
+            depth_hops, [models[name]["depth"][n][0] for n in depth_hops])
+    return models
+
+
+def summarize(work_dir: str, data_dir: str) -> str:
+    """Write hops.md, hops.json, accuracy.png and depth.png into ``work_dir``; return the
+    markdown."""
+    models = collect(work_dir)
+    if not models:
+        raise SystemExit(f"error: no result.json under {work_dir}: run the evaluate stage first")
+    baselines = load_json(os.path.join(data_dir, "baselines.json"))
+    hops = sorted({n for m in models.values() for n in m["accuracy"]})
+    cell = lambda ms: "–" if ms is None else f"{ms[0]:.1f}"
+
+    header = ["model", "params", "updates"] + [f"hop {n}" for n in hops]
+    rows = [[m["label"], f"{m['params']:,}" if m["params"] else "–",
+             "/".join(f"{u:,}" for u in m["updates"] if u is not None) or "–"]
+            + [cell(m["accuracy"].get(n)) for n in hops] for m in models.values()]
+    names = {"copy_first": "copy a[0]", "majority": "most frequent label",
+             f"capped_{baselines['capped_hops']}": f"solver capped at {baselines['capped_hops']} hops"}
+    for key, name in names.items():
+        rows.append([f"*{name}*", "–", "–"] + [
+            f"*{100 * baselines['hops'][str(n)][key]:.1f}*" if str(n) in baselines["hops"] else "–"
+            for n in hops])
+    accuracy_table = markdown_table(header, rows)
+
+    depth_rows = []
+    for m in models.values():
+        rho = m["depth_spearman_1_6"]
+        depth_rows.append([m["label"], str(m["max_steps"] or "–")]
+                          + [("–" if m["depth"].get(n) is None else f"{m['depth'][n][0]:.2f}") for n in hops]
+                          + ["–" if rho is None else f"{rho:.2f}"])
+    depth_table = markdown_table(["model", "L"] + [f"hop {n}" for n in hops] + ["Spearman ρ (hops 1–6)"],
+                                 depth_rows)
+    text = ("Accuracy (%, exact label) per hop; trained on hops 1–4:\n\n" + accuracy_table
+            + "\n\nMean executed encoder steps per position, per hop (teacher-forced):\n\n"
+            + depth_table + "\n")
+
+    write_text_atomic(os.path.join(work_dir, "hops.md"), text)
+    write_json_atomic(os.path.join(work_dir, "hops.json"), {
+        "models": {name: {**m, "accuracy": {str(n): v for n, v in m["accuracy"].items()},
+                          "depth": {str(n): v for n, v in m["depth"].items()}}
+                   for name, m in models.items()},
+        "baselines": baselines})
+    series = OrderedDict((m["label"], (list(m["accuracy"]), [v[0] for v in m["accuracy"].values()]))
+                         for m in models.values())
+    capped = f"capped_{baselines['capped_hops']}"
+    series[names[capped]] = (hops, [100 * baselines["hops"][str(n)][capped] for n in hops])
+    line_plot(os.path.join(work_dir, "accuracy.png"), series, "hops", "accuracy (%)",
+              "C-PVR accuracy per hop (trained on 1–4)", xticks=hops)
+    line_plot(os.path.join(work_dir, "depth.png"),
+              OrderedDict((m["label"], ([n for n in hops if m["depth"].get(n)],
+                                        [m["depth"][n][0] for n in hops if m["depth"].get(n)]))
+                          for m in models.values()),
+              "hops", "mean executed encoder steps", "C-PVR halting depth per hop", xticks=hops)
+    return text
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("work_dir")
+    parser.add_argument("--data-dir", default=os.path.join("data", "cpvr"))
+    args = parser.parse_args(argv)
+    print(summarize(args.work_dir, args.data_dir))
+    print(f"\nwritten {os.path.join(args.work_dir, 'hops.md')}, hops.json, accuracy.png, depth.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,155 @@
+"""Hyper-modules (Hyper-UT, docs/hyper_ut.md): a linear map whose weights are composed,
+per example or per token and per step, as a soft mixture over a pool of M weight
+embeddings chosen by a one-head attention router.
+
+For one component c (a linear map d_in -> d_out) and an example embedding z (width d)::
+
+    s = softmax( (W_r LN(z)) K_cᵀ / (τ √d_k) )      router: W_r d -> d_k, K_c (M, d_k)
+    e = s V_c                                       V_c (M, d_e)
+    W = reshape(G_c e + g_c)   (d_out, d_in)        G_c: d_e -> d_out·d_in, g_c (d_out·d_in)
+    y = x Wᵀ + b_c                                  b_c (d_out) static
+
+Since G_c is linear, ``W = Σ_m s_m W^(m) + g_c`` with ``W^(m) = reshape(G_c V_c[m])``.
+G_c is stored as ``generator`` (d_e, d_out, d_in): ``generator[j]`` is column j of G_c
+reshaped (d_out, d_in), i.e. G^(j); g_c as ``generator_bias`` (d_out, d_in).
+
+Two applications:
+
+* per example (encoder), z (B, d): one weight set per sentence, materialised as
+  (B, d_out, d_in); x (B, T, d_in) -> (B, T, d_out).
+* per token (decoder), z (..., d) one per row of x (..., d_in): no per-token matrix;
+  ``y = Σ_j e_j (G^(j) x) + g_c x + b_c``, one GEMM of x with [G^(1); ..; G^(d_e)]
+  (d_e·d_out rows) and a contraction with e.
+"""
+import math
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+HYPER_COMPONENTS = ("qkv", "out", "ffn")
+
+
+def parse_components(value) -> tuple:
+    """``"qkv,out"`` -> ("qkv", "out") (whitespace and empty items ignored); a sequence
+    is returned as a tuple. Unknown names are left for the caller to reject."""
+    if isinstance(value, str):
+        return tuple(c.strip() for c in value.split(",") if c.strip())
+    return tuple(value)
+
+
+class HyperRouter(nn.Module):
+    """One-head attention of the example embedding over the M module keys:
+    ``s = softmax((W_r LN(z)) Kᵀ / (τ √d_k))``; returns s (..., M) in z's dtype (the
+    softmax runs in fp32 for half-precision inputs)."""
+
+    def __init__(self, ctx_dim: int, key_dim: int, num_modules: int, temperature: float = 1.0):
+        super().__init__()
+        if num_modules < 1:
+            raise ValueError(f"a hyper-module needs at least one module; got {num_modules}")
+        if not temperature > 0.0:
+            raise ValueError(f"router temperature must be > 0; got {temperature}")
+        self.norm = nn.LayerNorm(ctx_dim)
+        self.query = nn.Linear(ctx_dim, key_dim, bias=False)
+        self.keys = nn.Parameter(torch.randn(num_modules, key_dim))
+        self.temperature = temperature
+        self.scale = 1.0 / (temperature * math.sqrt(key_dim))
+
+    def forward(self, z: torch.Tensor) -> torch.Tensor:
+        logits = F.linear(self.query(self.norm(z)), self.keys) * self.scale
+        return logits.float().softmax(-1).to(z.dtype)
+
+
+class HyperLinear(nn.Module):
+    """A linear map d_in -> d_out whose weight a hyper-module composes from z.
+
+    Args:
+        in_dim, out_dim: d_in, d_out. ctx_dim: width d of the example embedding z.
+        num_modules: M. embed_dim: d_e. key_dim: d_k. temperature: τ.
+        gain: Xavier gain of every module's matrix W^(m) at initialisation.
+        category: what the MAC count files its x Wᵀ under (``analysis/macs.py``).
+
+    Initialisation: V ~ N(0, 1) and G ~ U(±a / √d_e) with the Xavier bound a of a dense
+    (d_out, d_in) layer, so every W^(m) = G V_m has a dense layer's variance; g = 0, b = 0.
+    """
+
+    def __init__(self, in_dim: int, out_dim: int, ctx_dim: int, num_modules: int,
+                 embed_dim: int, key_dim: int, temperature: float = 1.0, gain: float = 1.0,
+                 category: str = "other"):
+        super().__init__()
+        if embed_dim < 1:
+            raise ValueError(f"hyper embedding width must be >= 1; got {embed_dim}")
+        self.in_dim, self.out_dim = in_dim, out_dim
+        self.num_modules, self.embed_dim = num_modules, embed_dim
+        self.category = category
+        self.router = HyperRouter(ctx_dim, key_dim, num_modules, temperature)
+        self.values = nn.Parameter(torch.randn(num_modules, embed_dim))
+        bound = gain * math.sqrt(6.0 / (in_dim + out_dim)) / math.sqrt(embed_dim)
+        self.generator = nn.Parameter(torch.empty(embed_dim, out_dim, in_dim).uniform_(-bound, bound))
+        self.generator_bias = nn.Parameter(torch.zeros(out_dim, in_dim))
+        self.bias = nn.Parameter(torch.zeros(out_dim))
+
+    def scores(self, z: torch.Tensor) -> torch.Tensor:
+        """Router scores s (..., M)."""
+        return self.router(z)
+
+    def mixture(self, z: torch.Tensor) -> torch.Tensor:
+        """e = s V (..., d_e)."""
+        return torch.matmul(self.scores(z), self.values.to(z.dtype))
+
+    def module_weights(self) -> torch.Tensor:
+        """W^(m) = reshape(G V_m), (M, d_out, d_in) (for tests and analysis)."""
+        return torch.einsum("me,eoi->moi", self.values, self.generator)
+
+    def compose(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-example weights W = reshape(G e + g): z (B, d) -> (B, d_out, d_in)."""
+        e = self.mixture(z)
+        W = torch.matmul(e, self.generator.view(self.embed_dim, -1))
+        return W.view(-1, self.out_dim, self.in_dim) + self.generator_bias
+
+    def apply_per_example(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """x (B, T, d_in), z (B, d) -> x W_bᵀ + b (B, T, d_out), one W_b per row b."""
+        W = self.compose(z)
+        return torch.baddbmm(self.bias, x, W.transpose(1, 2))
+
+    def apply_per_token(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """x (..., d_in), z (..., d) -> (..., d_out): y = Σ_j e_j G^(j) x + g x + b."""
+        shape = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_dim)
+        e = self.mixture(z.reshape(-1, z.size(-1)))  # (N, d_e)
+        proj = F.linear(x2, self.generator.view(self.embed_dim * self.out_dim, self.in_dim))
+        y = torch.bmm(e.unsqueeze(1), proj.view(-1, self.embed_dim, self.out_dim)).squeeze(1)
+        y = y + F.linear(x2, self.generator_bias, self.bias)
+        return y.view(*shape, self.out_dim)
+
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Per example when z has one dimension fewer than x ((B, d) for x (B, T, d_in)),
+        per token when z has x's leading shape."""
+        if z.dim() == x.dim() - 1:
+            return self.apply_per_example(x, z)
+        if z.shape[:-1] != x.shape[:-1]:
+            raise ValueError(f"hyper context {tuple(z.shape)} fits neither per example nor "
+                             f"per token for input {tuple(x.shape)}")
+        return self.apply_per_token(x, z)
+
+    def extra_repr(self) -> str:
+        return (f"in={self.in_dim}, out={self.out_dim}, modules={self.num_modules}, "
+                f"embed={self.embed_dim}, temperature={self.router.temperature}")
+
+
+def example_embedding(h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
+    """Encoder z: masked mean of h (B, T, d) over the real positions -> (B, d)."""
+    w = real.unsqueeze(-1).to(h.dtype)
+    return (h * w).sum(1) / w.sum(1).clamp_min(1)
+
+
+def prefix_embedding(h: torch.Tensor, real: torch.Tensor, prev=None):
+    """Decoder z: causal prefix mean of h (B, T, d) over real positions <= t, continuing
+    from ``prev = (sum (B, d), count (B,))`` of earlier positions (incremental decoding).
+    Returns z (B, T, d) and the (sum, count) through the last position."""
+    w = real.unsqueeze(-1).to(h.dtype)
+    sums, counts = (h * w).cumsum(1), w.cumsum(1)
+    if prev is not None:
+        prev_sum, prev_count = prev
+        sums, counts = sums + prev_sum.unsqueeze(1), counts + prev_count.view(-1, 1, 1)
+    return sums / counts.clamp_min(1), (sums[:, -1], counts[:, -1, 0])
