@@ -370,3 +370,12 @@ def test_gated_ffn_combines_with_hyper_modules():
         full, _ = model.decoder(prev, enc)
         inc, _, _ = run_incremental(model, enc, prev)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+
+
+def test_expert_report_finds_no_router_in_a_hyper_model():
+    """Hyper-modules route no tokens: the expert report's router list is empty (its command
+    line then stops with a clear error instead of failing inside a hook)."""
+    from sut_fairseq.analysis.expert_report import routers
+
+    assert routers(small_model()) == {}
+    assert set(routers(make_model("sut_tiny", dict_size=40))) >= {"encoder self-attn", "encoder FFD"}

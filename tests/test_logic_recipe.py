@@ -45,6 +45,9 @@ def run(command, timeout=300, check=True):
     return proc
 
 
+HALTING_DEPTH = "sut_fairseq.analysis.halting_depth"  # python -m
+
+
 def commands(out, tool):
     """The printed ``+ ...`` commands of ``tool``, as argument lists (redirect removed)."""
     found = []
@@ -53,7 +56,8 @@ def commands(out, tool):
             argv = shlex.split(line[2:])
             if ">" in argv:
                 argv = argv[:argv.index(">")]
-            if os.path.basename(argv[0]) == tool or (len(argv) > 1 and os.path.basename(argv[1]) == tool):
+            if os.path.basename(argv[0]) == tool or (len(argv) > 1 and os.path.basename(argv[1]) == tool) \
+                    or argv[1:3] == ["-m", tool]:
                 found.append(argv)
     return found
 
@@ -135,7 +139,7 @@ def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
     assert compositional == ["test"] * 12
     assert len(commands(out, "accuracy.py")) == len(generates)
     # halting analysis: standard protocol, the plugin's three models (not the transformer)
-    halting = commands(out, "halting_depth.py")
+    halting = commands(out, HALTING_DEPTH)
     assert sorted(value(a, "--path").split(os.sep)[-5] for a in halting) == ["sut", "ut-halting", "ut-no-halting"]
     assert all(a[a.index("--subsets") + 1:a.index("--keys")] == [f"test{k}" for k in range(7, 13)] for a in halting)
     assert commands(out, "summarize.py")
@@ -229,14 +233,14 @@ def test_evaluate_dry_run_threshold_and_analysis(tmp_path):
     assert all(value(a, "--model-overrides") == "{'halting_threshold': 0.8}" for a in generates)
     assert [value(a, "--reference") for a in commands(out, "accuracy.py")] == [os.path.join("D", "test0.tgt"),
                                                                                 os.path.join("D", "test12.tgt")]
-    (halting,) = commands(out, "halting_depth.py")
-    assert value(halting, "--threshold") == "0.8" and halting[2] == os.path.join("D", "bin")
+    (halting,) = commands(out, HALTING_DEPTH)
+    assert value(halting, "--threshold") == "0.8" and halting[3] == os.path.join("D", "bin")
     out = run([sys.executable, EVALUATE, "transformer", *base, "--threshold", "0.8"]).stdout
     assert not any("--model-overrides" in a for a in commands(out, "fairseq-generate"))
-    assert not commands(out, "halting_depth.py")
+    assert not commands(out, HALTING_DEPTH)
     out = run([sys.executable, EVALUATE, "ut-halting", *base, "--protocol", "C"]).stdout
     assert [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")] == ["test"]
-    assert not commands(out, "halting_depth.py")  # Figure 4 is per operator count: standard only
+    assert not commands(out, HALTING_DEPTH)  # Figure 4 is per operator count: standard only
     assert not (tmp_path / "e").exists()
 
 

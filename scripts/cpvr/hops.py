@@ -34,6 +34,7 @@ import cpvr_recipe as recipe  # noqa: E402
 import summarize  # noqa: E402
 from sut_fairseq.recipes import (RecipeError, add_stage_arguments, run, run_stages,  # noqa: E402
                                  show, write_json_atomic)
+from sut_fairseq.recipes.numbers import parse_numbers  # noqa: E402
 from sut_fairseq.recipes.runs import RunDir, add_grid_arguments  # noqa: E402
 from sut_fairseq.recipes.train_log import best_valid, parse_train_log  # noqa: E402
 
@@ -133,20 +134,14 @@ def report(args):
 
 
 def parse_hops(text):
-    """``"1..9"``, ``"1-4"`` or ``"1,3,5"`` -> sorted hop numbers."""
-    hops = set()
-    for part in text.split(","):
-        part = part.strip()
-        for sep in ("..", "-"):
-            if sep in part:
-                low, high = part.split(sep, 1)
-                hops.update(range(int(low), int(high) + 1))
-                break
-        else:
-            hops.add(int(part))
-    if not hops or min(hops) < 1:
-        raise argparse.ArgumentTypeError(f"hops must be positive integers, got {text!r}")
-    return sorted(hops)
+    """``"1..9"``, ``"1-4"`` or ``"1,3,5"`` -> sorted hop numbers (all >= 1)."""
+    try:
+        hops = parse_numbers(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+    if hops[0] < 1:
+        raise argparse.ArgumentTypeError(f"hops must be >= 1, got {text!r}")
+    return hops
 
 
 def main(argv=None):

@@ -18,7 +18,7 @@ Each split is scored by ``accuracy.py`` (exact relation token; printed as that c
 and run in this process), which fails unless every line of the split's text file was
 scored exactly once. Files in ``--out-dir``: ``generate-SPLIT.txt`` (fairseq-generate's output),
 ``score-SPLIT.json`` (``accuracy.py``'s), ``halting.json``
-(``halting_depth.py``; standard protocol, SUT/UT models only) and ``eval.json`` (written
+(``python -m sut_fairseq.analysis.halting_depth``; standard protocol, SUT/UT models only) and ``eval.json`` (written
 atomically): ``{"model", "protocol", "checkpoint", "accuracy": {KEY: counts and %},
 "halting_depth": {KEY: ...} or null, "commands", "seconds"}`` where KEY is the bucket
 number as a string (standard) or the protocol letter. Every command is printed before
@@ -43,7 +43,7 @@ def score_command(gen_out, reference, out_json):
 
 
 def halting_command(data_bin, checkpoint, splits, out_json, threshold=None):
-    command = [sys.executable, os.path.join(HERE, "halting_depth.py"), data_bin,
+    command = [sys.executable, "-m", "sut_fairseq.analysis.halting_depth", data_bin,
                "--path", checkpoint, "--subsets", *[s["subset"] for s in splits],
                "--keys", *[s["key"] for s in splits], "--json", out_json]
     if threshold is not None:

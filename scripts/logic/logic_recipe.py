@@ -31,13 +31,14 @@ from typing import Dict, List, Optional, Sequence
 from sut_fairseq.recipes import (RecipeError, atomic_path, flag_value, format_command,  # noqa: F401
                                  load_json, merge_flags, parse_flags, run, show, tool, user_dir,
                                  write_json_atomic, write_text_atomic)
+from sut_fairseq.recipes.grid import MODEL_SHAPING_COMMON, ModelGrid  # noqa: F401
+from sut_fairseq.recipes.numbers import parse_numbers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CONFIG_DIR = os.path.join(REPO, "configs", "logic")
 DATA_PREP = os.path.join(REPO, "data-prep", "logic")
 
 MODELS = ("sut", "ut-halting", "ut-no-halting", "transformer")
-CONFIGS = ("full", "reduced")
 PROTOCOLS = ("standard", "A", "B", "C")
 COMPOSITIONAL = ("A", "B", "C")
 #: Buckets (operator counts) of the standard protocol's test files.
@@ -65,25 +66,10 @@ DEFAULT_GENERATE_BATCH = 256
 
 # --------------------------------------------------------------------------- configs
 
-def load_common(config_dir: str = CONFIG_DIR) -> dict:
-    return load_json(os.path.join(config_dir, "common.json"))
-
-
-def load_model(model: str, config_dir: str = CONFIG_DIR) -> dict:
-    if model not in MODELS:
-        raise RecipeError(f"unknown model {model!r}: choose from {', '.join(MODELS)}")
-    return load_json(os.path.join(config_dir, f"{model}.json"))
-
-
-def label(model: str) -> str:
-    try:
-        return load_model(model)["label"]
-    except RecipeError:
-        return model
-
-
-def has_halting(model: str) -> bool:
-    return bool(load_model(model).get("halting"))
+#: configs/logic: common.json and one MODEL.json per model (``sut_fairseq.recipes.grid``).
+GRID = ModelGrid(CONFIG_DIR, MODELS)
+load_common, load_model, label, has_halting = GRID.common, GRID.model, GRID.label, GRID.has_halting
+model_arch_flags = GRID.model_arch_flags
 
 
 def is_sut_transformer(model: str) -> bool:
@@ -98,20 +84,13 @@ def parse_buckets(text: str) -> List[int]:
     text = text.strip()
     if text == "all":
         return list(ALL_BUCKETS)
-    buckets = set()
-    for part in text.split(","):
-        part = part.strip()
-        for sep in ("..", "-"):
-            if sep in part:
-                low, high = part.split(sep, 1)
-                buckets.update(range(int(low), int(high) + 1))
-                break
-        else:
-            buckets.add(int(part))
-    bad = sorted(b for b in buckets if b not in ALL_BUCKETS)
-    if bad or not buckets:
+    try:
+        buckets = parse_numbers(text)
+    except ValueError as err:
+        raise RecipeError(f"buckets must lie in 0..12: {err}") from None
+    if any(b not in ALL_BUCKETS for b in buckets):
         raise RecipeError(f"buckets must lie in 0..12, got {text!r}")
-    return sorted(buckets)
+    return buckets
 
 
 def eval_splits(protocol: str, buckets: Sequence[int] = REPORT_BUCKETS) -> List[Dict]:
@@ -133,22 +112,7 @@ def train_flags(model: str, config: str, seed: int = 1, save_dir: Optional[str] 
                 stop_time_hours: Optional[float] = None, max_update: Optional[int] = None,
                 cpu: bool = False, extra: Sequence[str] = ()) -> List[str]:
     """Every fairseq-train option after ``DATA`` for one run (merged: later wins)."""
-    if config not in CONFIGS:
-        raise RecipeError(f"unknown configuration {config!r}: choose from {', '.join(CONFIGS)}")
-    common, spec = load_common(), load_model(model)
-    groups = [common["task"], common["flags"], common["configs"][config]["flags"],
-              ["--arch", spec["arch"]], spec["model_flags"], spec["loss_flags"],
-              ["--seed", str(seed)]]
-    if save_dir is not None:
-        groups.append(["--save-dir", save_dir])
-    if stop_time_hours is not None:
-        groups.append(["--stop-time-hours", f"{stop_time_hours:g}"])
-    if max_update is not None:
-        groups.append(["--max-update", str(max_update)])
-    if cpu:
-        groups.append(["--cpu"])
-    groups.append(list(extra))
-    return merge_flags(*groups)
+    return GRID.train_flags(model, config, seed, save_dir, stop_time_hours, max_update, cpu, extra)
 
 
 def train_command(model: str, data_bin: str, config: str, seed: int = 1,
@@ -156,19 +120,16 @@ def train_command(model: str, data_bin: str, config: str, seed: int = 1,
                   max_update: Optional[int] = None, cpu: bool = False,
                   extra: Sequence[str] = (), required: bool = True) -> List[str]:
     """fairseq-train for one model and configuration."""
-    flags = train_flags(model, config, seed, save_dir, stop_time_hours, max_update, cpu, extra)
-    return [tool("fairseq-train", required), data_bin, "--user-dir", user_dir(), *flags]
+    return GRID.train_command(model, data_bin, config, seed, save_dir, stop_time_hours,
+                              max_update, cpu, extra, required)
 
 
 def generate_command(data_bin: str, checkpoint: str, subset: str,
                      batch_size: int = DEFAULT_GENERATE_BATCH, cpu: bool = False,
                      extra: Sequence[str] = (), required: bool = True) -> List[str]:
     """Greedy fairseq-generate over one whole split."""
-    flags = merge_flags(["--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-                         "--path", checkpoint, "--gen-subset", subset,
-                         "--batch-size", str(batch_size)], GENERATE_FLAGS,
-                        ["--cpu"] if cpu else [], list(extra))
-    return [tool("fairseq-generate", required), data_bin, "--user-dir", user_dir(), *flags]
+    return GRID.generate_command(data_bin, checkpoint, subset, batch_size, GENERATE_FLAGS, cpu,
+                                 extra, required)
 
 
 def generate_data_command(out: str, pairs: int = 500_000, seed: int = 1,
@@ -182,16 +143,3 @@ def prepare_command(original: str, out: str, protocol: str, overwrite: bool = Fa
     return [sys.executable, os.path.join(DATA_PREP, "prepare.py"), "--data", original,
             "--out", out, "--protocol", protocol, "--binarize",
             *(["--overwrite"] if overwrite else [])]
-
-
-#: Options of common.json that shape the model (the rest is optimisation and logging).
-MODEL_SHAPING_COMMON = ("--share-all-embeddings", "--encoder-normalize-before",
-                        "--decoder-normalize-before")
-
-
-def model_arch_flags(model: str) -> List[str]:
-    """``--arch``, the model's architecture options and the shared ones of common.json
-    (embedding sharing, pre-LN): what builds the model, no optimisation."""
-    spec = load_model(model)
-    shared = [f for f in load_common()["flags"] if f in MODEL_SHAPING_COMMON]
-    return ["--arch", spec["arch"], *spec["model_flags"], *shared]

@@ -33,14 +33,16 @@ SCORES = ("pmi", "p_token_given_expert", "count")
 
 
 def routers(model) -> Dict[str, object]:
-    """name -> Router for every routed layer with more than one expert."""
+    """name -> Router for every routed layer with more than one expert (a hyper-module
+    sub-layer of Hyper-UT routes no tokens and has none)."""
     found = {}
     for side_name, side in (("encoder", model.encoder), ("decoder", model.decoder)):
         block = side.block
         for layer_name, layer in (("self-attn", block.self_attn), ("cross-attn", block.cross_attn),
                                   ("FFD", block.ffd)):
-            if layer is not None and layer.router.num_experts > 1:
-                found[f"{side_name} {layer_name}"] = layer.router
+            router = getattr(layer, "router", None)
+            if router is not None and router.num_experts > 1:
+                found[f"{side_name} {layer_name}"] = router
     return found
 
 
@@ -203,6 +205,9 @@ def main(argv=None) -> int:
     model, task = load(args.data, args.path, args.threshold, args.gen_subset)
     if not hasattr(model.encoder, "block"):
         raise SystemExit("error: the expert report needs a sut_transformer checkpoint")
+    if not routers(model):
+        raise SystemExit(f"error: {args.path} has no layer with more than one expert (a dense "
+                         "UT or a Hyper-UT, whose hyper-modules route no tokens): nothing to report")
     co = collect(model, task, args.gen_subset, args.threshold, args.max_sentences, args.batch_size,
                  args.decoder_token)
     report = build_report(co, task.source_dictionary, task.target_dictionary, args.top, args.score,
