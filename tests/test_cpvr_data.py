@@ -322,14 +322,19 @@ def test_baselines_on_hand_made_sets():
     result = cpvr.baselines(stats, Counter(e.label for e in train))
     assert result["majority_label"] == 1
     rows = result["hops"]
-    assert rows["1"] == {"size": 2, "copy_first": 1.0, "majority": 0.5, "capped_4": 1.0}
-    assert rows["2"] == {"size": 2, "copy_first": 0.0, "majority": 0.0, "capped_4": 1.0}
-    # hop 5: the capped solver stops at position 3 and answers a[3] = 5; copy answers 2
+    assert rows["1"] == {"size": 2, "copy_first": 1.0, "majority": 0.5, "first_or_last": 1.0, "capped_4": 1.0}
+    # hop 2: first-or-last answers a[5] = 6 and 1 for labels 2 and 7
+    assert rows["2"] == {"size": 2, "copy_first": 0.0, "majority": 0.0, "first_or_last": 0.0, "capped_4": 1.0}
+    # hop 5: the capped solver stops at position 3 and answers a[3] = 5; copy answers 2;
+    # first-or-last answers a[5] = 6 (the chain ends at position 4)
     assert rows["5"] == {"size": 3, "copy_first": pytest.approx(1 / 3), "majority": pytest.approx(1 / 3),
-                         "capped_4": 0.0}
+                         "first_or_last": 0.0, "capped_4": 0.0}
     assert cpvr.capped_solver([2, 3, 4, 5, 1, 6]) == 5
+    # a chain that ends at the last cell: 0 -> 1 -> 2 (a[2] = 3 points back to 2), L = 3
+    assert cpvr.retrieve((2, 3, 3)) == (3, 3) and cpvr.first_or_last((2, 3, 3)) == 3
+    assert cpvr.first_or_last((4, 2, 5)) == 4  # a[0] = 4 points to 0 (L = 3): one hop
     table = cpvr.baseline_table(result)
-    assert "| 5 | 3 | 33.33 | 33.33 | 0.00 |" in table and "majority label (1)" in table
+    assert "| 5 | 3 | 33.33 | 33.33 | 0.00 | 0.00 |" in table and "majority label (1)" in table
     assert cpvr.majority_label(Counter({4: 2, 3: 2, 9: 1})) == 3   # ties: the smallest
 
 

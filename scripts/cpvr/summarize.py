@@ -7,7 +7,7 @@ beside the shortcut baselines of the data, as a table and two figures.
 Reads ``WORK/MODEL/seedN/result.json`` (``hops.py``'s evaluate stage) and
 ``DATA/baselines.json`` (``data-prep/cpvr/generate.py``); writes, atomically,
 ``WORK/hops.md`` (the table), ``WORK/hops.json`` (the same numbers),
-``WORK/accuracy.png`` (accuracy per hop, with the capped solver) and ``WORK/depth.png``
+``WORK/accuracy.png`` (accuracy per hop, with the capped solver and the first-or-last shortcut) and ``WORK/depth.png``
 (mean executed encoder steps per hop). Seeds are averaged. Spearman's rho between the hop
 count and the mean depth over hops 1-6 says whether the depth rises with the hops.
 """
@@ -91,7 +91,10 @@ def summarize(work_dir: str, data_dir: str) -> str:
              "/".join(f"{u:,}" for u in m["updates"] if u is not None) or "–"]
             + [cell(m["accuracy"].get(n)) for n in hops] for m in models.values()]
     names = {"copy_first": "copy a[0]", "majority": "most frequent label",
+             "first_or_last": "a[0] if one hop, else a[L−1]",
              f"capped_{baselines['capped_hops']}": f"solver capped at {baselines['capped_hops']} hops"}
+    first_row = next(iter(baselines["hops"].values()))
+    names = {key: name for key, name in names.items() if key in first_row}
     for key, name in names.items():
         rows.append([f"*{name}*", "–", "–"] + [
             f"*{100 * baselines['hops'][str(n)][key]:.1f}*" if str(n) in baselines["hops"] else "–"
@@ -118,8 +121,9 @@ def summarize(work_dir: str, data_dir: str) -> str:
         "baselines": baselines})
     series = OrderedDict((m["label"], (list(m["accuracy"]), [v[0] for v in m["accuracy"].values()]))
                          for m in models.values())
-    capped = f"capped_{baselines['capped_hops']}"
-    series[names[capped]] = (hops, [100 * baselines["hops"][str(n)][capped] for n in hops])
+    for key in ("first_or_last", f"capped_{baselines['capped_hops']}"):  # the two telling shortcuts
+        if key in names:
+            series[names[key]] = (hops, [100 * baselines["hops"][str(n)][key] for n in hops])
     line_plot(os.path.join(work_dir, "accuracy.png"), series, "hops", "accuracy (%)",
               "C-PVR accuracy per hop (trained on 1–4)", xticks=hops)
     line_plot(os.path.join(work_dir, "depth.png"),

@@ -358,6 +358,13 @@ def copy_first(sequence: Sequence[int]) -> int:
     return sequence[0]
 
 
+def first_or_last(sequence: Sequence[int]) -> int:
+    """Shortcut (d): ``a[0]`` when it points to position 0 (a one-hop chain), else
+    ``a[L-1]``: the last cell never points forward, so every chain that reaches it ends
+    there, and long chains usually do. It needs no pointer following beyond cell 0."""
+    return sequence[0] if pointer(sequence, 0) == 0 else sequence[-1]
+
+
 def capped_solver(sequence: Sequence[int], max_hops: int = CAP_HOPS) -> int:
     """Shortcut (c): follow at most ``max_hops - 1`` jumps and answer ``a[p]`` there."""
     return sequence[follow(sequence, max_hops)[0]]
@@ -366,11 +373,12 @@ def capped_solver(sequence: Sequence[int], max_hops: int = CAP_HOPS) -> int:
 @dataclass
 class SplitStats:
     """Running counts of one split: size, labels, (re)checked hop counts and the number
-    of examples the copy-a[0] and capped solvers get right."""
+    of examples the copy-a[0], first-or-last and capped solvers get right."""
     n: int = 0
     labels: Counter = field(default_factory=Counter)
     hops: Counter = field(default_factory=Counter)
     copy_first: int = 0
+    first_or_last: int = 0
     capped: int = 0
 
     def add(self, example: Example) -> None:
@@ -381,6 +389,7 @@ class SplitStats:
         self.labels[label] += 1
         self.hops[hops] += 1
         self.copy_first += copy_first(example.sequence) == label
+        self.first_or_last += first_or_last(example.sequence) == label
         self.capped += capped_solver(example.sequence) == label
 
     def summary(self) -> dict:
@@ -405,13 +414,15 @@ def majority_label(labels: Counter) -> int:
 
 def baselines(test: Dict[int, SplitStats], train_labels: Counter) -> dict:
     """Exact per-hop accuracies of the three shortcuts on the test sets:
-    ``{"majority_label": m, "hops": {n: {"size", "copy_first", "majority", "capped_4"}}}``."""
+    ``{"majority_label": m, "hops": {n: {"size", "copy_first", "majority", "first_or_last",
+    "capped_4"}}}``."""
     majority = majority_label(train_labels)
     rows = {}
     for n, stats in sorted(test.items()):
         rows[str(n)] = {"size": stats.n,
                         "copy_first": stats.copy_first / stats.n,
                         "majority": stats.labels[majority] / stats.n,
+                        "first_or_last": stats.first_or_last / stats.n,
                         f"capped_{CAP_HOPS}": stats.capped / stats.n}
     return {"majority_label": majority, "capped_hops": CAP_HOPS, "hops": rows}
 
@@ -427,9 +438,11 @@ def evaluate(examples: Sequence[Example]) -> SplitStats:
 def baseline_table(result: dict) -> str:
     """The Markdown table of :func:`baselines` (accuracies in %)."""
     m, cap = result["majority_label"], result["capped_hops"]
-    lines = [f"| hops | test size | copy a[0] | majority label ({m}) | solver capped at {cap} hops |",
-             "|---:|---:|---:|---:|---:|"]
+    lines = [f"| hops | test size | copy a[0] | majority label ({m}) | a[0] if one hop, else a[L-1] "
+             f"| solver capped at {cap} hops |",
+             "|---:|---:|---:|---:|---:|---:|"]
     for n, row in result["hops"].items():
         lines.append(f"| {n} | {row['size']:,} | {100 * row['copy_first']:.2f} | "
-                     f"{100 * row['majority']:.2f} | {100 * row[f'capped_{cap}']:.2f} |")
+                     f"{100 * row['majority']:.2f} | {100 * row['first_or_last']:.2f} | "
+                     f"{100 * row[f'capped_{cap}']:.2f} |")
     return "\n".join(lines)

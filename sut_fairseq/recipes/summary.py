@@ -38,6 +38,9 @@ def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[fl
               xlabel: str, ylabel: str, title: str, xticks: Optional[List[float]] = None) -> None:
     """One line per series (label -> (x, y)), markers on the points, written atomically as
     a PNG (matplotlib's Agg backend: no display needed)."""
+    import logging
+
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # not its start-up and font search
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
