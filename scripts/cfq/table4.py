@@ -33,19 +33,19 @@ Runs go one after another (never two trainings at once) into ``WORK/VARIANT/SPLI
 Every command is printed before it runs; ``--dry-run`` only prints them. ``--smoke``
 swaps in a tiny ut_cfq and a few updates (CPU, e.g. on the test fixture).
 """
-import argparse
 import os
 import shlex
 import sys
 import time
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cfq_recipe as recipe  # noqa: E402
 import exact_match  # noqa: E402
 import summarize  # noqa: E402
-from sut_fairseq.recipes import (RecipeError, add_stage_arguments, run as run_command,  # noqa: E402
-                                 run_stages, show, write_json_atomic, write_text_atomic)
-from sut_fairseq.recipes.runs import RunDir, add_grid_arguments  # noqa: E402
+from sut_fairseq.recipes import (RecipeError, recipe_parser, run as run_command,  # noqa: E402
+                                 run_grid, show, write_json_atomic, write_text_atomic)
+from sut_fairseq.recipes.runs import RunDir, parse_grid_args  # noqa: E402
 from sut_fairseq.recipes.train_log import best_valid  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -137,8 +137,7 @@ def report(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = recipe_parser(__doc__)
     parser.add_argument("--data", required=True, help="prepare.py's --out (DATA/SPLIT/bin, DATA/SPLIT/test.tgt)")
     parser.add_argument("--work-dir", required=True, help="where runs and results go")
     source = parser.add_mutually_exclusive_group()
@@ -150,16 +149,10 @@ def main(argv=None):
     parser.add_argument("--seeds", nargs="+", type=int, default=list(recipe.SEEDS))
     parser.add_argument("--smoke", action="store_true",
                         help="reduced CPU configuration: tiny ut_cfq, 6 updates, short decodes")
-    add_grid_arguments(parser)
-    add_stage_arguments(parser)
-    args = parser.parse_args(argv)
+    args = parse_grid_args(parser, argv)
 
-    return run_stages(args, {
-        "data": lambda: prepare_data(args),
-        "train": lambda: [train(args, *r) for r in grid(args)],
-        "evaluate": lambda: [evaluate(args, *r) for r in grid(args)],
-        "report": lambda: report(args),
-    })
+    return run_grid(args, lambda: prepare_data(args), lambda: grid(args), partial(train, args),
+                    partial(evaluate, args), lambda: report(args))
 
 
 if __name__ == "__main__":

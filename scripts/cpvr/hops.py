@@ -28,14 +28,15 @@ import argparse
 import os
 import shlex
 import sys
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpvr_recipe as recipe  # noqa: E402
 import summarize  # noqa: E402
-from sut_fairseq.recipes import (RecipeError, add_stage_arguments, run, run_stages,  # noqa: E402
+from sut_fairseq.recipes import (RecipeError, recipe_parser, run, run_grid,  # noqa: E402
                                  show, write_json_atomic)
 from sut_fairseq.recipes.numbers import parse_numbers  # noqa: E402
-from sut_fairseq.recipes.runs import RunDir, add_grid_arguments  # noqa: E402
+from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args  # noqa: E402
 from sut_fairseq.recipes.train_log import best_valid, parse_train_log  # noqa: E402
 
 
@@ -145,9 +146,7 @@ def parse_hops(text):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = recipe_parser(__doc__)
     parser.add_argument("--data-dir", default=os.path.join("data", "cpvr"))
     parser.add_argument("--work-dir", default=os.path.join("runs", "cpvr"))
     parser.add_argument("--data-config", default="small",
@@ -155,24 +154,14 @@ def main(argv=None):
     parser.add_argument("--config", default="cpu", help="training configuration of common.json (default: cpu)")
     parser.add_argument("--models", nargs="+", default=list(recipe.GRID.models), choices=recipe.GRID.models)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
-    parser.add_argument("--max-update", type=int, default=None,
-                        help="update budget of every model (default: the configuration's)")
-    parser.add_argument("--stop-time-hours", type=float, default=None,
-                        help="wall-clock cap of every model (default: the configuration's)")
     parser.add_argument("--hops", type=parse_hops, default=None,
                         help="test hops to evaluate (default: every test split of the data)")
     parser.add_argument("--batch-size", type=int, default=recipe.DEFAULT_GENERATE_BATCH,
                         help="fairseq-generate --batch-size")
-    parser.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq-train/-generate")
-    add_grid_arguments(parser)
-    add_stage_arguments(parser)
-    args = parser.parse_args(argv)
-    return run_stages(args, {
-        "data": lambda: prepare_data(args),
-        "train": lambda: [train(args, *r) for r in grid(args)],
-        "evaluate": lambda: [evaluate(args, *r) for r in grid(args)],
-        "report": lambda: report(args),
-    })
+    add_budget_arguments(parser)
+    args = parse_grid_args(parser, argv)
+    return run_grid(args, lambda: prepare_data(args), lambda: grid(args), partial(train, args),
+                    partial(evaluate, args), lambda: report(args))
 
 
 if __name__ == "__main__":

@@ -38,17 +38,17 @@ rows and writes ``WORK/table5.md``, ``WORK/table5.json`` and ``WORK/figure4.png`
 ``--force`` redoes the selected stages of every run from scratch (the train stage deletes
 the run). Every command is printed before it runs; ``--dry-run`` only prints them.
 """
-import argparse
 import os
 import shlex
 import sys
+from functools import partial
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import evaluate as evaluation  # noqa: E402
 import logic_recipe as recipe  # noqa: E402
 import summarize  # noqa: E402
-from sut_fairseq.recipes import add_stage_arguments, run_stages  # noqa: E402
-from sut_fairseq.recipes.runs import RunDir, add_grid_arguments  # noqa: E402
+from sut_fairseq.recipes import recipe_parser, run_grid  # noqa: E402
+from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args  # noqa: E402
 from sut_fairseq.recipes.train_log import parse_train_log  # noqa: E402
 
 ORIGINAL_FILES = [f"{p}{k}" for p in ("train", "test") for k in recipe.ALL_BUCKETS]
@@ -146,9 +146,7 @@ def report(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter,
-                                     epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    parser = recipe_parser(__doc__)
     parser.add_argument("--data-dir", default=os.path.join("data", "logic"))
     parser.add_argument("--work-dir", default=os.path.join("runs", "logic"))
     parser.add_argument("--original", default=None,
@@ -160,31 +158,22 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", default=list(recipe.MODELS), choices=recipe.MODELS)
     parser.add_argument("--protocols", nargs="+", default=list(recipe.PROTOCOLS), choices=recipe.PROTOCOLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
-    parser.add_argument("--stop-time-hours", type=float, default=None,
-                        help="wall-clock cap of every model (default: the configuration's)")
-    parser.add_argument("--max-update", type=int, default=None, help="update budget of every model (default: the configuration's)")
     parser.add_argument("--buckets", default="7..12",
                         help="standard-protocol buckets to evaluate: 7..12 (default), all, 0..12")
     parser.add_argument("--batch-size", type=int, default=recipe.DEFAULT_GENERATE_BATCH,
                         help="fairseq-generate --batch-size")
     parser.add_argument("--threshold", type=float, default=None,
                         help="alpha_thresh at evaluation (default: the checkpoint's, 0.999)")
-    parser.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq-train/-generate")
-    add_grid_arguments(parser)
-    add_stage_arguments(parser)
-    args = parser.parse_args(argv)
+    add_budget_arguments(parser)
+    args = parse_grid_args(parser, argv)
     try:
         args.buckets = recipe.parse_buckets(args.buckets)
     except (recipe.RecipeError, ValueError) as err:
         parser.error(str(err))
     config = "reduced" if args.reduced else "full"
 
-    return run_stages(args, {
-        "data": lambda: prepare_data(args),
-        "train": lambda: [train(args, config, *r) for r in grid(args, config)],
-        "evaluate": lambda: [evaluate(args, config, *r) for r in grid(args, config)],
-        "report": lambda: report(args),
-    })
+    return run_grid(args, lambda: prepare_data(args), lambda: grid(args, config),
+                    partial(train, args, config), partial(evaluate, args, config), lambda: report(args))
 
 
 if __name__ == "__main__":

@@ -29,11 +29,11 @@ from .commands import (RecipeError, flag_value, flag_values, format_command, mer
                        parse_flags, run, show, tool, user_dir)
 from .files import (atomic_path, load_json, load_results, write_json_atomic, write_lines_atomic,
                     write_text_atomic)
-from .stages import STAGES, add_stage_arguments, run_stages, selected_stages
+from .stages import STAGES, add_stage_arguments, recipe_parser, run_grid, run_stages, selected_stages
 
 __all__ = [
     "RecipeError", "flag_value", "flag_values", "format_command", "merge_flags", "parse_flags",
     "run", "show", "tool", "user_dir", "atomic_path", "load_json", "load_results",
     "write_json_atomic", "write_lines_atomic", "write_text_atomic", "STAGES",
-    "add_stage_arguments", "run_stages", "selected_stages",
+    "add_stage_arguments", "recipe_parser", "run_grid", "run_stages", "selected_stages",
 ]

@@ -15,6 +15,7 @@ from typing import Optional, Sequence
 
 from .commands import RecipeError, run, show
 from .files import load_json
+from .stages import add_stage_arguments
 
 
 class RunDir:
@@ -78,3 +79,21 @@ def add_grid_arguments(parser) -> None:
                         help="delete each run's checkpoints once it is scored")
     parser.add_argument("--train-args", default="", help="extra fairseq-train options (one string)")
     parser.add_argument("--generate-args", default="", help="extra fairseq-generate options (one string)")
+
+
+def add_budget_arguments(parser) -> None:
+    """The training budget every model of a grid shares: ``--max-update``,
+    ``--stop-time-hours`` (defaults: the configuration's) and ``--cpu``."""
+    parser.add_argument("--max-update", type=int, default=None,
+                        help="update budget of every model (default: the configuration's)")
+    parser.add_argument("--stop-time-hours", type=float, default=None,
+                        help="wall-clock cap of every model (default: the configuration's)")
+    parser.add_argument("--cpu", action="store_true", help="pass --cpu to fairseq-train/-generate")
+
+
+def parse_grid_args(parser, argv=None):
+    """Add the grid's options (:func:`add_grid_arguments`) and the stages'
+    (``--stage``, ``--stop-stage``, ``--dry-run``) to a recipe's parser and parse ``argv``."""
+    add_grid_arguments(parser)
+    add_stage_arguments(parser)
+    return parser.parse_args(argv)

@@ -26,6 +26,14 @@ def _stage(text: str) -> str:
     raise argparse.ArgumentTypeError(f"unknown stage {text!r}: choose from {choices}")
 
 
+def recipe_parser(doc: str) -> argparse.ArgumentParser:
+    """The argument parser of a recipe script: its docstring's first paragraph as the
+    description, the rest (usage, stages, files) as the epilog, kept as written."""
+    paragraphs = doc.split("\n\n")
+    return argparse.ArgumentParser(description=paragraphs[0], epilog="\n\n".join(paragraphs[1:]),
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
 def add_stage_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``--stage``, ``--stop-stage`` and ``--dry-run`` to a recipe's parser."""
     names = ", ".join(f"{i} {name}" for i, name in enumerate(STAGES, 1))
@@ -64,3 +72,15 @@ def run_stages(args: argparse.Namespace, handlers: Dict[str, Callable[[], None]]
     if not args.dry_run:
         print(f"=== done in {time.time() - start:.0f} s", flush=True)
     return 0
+
+
+def run_grid(args: argparse.Namespace, data: Callable[[], None], runs: Callable[[], list],
+             train: Callable, evaluate: Callable, report: Callable[[], None]) -> int:
+    """:func:`run_stages` for a recipe over a grid: ``runs()`` lists the runs (tuples of
+    arguments), stage 2 calls ``train(*run)`` and stage 3 ``evaluate(*run)`` for each."""
+    return run_stages(args, {
+        "data": data,
+        "train": lambda: [train(*run) for run in runs()],
+        "evaluate": lambda: [evaluate(*run) for run in runs()],
+        "report": report,
+    })
