@@ -48,11 +48,6 @@ def binarize_command(executable, out_dir, bin_dir, test_names):
             "--destdir", bin_dir, "--workers", "1"]
 
 
-def binarized_test_splits(test_hops):
-    """``{hop: fairseq split name}``: the k-th test prefix becomes ``test{k}``, the first ``test``."""
-    return {n: ("test" if k == 0 else f"test{k}") for k, n in enumerate(test_hops)}
-
-
 def write_dataset(config, directory, progress=None):
     """Write the text files, ``stats.json`` and ``baselines.json`` into ``directory``;
     return ``(stats, baselines)``."""
@@ -125,12 +120,9 @@ def parse_args(argv):
 
 def main(argv=None):
     args, config = parse_args(argv)
-    od = output_dir
-    try:
-        od.check_output_dir(args.out, args.overwrite)
-    except od.OutputExistsError as err:
-        return od.refuse(err)
-    od.remove_stale(args.out)
+    refused = output_dir.claim(args.out, args.overwrite)
+    if refused is not None:
+        return refused
     executable = None
     if args.binarize:
         from sut_fairseq.recipes.commands import RecipeError, tool
@@ -147,9 +139,9 @@ def main(argv=None):
         except ImportError:
             pass
     start = time.time()
-    splits = binarized_test_splits(config.test_hops)
+    splits = cpvr.binarized_test_splits(config.test_hops)
     try:
-        with od.StagedDir(args.out, overwrite=args.overwrite) as stage:
+        with output_dir.StagedDir(args.out, overwrite=args.overwrite) as stage:
             try:
                 stats, result = write_dataset(config, stage.path, bar.update if bar else None)
             finally:
@@ -168,8 +160,8 @@ def main(argv=None):
                 with open(os.path.join(stage.path, "stats.json"), "w") as handle:
                     json.dump(stats, handle, indent=1)
                     handle.write("\n")
-    except od.OutputExistsError as err:
-        return od.refuse(err)
+    except output_dir.OutputExistsError as err:
+        return output_dir.refuse(err)
 
     c = config
     print(f"wrote C-PVR ({c.name}, {c.variant}: L={c.length}, K={c.max_value}, seed={c.seed}) "

@@ -78,12 +78,9 @@ def main(argv=None):
     if args.pairs < 1:
         parser.error(f"--pairs must be >= 1, got {args.pairs}")
 
-    od = output_dir
-    try:
-        od.check_output_dir(args.out, args.overwrite)
-    except od.OutputExistsError as err:
-        return od.refuse(err)
-    od.remove_stale(args.out)
+    refused = output_dir.claim(args.out, args.overwrite)
+    if refused is not None:
+        return refused
     li = logic_inference
     bar = None
     if not args.no_progress:
@@ -100,10 +97,10 @@ def main(argv=None):
             bar.close()
     splits = li.split_buckets(buckets)
     try:
-        with od.StagedDir(args.out, overwrite=args.overwrite) as stage:
+        with output_dir.StagedDir(args.out, overwrite=args.overwrite) as stage:
             li.write_original(stage.path, splits)
-    except od.OutputExistsError as err:
-        return od.refuse(err)
+    except output_dir.OutputExistsError as err:
+        return output_dir.refuse(err)
     elapsed = time.time() - start
 
     header, rows, worst = size_table(li, buckets, splits, args.pairs)

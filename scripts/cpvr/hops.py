@@ -33,6 +33,7 @@ from functools import partial
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpvr_recipe as recipe  # noqa: E402
 import summarize  # noqa: E402
+from sut_fairseq.data import cpvr  # noqa: E402
 from sut_fairseq.recipes import (RecipeError, recipe_parser, run, run_grid,  # noqa: E402
                                  show, write_json_atomic)
 from sut_fairseq.recipes.numbers import parse_numbers  # noqa: E402
@@ -79,8 +80,8 @@ def evaluate(args, model, seed, run_dir):
     if not run_dir.needs_evaluation(args.force, args.dry_run):
         return
     data_bin = os.path.join(args.data_dir, "bin")
-    if args.dry_run and not recipe.data_complete(args.data_dir):  # the data stage's layout
-        splits = {n: ("test" if n == 1 else f"test{n - 1}") for n in range(1, 10)}
+    if args.dry_run and not recipe.data_complete(args.data_dir):  # what the data stage writes
+        splits = cpvr.binarized_test_splits(cpvr.make_config(args.data_config).test_hops)
     else:
         splits = recipe.test_splits(args.data_dir)
     missing = sorted(set(args.hops or []) - set(splits))
@@ -149,7 +150,7 @@ def main(argv=None):
     parser = recipe_parser(__doc__)
     parser.add_argument("--data-dir", default=os.path.join("data", "cpvr"))
     parser.add_argument("--work-dir", default=os.path.join("runs", "cpvr"))
-    parser.add_argument("--data-config", default="small",
+    parser.add_argument("--data-config", default="small", choices=sorted(cpvr.CONFIGS),
                         help="data-prep/cpvr/generate.py --config (default: small)")
     parser.add_argument("--config", default="cpu", help="training configuration of common.json (default: cpu)")
     parser.add_argument("--models", nargs="+", default=list(recipe.GRID.models), choices=recipe.GRID.models)

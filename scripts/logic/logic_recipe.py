@@ -31,7 +31,7 @@ from typing import Dict, List, Optional, Sequence
 from sut_fairseq.recipes import (RecipeError, atomic_path, flag_value, format_command,  # noqa: F401
                                  load_json, merge_flags, parse_flags, run, show, tool, user_dir,
                                  write_json_atomic, write_text_atomic)
-from sut_fairseq.recipes.grid import MODEL_SHAPING_COMMON, ModelGrid  # noqa: F401
+from sut_fairseq.recipes.grid import ModelGrid
 from sut_fairseq.recipes.numbers import parse_numbers
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

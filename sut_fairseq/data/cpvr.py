@@ -282,6 +282,12 @@ class Example(NamedTuple):
     hops: int
 
 
+def binarized_test_splits(test_hops: Sequence[int]) -> Dict[int, str]:
+    """``{hop: fairseq split name}`` of ``fairseq-preprocess --testpref test{n1},test{n2},...``:
+    the first test prefix becomes ``test``, the k-th (k >= 1) ``test{k}``."""
+    return {n: ("test" if k == 0 else f"test{k}") for k, n in enumerate(test_hops)}
+
+
 def to_seq2seq(example: Example) -> Tuple[str, str]:
     """``(source, target)``: the L numbers space-separated, and the label."""
     return " ".join(map(str, example.sequence)), str(example.label)

@@ -81,6 +81,18 @@ def refuse(err: Exception) -> int:
     return EXIT_REFUSED
 
 
+def claim(path: str, overwrite: bool = False, inputs: Iterable[Optional[str]] = ()) -> Optional[int]:
+    """A script's start on its one output directory: :func:`check_output_dir`, then
+    :func:`remove_stale`. Returns None when ``path`` may be written, else the exit status
+    of the refusal (its ``error: ...`` printed by :func:`refuse`)."""
+    try:
+        check_output_dir(path, overwrite, inputs)
+    except OutputExistsError as err:
+        return refuse(err)
+    remove_stale(path)
+    return None
+
+
 # ---------------------------------------------------------------------------------------
 # Staging
 # ---------------------------------------------------------------------------------------

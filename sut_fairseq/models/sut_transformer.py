@@ -242,21 +242,15 @@ class SUTEncoder(FairseqEncoder):
             positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
-        if self.block.hyper:  # Hyper-UT: z_l = masked mean of h_{l-1} per sentence
+        if emb is None:  # (hyper-modules need no step embedding)
             self_kv = HaltedStateKV(self.block)
-            real = ~pad
 
             def step(h, S, running, _l):
-                z = example_embedding(h, real)  # (B, d)
+                # Hyper-UT: z_l = masked mean of h_{l-1} per sentence (B, d)
+                z = example_embedding(h, ~pad) if self.block.hyper else None
                 # hyper K/V change with every step's mixture: every row is projected again
                 k, v = self.block.self_kv(S, z) if self.block.hyper_kv else self_kv(S, running)
                 return self.block(h, k, v, running, self_padding_mask=pad, hyper_z=z)
-        elif emb is None:
-            self_kv = HaltedStateKV(self.block)
-
-            def step(h, S, running, _l):
-                k, v = self_kv(S, running)
-                return self.block(h, k, v, running, self_padding_mask=pad)
         else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
             coords = emb.positions(src_tokens, self.padding_idx, x)
             stepped_kv = SteppedStateKV(self.block, emb, coords)

@@ -92,17 +92,17 @@ def validate_args(args) -> None:
 def _validate_hyper(args) -> None:
     """The hyper-module options (docs/hyper_ut.md); with ``--hyper-modules M > 0`` the
     block must be dense (E = k = 1) with no relative positions or step embeddings."""
-    m = getattr(args, "hyper_modules", 0)
+    m = args.hyper_modules
     _require(_is_int(m) and m >= 0, "--hyper-modules", m, "must be an integer >= 0 (0 = off)")
-    d_e = getattr(args, "hyper_embed_dim", 128)
+    d_e = args.hyper_embed_dim
     _require(_is_int(d_e) and d_e >= 1, "--hyper-embed-dim", d_e, "must be a positive integer")
-    d_k = getattr(args, "hyper_key_dim", 0)
+    d_k = args.hyper_key_dim
     _require(_is_int(d_k) and d_k >= 0, "--hyper-key-dim", d_k,
              "must be an integer >= 0 (0 = the model width)")
-    tau = getattr(args, "hyper_router_temp", 1.0)
+    tau = args.hyper_router_temp
     _require(_is_real(tau) and 0.0 < tau < float("inf"), "--hyper-router-temp", tau,
              "must be a finite number > 0")
-    raw = getattr(args, "hyper_components", "qkv,out,ffn")
+    raw = args.hyper_components
     components = parse_components(raw)
     bad = [c for c in components if c not in HYPER_COMPONENTS]
     _require(not bad, "--hyper-components", raw,

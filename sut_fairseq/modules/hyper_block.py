@@ -21,6 +21,7 @@ from fairseq import utils
 
 from .dropout import Dropout
 from .hyper_module import HyperLinear, parse_components
+from .momha import hidden_keys, mask_bias
 
 
 class HyperConfig:
@@ -34,13 +35,12 @@ class HyperConfig:
 
     @classmethod
     def from_args(cls, args) -> Optional["HyperConfig"]:
-        """None when hyper-modules are off (``--hyper-modules 0``, or options absent)."""
-        m = getattr(args, "hyper_modules", 0) or 0
-        if m <= 0:
+        """None when hyper-modules are off (``--hyper-modules 0``); ``args`` carries the
+        architecture's defaults (``base_architecture``)."""
+        if args.hyper_modules <= 0:
             return None
-        return cls(m, getattr(args, "hyper_embed_dim", 128), getattr(args, "hyper_key_dim", 0),
-                   getattr(args, "hyper_router_temp", 1.0),
-                   getattr(args, "hyper_components", "qkv,out,ffn"))
+        return cls(args.hyper_modules, args.hyper_embed_dim, args.hyper_key_dim,
+                   args.hyper_router_temp, args.hyper_components)
 
     def linear(self, in_dim: int, out_dim: int, ctx_dim: int, hyper: bool, gain: float = 1.0,
                category: str = "other") -> nn.Module:
@@ -61,26 +61,6 @@ def apply_linear(layer: nn.Module, x: torch.Tensor, z: Optional[torch.Tensor]) -
             raise ValueError("a hyper-module needs the step's example embedding z")
         return layer(x, z)
     return layer(x)
-
-
-def hidden_keys(T: int, q_start: int, S: int, causal: bool,
-                key_padding_mask: Optional[torch.Tensor], device) -> Optional[torch.Tensor]:
-    """Keys each query may not see, bool (B|1, 1, T|1, S), True = hidden; a query whose
-    every key would be hidden (all-padding source, left-padding target position) sees
-    its keys unmasked instead, so its unused output stays finite (as MoMHA)."""
-    hidden = None
-    if causal:
-        i = torch.arange(q_start, q_start + T, device=device)
-        hidden = (torch.arange(S, device=device)[None, :] > i[:, None])[None, None]
-    if key_padding_mask is not None:
-        pad = key_padding_mask
-        if causal:
-            blind = (~pad).cumsum(-1)[:, q_start:q_start + T].eq(0)  # (B, T)
-            pad = pad[:, None, None, :] & ~blind[:, None, :, None]
-        else:
-            pad = (pad & ~pad.all(-1, keepdim=True))[:, None, None, :]
-        hidden = pad if hidden is None else hidden | pad
-    return hidden
 
 
 class HyperSelfAttention(nn.Module):
@@ -117,11 +97,8 @@ class HyperSelfAttention(nn.Module):
         B, T, d = query.shape
         H, D, S = self.num_heads, self.head_dim, key.size(2)
         q = apply_linear(self.q_proj, query, z).view(B, T, H, D).transpose(1, 2)
-        hidden = hidden_keys(T, q_start, S, self.causal, key_padding_mask, q.device)
-        bias = None
-        if hidden is not None:
-            bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(
-                hidden, float("-inf"))
+        bias = mask_bias(hidden_keys(T, 1, q_start, S, self.causal, key_padding_mask, q.device),
+                         q.dtype)
         o = F.scaled_dot_product_attention(
             q, key.to(q.dtype), value.to(q.dtype), attn_mask=bias,
             dropout_p=self.attention_dropout if self.training else 0.0)

@@ -53,10 +53,10 @@ class HyperRouter(nn.Module):
         self.query = nn.Linear(ctx_dim, key_dim, bias=False)
         self.keys = nn.Parameter(torch.randn(num_modules, key_dim))
         self.temperature = temperature
-        self.scale = 1.0 / (temperature * math.sqrt(key_dim))
 
     def forward(self, z: torch.Tensor) -> torch.Tensor:
-        logits = F.linear(self.query(self.norm(z)), self.keys) * self.scale
+        scale = 1.0 / (self.temperature * math.sqrt(self.keys.size(1)))  # 1 / (τ √d_k)
+        logits = F.linear(self.query(self.norm(z)), self.keys) * scale
         return logits.float().softmax(-1).to(z.dtype)
 
 

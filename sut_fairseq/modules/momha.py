@@ -23,6 +23,40 @@ from .relative_position import ClippedRelativePosition, T5RelativeBias
 from .router import Router
 
 
+def hidden_keys(T: int, picks: int, q_start: int, S: int, causal: bool,
+                key_padding_mask: Optional[torch.Tensor], device) -> Optional[torch.Tensor]:
+    """Which keys each query row m = t·picks + j (position q_start + t, pick j) may not
+    see: bool (B|1, 1, T·picks|1, S), True = hidden (the causal and padding masks), or None.
+
+    A query whose every key is masked (an all-padding source row; a left-padding position
+    of the target, which sees only padding keys) would give NaN. Such rows never run, so
+    their keys are left unmasked instead: they attend without the masks, and their
+    (unused) output stays finite."""
+    hidden = None
+    if causal:
+        i = torch.arange(q_start, q_start + T, device=device)
+        hidden = (torch.arange(S, device=device)[None, :] > i[:, None])
+        hidden = (hidden if picks == 1 else hidden.repeat_interleave(picks, 0))[None, None]
+    if key_padding_mask is not None:
+        pad = key_padding_mask
+        if causal:  # query i sees keys 0..i: blind when they are all padding
+            blind = (~pad).cumsum(-1)[:, q_start:q_start + T].eq(0)  # (B, T)
+            blind = blind if picks == 1 else blind.repeat_interleave(picks, 1)
+            pad = pad[:, None, None, :] & ~blind[:, None, :, None]
+        else:
+            pad = (pad & ~pad.all(-1, keepdim=True))[:, None, None, :]
+        hidden = pad if hidden is None else hidden | pad
+    return hidden
+
+
+def mask_bias(hidden: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
+    """Additive logits bias of a ``hidden_keys`` mask: -inf on hidden keys, 0 elsewhere."""
+    if hidden is None:
+        return None
+    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
+        hidden, float("-inf"))
+
+
 class MixtureOfMultiHeadAttention(nn.Module):
     """Args:
         embed_dim: d (query and output width). kv_dim: width of the key/value input.
@@ -97,36 +131,14 @@ class MixtureOfMultiHeadAttention(nn.Module):
 
     def _hidden_keys(self, q, T: int, q_start: int, S: int,
                      key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
-        """Which keys each query row m = t·k + j (position t, pick j) may not see: bool
-        (B|1, 1, T·k|1, S), True = hidden (the causal and padding masks), or None.
-
-        A query whose every key is masked (an all-padding source row; a left-padding
-        position of the target, which sees only padding keys) would give NaN. Such rows
-        never run, so their keys are left unmasked instead: they attend without the
-        masks, and their (unused) output stays finite."""
-        k = q.size(2) // T
-        hidden = None
-        if self.causal:
-            i = torch.arange(q_start, q_start + T, device=q.device)
-            hidden = (torch.arange(S, device=q.device)[None, :] > i[:, None]).repeat_interleave(k, 0)[None, None]
-        if key_padding_mask is not None:
-            pad = key_padding_mask
-            if self.causal:  # query i sees keys 0..i: blind when they are all padding
-                blind = (~pad).cumsum(-1)[:, q_start:q_start + T].eq(0)  # (B, T)
-                pad = pad[:, None, None, :] & ~blind.repeat_interleave(k, 1)[:, None, :, None]
-            else:
-                pad = (pad & ~pad.all(-1, keepdim=True))[:, None, None, :]
-            hidden = pad if hidden is None else hidden | pad
-        return hidden
+        """``hidden_keys`` for the T·k query rows of q (B, H, T·k, D)."""
+        return hidden_keys(T, q.size(2) // T, q_start, S, self.causal, key_padding_mask, q.device)
 
     def _attention_bias(self, q, T: int, q_start: int, S: int,
                         hidden: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
         """Additive logits bias (B|1, H|1, T·k, S): -inf on hidden keys, plus the
         relative terms."""
-        bias = None
-        if hidden is not None:
-            bias = torch.zeros(hidden.shape, dtype=q.dtype, device=q.device).masked_fill_(
-                hidden, float("-inf"))
+        bias = mask_bias(hidden, q.dtype)
         k = q.size(2) // T
         if isinstance(self.relative, ClippedRelativePosition):
             rel = self.relative(q, T, q_start, S) * self.head_dim ** -0.5

@@ -72,9 +72,7 @@ class SUTBlock(nn.Module):
         """Keys and values (B, H, T, D) of the halted states S (B, T, d); ``hyper_z``: the
         step's example embedding when the key/value projections are hyper-modules."""
         x = self.self_attn_norm(S) if self.normalize_before else S
-        if self.hyper_attn:
-            return self.self_attn.project_kv(x, hyper_z)
-        return self.self_attn.project_kv(x)
+        return self.self_attn.project_kv(x, *((hyper_z,) if self.hyper_attn else ()))
 
     def cross_kv(self, encoder_out: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """Keys and values (B, H, S, D) of the encoder output (B, S, d_enc): once per forward."""
@@ -95,19 +93,14 @@ class SUTBlock(nn.Module):
         """h: (B, T, d) queries (un-halted states); self_k/self_v: (B, H, S, D) from the
         halted states; running: (B, T) bool; hyper_z: the step's example embedding, (B, d)
         per example or (B, T, d) per token (hyper-modules only). Returns the new h (B, T, d)."""
-        if self.hyper_attn:
-            x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
-                q, self_k, self_v, running, self_padding_mask, q_start, hyper_z))
-        else:
-            x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
-                q, self_k, self_v, running, self_padding_mask, q_start))
+        attn_z = (hyper_z,) if self.hyper_attn else ()  # only the hyper sub-layers read z
+        ffd_z = (hyper_z,) if self.hyper_ffd else ()
+        x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
+            q, self_k, self_v, running, self_padding_mask, q_start, *attn_z))
         if self.cross_attn is not None:
             x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
                 q, cross_k, cross_v, running, cross_padding_mask))
-        if self.hyper_ffd:
-            out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running, hyper_z))
-        else:
-            out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running))
+        out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running, *ffd_z))
         if self.gate is not None:  # GUT: h_l = G * out + (1 - G) * h_{l-1}
             g = self.gate(x)
             out = g * out + (1.0 - g) * h
