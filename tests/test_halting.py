@@ -197,3 +197,17 @@ def test_log_space_products_keep_stick_pieces_a_naive_product_loses():
     alphas = torch.stack(state.alphas, -1)[0, 0].double()
     assert expected[3] > 1e-20  # the pieces after sigmoid(25) are small but not zero
     torch.testing.assert_close(alphas, expected, rtol=1e-5, atol=0.0)
+
+
+@pytest.mark.parametrize("bias", [0.0, -3.0, 2.0])
+def test_halting_bias_init_sets_the_initial_stick_pieces(bias):
+    """--halting-bias-init B: at initialisation â = sigmoid(B) at every position and step,
+    so the encoder's halting weights are α_j = â (1 − â)^(j−1), the last step taking the
+    rest of the stick (sut_tiny has 3 steps: weights â, â(1 − â), (1 − â)²)."""
+    model = make_model(halting_bias_init=bias, halting_threshold=1.0)
+    src = torch.randint(4, 40, (2, 7))
+    out = model.encoder(src, torch.full((2,), 7))
+    weights = out["halting"][0].weights.double()
+    a = 1.0 / (1.0 + math.exp(-bias))
+    expected = torch.tensor([a, a * (1 - a), (1 - a) ** 2], dtype=torch.float64)
+    torch.testing.assert_close(weights, expected.expand_as(weights), rtol=1e-5, atol=1e-6)

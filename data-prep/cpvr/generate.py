@@ -31,21 +31,11 @@ import argparse
 import dataclasses
 import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 
-from sut_fairseq.data import cpvr, output_dir
-
-
-def binarize_command(executable, out_dir, bin_dir, test_names):
-    """The ``fairseq-preprocess`` command line for the splits written to ``out_dir``."""
-    prefix = lambda name: os.path.join(out_dir, name)
-    return [executable, "--source-lang", "src", "--target-lang", "tgt", "--joined-dictionary",
-            "--trainpref", prefix("train"), "--validpref", prefix("valid"),
-            "--testpref", ",".join(prefix(t) for t in test_names),
-            "--destdir", bin_dir, "--workers", "1"]
+from sut_fairseq.data import cpvr
+from sut_fairseq.recipes import generated
 
 
 def write_dataset(config, directory, progress=None):
@@ -83,12 +73,9 @@ def hop_list(text):
 
 
 def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="See the module docstring for the file layout.")
-    parser.add_argument("--out", required=True, help="output directory")
-    parser.add_argument("--config", default="small", choices=sorted(cpvr.CONFIGS),
-                        help="small (L=16, K=100, the CPU experiment; default) or from-scratch "
-                             "(L=100, K=1000, the paper's)")
+    parser = generated.generator_parser(
+        __doc__, cpvr.CONFIGS, "small (L=16, K=100, the CPU experiment; default) or from-scratch "
+                               "(L=100, K=1000, the paper's)")
     parser.add_argument("--variant", default="modulus", choices=cpvr.VARIANTS,
                         help="modulus (K > L; default) or plain (K = L)")
     parser.add_argument("--length", type=int, help="sequence length L")
@@ -99,11 +86,6 @@ def parse_args(argv):
     parser.add_argument("--valid-per-hop", type=int, help="validation examples per train hop")
     parser.add_argument("--test-per-hop", type=int, help="test examples per test hop")
     parser.add_argument("--seed", type=int, help="seed (default 1)")
-    parser.add_argument("--binarize", action="store_true", help="also run fairseq-preprocess into OUT/bin")
-    parser.add_argument("--fairseq-preprocess", default=None, help="path of fairseq-preprocess")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    parser.add_argument("--overwrite", action="store_true",
-                        help="replace --out when it exists and is not empty (else: error, exit 2)")
     args = parser.parse_args(argv)
     try:
         config = cpvr.make_config(args.config, args.variant, length=args.length,
@@ -120,49 +102,16 @@ def parse_args(argv):
 
 def main(argv=None):
     args, config = parse_args(argv)
-    refused = output_dir.claim(args.out, args.overwrite)
-    if refused is not None:
-        return refused
-    executable = None
-    if args.binarize:
-        from sut_fairseq.recipes.commands import RecipeError, tool
-        try:
-            executable = tool("fairseq-preprocess", explicit=args.fairseq_preprocess)
-        except RecipeError as err:
-            raise SystemExit(f"error: --binarize needs {err}; or pass --fairseq-preprocess")
+    start, baselines = time.time(), {}
 
-    bar = None
-    if not args.no_progress:
-        try:
-            from tqdm import tqdm
-            bar = tqdm(total=cpvr.total_examples(config), unit="seq", desc="generating", file=sys.stderr)
-        except ImportError:
-            pass
-    start = time.time()
-    splits = cpvr.binarized_test_splits(config.test_hops)
-    try:
-        with output_dir.StagedDir(args.out, overwrite=args.overwrite) as stage:
-            try:
-                stats, result = write_dataset(config, stage.path, bar.update if bar else None)
-            finally:
-                if bar is not None:
-                    bar.close()
-            if args.binarize:
-                command = binarize_command(executable, stage.path, os.path.join(stage.path, "bin"),
-                                           [f"test{n}" for n in config.test_hops])
-                print("running (in a temporary directory that becomes "
-                      f"{os.path.join(args.out, 'bin')} when it succeeds): "
-                      + " ".join(shlex.quote(c) for c in command), flush=True)
-                returncode = subprocess.run(command).returncode
-                if returncode != 0:
-                    raise SystemExit(f"error: fairseq-preprocess failed with exit status {returncode}")
-                stats["binarized_test_splits"] = {str(n): s for n, s in splits.items()}
-                with open(os.path.join(stage.path, "stats.json"), "w") as handle:
-                    json.dump(stats, handle, indent=1)
-                    handle.write("\n")
-    except output_dir.OutputExistsError as err:
-        return output_dir.refuse(err)
+    def write(directory, progress):
+        stats, baselines["result"] = write_dataset(config, directory, progress)
+        return stats, {str(n): f"test{n}" for n in config.test_hops}
 
+    status, stats = generated.run(args, cpvr.total_examples(config), write)
+    if status:
+        return status
+    result, splits = baselines["result"], cpvr.binarized_test_splits(config.test_hops)
     c = config
     print(f"wrote C-PVR ({c.name}, {c.variant}: L={c.length}, K={c.max_value}, seed={c.seed}) "
           f"to {args.out} in {time.time() - start:.1f} s")

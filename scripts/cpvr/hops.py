@@ -36,19 +36,17 @@ import summarize  # noqa: E402
 from sut_fairseq.data import cpvr  # noqa: E402
 from sut_fairseq.recipes import (RecipeError, recipe_parser, run, run_grid,  # noqa: E402
                                  show, write_json_atomic)
+from sut_fairseq.recipes.generated import data_stage  # noqa: E402
 from sut_fairseq.recipes.numbers import parse_numbers  # noqa: E402
-from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args  # noqa: E402
-from sut_fairseq.recipes.train_log import best_valid, parse_train_log  # noqa: E402
+from sut_fairseq.recipes.runs import (RunDir, add_budget_arguments, parse_grid_args,  # noqa: E402
+                                      train_grid_run)
 
 
 def prepare_data(args):
     """Stage 1: generate and binarize the data unless it is complete."""
-    if recipe.data_complete(args.data_dir):
-        print(f"== data: {args.data_dir} is complete", flush=True)
-        return
-    print(f"== data: {args.data_config} -> {args.data_dir}", flush=True)
-    run(recipe.generate_data_command(args.data_dir, args.data_config,
-                                     overwrite=os.path.isdir(args.data_dir)), dry_run=args.dry_run)
+    data_stage(args, recipe.data_complete(args.data_dir),
+               recipe.generate_data_command(args.data_dir, args.data_config,
+                                            overwrite=os.path.isdir(args.data_dir)))
 
 
 def grid(args):
@@ -60,19 +58,7 @@ def grid(args):
 
 def train(args, model, seed, run_dir):
     """Stage 2 for one run: fairseq-train (resumed when interrupted) -> train.json."""
-    command = recipe.GRID.train_command(
-        model, os.path.join(args.data_dir, "bin"), args.config, seed, run_dir.save_dir,
-        args.stop_time_hours, args.max_update, args.cpu, shlex.split(args.train_args),
-        required=not args.dry_run)
-    seconds = run_dir.train(command, args.force, args.dry_run)
-    if seconds is None:
-        return
-    trained = parse_train_log(run_dir.train_log)
-    trained.update({"seconds_this_call": round(seconds, 1), "command": command,
-                    "config": args.config, "best_valid_accuracy": best_valid(run_dir.train_log, "accuracy")})
-    write_json_atomic(run_dir.train_json, trained)
-    print(f"   trained: {trained['updates']} updates, best validation accuracy "
-          f"{trained['best_valid_accuracy']} ({trained['stop_reason']})", flush=True)
+    train_grid_run(recipe.GRID, args, model, seed, run_dir)
 
 
 def evaluate(args, model, seed, run_dir):
@@ -115,14 +101,8 @@ def evaluate(args, model, seed, run_dir):
               "config": trained.get("config", args.config), "accuracy": accuracy,
               "encoder_depth": {k: v["encoder"]["mean_depth"] for k, v in depth.items()},
               "decoder_depth": {k: v["decoder"]["mean_depth"] for k, v in depth.items()},
-              "max_steps": next(iter(depth.values()))["encoder"]["max_steps"],
-              "params": trained.get("params"), "updates": trained.get("updates"),
-              "best_valid_accuracy": trained.get("best_valid_accuracy"),
-              "train": trained, "run_dir": os.path.abspath(run_dir.dir)}
-    write_json_atomic(run_dir.result, result)
-    if args.cleanup:
-        run_dir.cleanup()
-    print(f"   -> {run_dir.result}", flush=True)
+              "max_steps": next(iter(depth.values()))["encoder"]["max_steps"]}
+    run_dir.write_result(result, args.cleanup)
 
 
 def report(args):

@@ -11,7 +11,6 @@ Reads ``WORK/MODEL/seedN/result.json`` (``hops.py``'s evaluate stage) and
 (mean executed encoder steps per hop). Seeds are averaged. Spearman's rho between the hop
 count and the mean depth over hops 1-6 says whether the depth rises with the hops.
 """
-import argparse
 import os
 import sys
 from collections import OrderedDict
@@ -20,7 +19,7 @@ from typing import Dict, List, Optional, Sequence
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpvr_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_json, load_results, write_json_atomic, write_text_atomic  # noqa: E402
-from sut_fairseq.recipes.summary import line_plot, markdown_table, mean_std  # noqa: E402
+from sut_fairseq.recipes.summary import line_plot, markdown_table, mean_std, summary_main  # noqa: E402
 
 
 def ranks(values: Sequence[float]) -> List[float]:
@@ -135,12 +134,8 @@ def summarize(work_dir: str, data_dir: str) -> str:
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("work_dir")
-    parser.add_argument("--data-dir", default=os.path.join("data", "cpvr"))
-    args = parser.parse_args(argv)
-    print(summarize(args.work_dir, args.data_dir))
-    print(f"\nwritten {os.path.join(args.work_dir, 'hops.md')}, hops.json, accuracy.png, depth.png")
+    summary_main(__doc__, os.path.join("data", "cpvr"), summarize,
+                 ["hops.md", "hops.json", "accuracy.png", "depth.png"], argv)
 
 
 if __name__ == "__main__":

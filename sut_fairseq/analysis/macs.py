@@ -47,6 +47,16 @@ LayerNorm 1 per element, activations, dropout and residual adds 0):
   g x + b, d_in·d_out + d_out (component's category). Every row runs (halted and padding
   rows too, their outputs discarded), so dynamic counts count them all. The hyper
   self-attention's core as MoMHA's with k = 1 over all its query rows;
+* chunk-wise recurrence (``--encoder-chunk-size`` / ``--decoder-chunk-size``,
+  docs/chunked.md), category ``memory``: the chunk's self-attention is MoMHA's above over
+  the w <= g keys of its chunk; the memory read (in every step, on every row of the chunk,
+  halted and padding rows included, as it runs) LN_q and the query projection
+  d·H·D + H·D per row, per head k·D + k + k·D over the k slots, the output projection
+  H·D·d + d per row; its keys and values once per chunk, LN_m k·d and 2·k·(d·H·D + H·D);
+  the memory update after a chunk, per write block, the same attention with the k slots as
+  queries over the chunk's w rows (LN_s w·d, K/V 2·w·(d·H·D + H·D), per head w·D + w + w·D
+  per slot) and its FFN (LN k·d, 2·k·(d·d + d)). LN_out of the memory the decoder reads
+  is an ordinary LayerNorm (``other``);
 * everything else (dense nn.Linear layers such as the vanilla Transformer's FFN and the
   output projection, LayerNorms) by ptflops' own hooks, on the rows they ran on.
 * fairseq's ``MultiheadAttention`` (the vanilla Transformer) gets a hook with the same
@@ -70,7 +80,8 @@ import torch
 import torch.nn as nn
 
 PRESETS = ["sut_base", "sut_big", "ut_base", "ut_big", "ut_cfq", "sut_logic", "sut_tiny",
-           "ut_cpvr", "hyper_ut_cpvr", "transformer_wmt_en_de"]
+           "ut_cpvr", "hyper_ut_cpvr", "tlb_logic", "gutlb_logic", "tlb_flipflop",
+           "gutlb_flipflop", "transformer_wmt_en_de"]
 BASELINE = "transformer_wmt_en_de"
 # paper Table 1 (WMT'14 En-De), MACs in millions; the ratios are what we compare
 PAPER_MACS = {"transformer_wmt_en_de": 604, "sut_base": 787, "sut_big": 787, "ut_base": 1998,
@@ -78,11 +89,14 @@ PAPER_MACS = {"transformer_wmt_en_de": 604, "sut_base": 787, "sut_big": 787, "ut
 CATEGORIES = ("ffd", "att_proj", "kv", "att_core", "router", "halting", "offramp")
 # counted only for models with hyper-modules (their parts gain this key)
 HYPER_CATEGORY = "hyper"
+# counted only for models with a chunk memory (chunk-wise recurrence)
+MEMORY_CATEGORY = "memory"
 CATEGORY_NAMES = {"ffd": "FFD experts", "att_proj": "attention q/o projections",
                   "kv": "attention K/V", "att_core": "attention logits/softmax/sum + relative",
                   "router": "routers", "halting": "halting unit",
                   "offramp": "early-exit off-ramp projections",
                   "hyper": "hyper-module weight composition (generator / d_e-fold projection)",
+                  "memory": "chunk memory: read attention, update blocks",
                   "other":
                   "other (dense linear layers, output projection, LayerNorm)"}
 
@@ -268,6 +282,30 @@ def _fold_hyper_ffd(module) -> None:
         _fold(module, child, None if isinstance(child, HyperLinear) else "ffd")
 
 
+_MEMORY_ATTENTION_CHILDREN = ("q_norm", "q_proj", "out_proj", "kv_norm", "k_proj", "v_proj")
+
+
+def memory_attention_hook(module, inputs, output) -> None:
+    """Chunk memory attention (read or write): per query row and head S·D + S + S·D over
+    the S keys; its LayerNorms and projections (keys/values projected in ``project_kv``,
+    outside forward) folded in."""
+    query, key = inputs[0], inputs[1]
+    rows = query.numel() // query.size(-1)
+    H, S, D = key.size(1), key.size(2), key.size(3)
+    _add(module, MEMORY_CATEGORY, rows * H * (S * D + S + S * D))
+    _fold_children(module, _MEMORY_ATTENTION_CHILDREN, MEMORY_CATEGORY)
+
+
+def memory_ffn_hook(module, inputs, output) -> None:
+    """Memory update FFN: its LayerNorm and two d x d maps (counted by ptflops' hooks)."""
+    _fold_children(module, ("norm", "fc1", "fc2"), MEMORY_CATEGORY)
+
+
+def _fold_children(module, names, category) -> None:
+    for name in names:
+        _fold(module, getattr(module, name), category)
+
+
 def _capture_call(module, args, kwargs) -> None:
     module._sut_call = (args, kwargs)
 
@@ -312,6 +350,7 @@ def custom_hooks(model: nn.Module) -> Dict[type, Callable]:
     from ..modules.halting import HaltingUnit
     from ..modules.hyper_block import HyperFeedForward, HyperSelfAttention
     from ..modules.hyper_module import HyperLinear
+    from ..modules.memory import MemoryAttention, MemoryFeedForward
     from ..modules.moe_ffd import MoEFeedForward
     from ..modules.momha import MixtureOfMultiHeadAttention
     from ..modules.router import Router
@@ -319,7 +358,8 @@ def custom_hooks(model: nn.Module) -> Dict[type, Callable]:
     known = {Router: router_hook, MoEFeedForward: moe_ffd_hook,
              MixtureOfMultiHeadAttention: momha_hook, HaltingUnit: halting_unit_hook,
              OffRampProjection: offramp_hook, HyperLinear: hyper_linear_hook,
-             HyperSelfAttention: hyper_attention_hook, HyperFeedForward: hyper_ffd_hook}
+             HyperSelfAttention: hyper_attention_hook, HyperFeedForward: hyper_ffd_hook,
+             MemoryAttention: memory_attention_hook, MemoryFeedForward: memory_ffn_hook}
     hooks = {}
     for m in model.modules():
         for cls, hook in known.items():
@@ -362,6 +402,10 @@ class _Once(nn.Module):
                 _fold_hyper_attention(m)  # K/V projections run outside its forward
             elif type(m) in hooks and hooks[type(m)] is hyper_ffd_hook:
                 _fold_hyper_ffd(m)
+            elif type(m) in hooks and hooks[type(m)] is memory_attention_hook:
+                _fold_children(m, _MEMORY_ATTENTION_CHILDREN, MEMORY_CATEGORY)
+            elif type(m) in hooks and hooks[type(m)] is memory_ffn_hook:
+                _fold_children(m, ("norm", "fc1", "fc2"), MEMORY_CATEGORY)
         return out
 
 
@@ -392,6 +436,8 @@ def count_call(model: nn.Module, fn: Callable[[], object]) -> MacsCount:
         parts = {c: _TALLY.get(c, 0) for c in CATEGORIES}
         if hyper_linear_hook in hooks.values():
             parts[HYPER_CATEGORY] = _TALLY.get(HYPER_CATEGORY, 0)
+        if memory_attention_hook in hooks.values():
+            parts[MEMORY_CATEGORY] = _TALLY.get(MEMORY_CATEGORY, 0)
     finally:
         _TALLY, CUSTOM_TYPES_IN_USE = None, {}
         for h in handles:

@@ -22,7 +22,10 @@ is the label-smoothed CE alone, so ``--best-checkpoint-metric loss``, ``--patien
 
 Logged separately (in training and validation): ``mim``, ``switch``, ``act_enc``,
 ``act_dec`` (expected steps, Eq. 4) and ``steps_enc`` / ``steps_dec`` (executed block
-applications per real position).
+applications per real position). A side with chunk-wise recurrence (docs/chunked.md)
+averages its ACT term over real chunks instead of positions (the mean over chunks of the
+chunk's expected depth) and also logs ``chunk_steps_enc`` / ``chunk_steps_dec`` (block
+applications per chunk).
 
 Early-exit models (``--decoder-halting pabee|entropy``, off-ramps o_l = W_out LN_l(h_l)
 after steps l < L, the main head o_L) train their off-ramps with ``--exit-loss``, CE_l
@@ -113,6 +116,11 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             loss = loss + scale * aux
 
         enc_positions, dec_positions = halting_enc.num_positions(), halting_dec.num_positions()
+        chunk_logs = {}
+        for side, halting in (("enc", halting_enc), ("dec", halting_dec)):
+            if getattr(halting, "chunk_real", None) is not None:
+                chunk_logs[f"chunks_{side}"] = halting.chunk_real.sum().item()
+                chunk_logs[f"chunk_steps_{side}"] = halting.chunk_steps.sum().item()
         logging_output = {
             "loss": loss.data,
             "nll_loss": nll_loss.data,
@@ -121,12 +129,15 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             "sample_size": sample_size,
             "mim": mim.item() * sample_size,
             "switch": switch.item() * sample_size,
-            "act_enc": act_enc.item() * enc_positions.item(),
-            "act_dec": act_dec.item() * dec_positions.item(),
+            "act_enc": act_enc.item() * halting_enc.act_units().item(),
+            "act_dec": act_dec.item() * halting_dec.act_units().item(),
+            "act_units_enc": halting_enc.act_units().item(),
+            "act_units_dec": halting_dec.act_units().item(),
             "steps_enc": halting_enc.steps.sum().item(),
             "steps_dec": halting_dec.steps.sum().item(),
             "positions_enc": enc_positions.item(),
             "positions_dec": dec_positions.item(),
+            **chunk_logs,
             **exit_logs,
         }
         if self.report_accuracy:
@@ -202,9 +213,14 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
         for side in ("enc", "dec"):
             positions = total(f"positions_{side}")
+            units = total(f"act_units_{side}") or positions  # positions, or chunks if chunked
             if positions > 0:
-                metrics.log_scalar(f"act_{side}", total(f"act_{side}") / positions, positions, round=3)
+                metrics.log_scalar(f"act_{side}", total(f"act_{side}") / units, units, round=3)
                 metrics.log_scalar(f"steps_{side}", total(f"steps_{side}") / positions, positions, round=3)
+            chunks = total(f"chunks_{side}")
+            if chunks > 0:
+                metrics.log_scalar(f"chunk_steps_{side}", total(f"chunk_steps_{side}") / chunks,
+                                   chunks, round=3)
         exit_keys = {key for log in logging_outputs for key in log if key.startswith("exit_loss_")}
         if sample_size > 0:  # CE_l per target token in base 2, as ``loss``
             for key in sorted(exit_keys, key=lambda k: int(k.rsplit("_", 1)[1])):

@@ -5,6 +5,7 @@ fairseq-generate prints, per example ``i``: ``S-i<TAB>source``, ``T-i<TAB>refere
 example (the best beam) is kept.
 """
 import argparse
+import re
 import sys
 from dataclasses import dataclass
 from typing import Dict, List
@@ -41,6 +42,33 @@ def read_generate_output(path: str) -> List[Example]:
     if missing:
         raise ValueError(f"{path}: {len(missing)} examples have no H- line (e.g. id {missing[0]})")
     return [examples[i] for i in sorted(examples)]
+
+
+#: The closing line of a generate run over a model with halting (modules/accounting.py).
+_EXECUTED_STEPS = re.compile(r"(encoder|decoder) steps executed [\d.]+% \((\d+)/(\d+)")
+_PER_CHUNK = re.compile(r"([\d.]+) per chunk over (\d+) chunks")
+
+
+def read_executed_steps(path: str) -> Dict[str, Dict]:
+    """Per side, from the closing ``| encoder steps executed ...`` line of a generate
+    output: ``executed`` and ``possible`` (position, step) block applications (``possible``
+    is L times the real positions, so ``L * executed / possible`` is the mean executed
+    steps per position) and, for a side with chunks, ``per_chunk`` (the mean steps per
+    chunk) and ``chunks``, else None. Empty when the output has no such line (a model
+    without that accounting)."""
+    found: Dict[str, Dict] = {}
+    with open(path, encoding="utf-8") as handle:
+        for line in handle:
+            for part in line.split("|"):
+                match = _EXECUTED_STEPS.search(part)
+                if match is None:
+                    continue
+                chunked = _PER_CHUNK.search(part)
+                found[match.group(1)] = {
+                    "executed": int(match.group(2)), "possible": int(match.group(3)),
+                    "per_chunk": float(chunked.group(1)) if chunked else None,
+                    "chunks": int(chunked.group(2)) if chunked else None}
+    return found
 
 
 def exact_match(examples: List[Example]) -> float:

@@ -12,6 +12,10 @@
 | sut_tiny    | (4, 2, 2, 16, 4)       | (4, 2, 64)      | 64   | 3/3       | SB      |
 | ut_cpvr     | (1, 1, 4, 16, none)    | (1, 1, 256)     | 64   | 16/16     | ACT 0.99, pre-LN |
 | hyper_ut_cpvr | as ut_cpvr, hyper-modules M = 8, d_e = 32 on qkv, out, ffn | | 64 | 16/16 | ACT 0.99, pre-LN |
+| tlb_logic   | (1, 1, 2, 32, 1)       | (1, 1, 128)     | 128  | 2/2       | none; encoder chunks g 10, k 10, U 1, pre-LN |
+| gutlb_logic | (1, 1, 2, 32, 1)       | (1, 1, 128)     | 128  | 5/5       | global-mean + transition + gate; as tlb_logic |
+| tlb_flipflop | (1, 1, 4, 16, 8)      | (1, 1, 256)     | 64   | 2/1       | none; encoder chunks g 8, k 4, U 2, memory out, pre-LN |
+| gutlb_flipflop | (1, 1, 4, 16, 8)    | (1, 1, 256)     | 64   | 4/1       | global-mean + transition + gate; as tlb_flipflop |
 
 The UT widths are not published; see README "Presets" for how they were chosen (parameter
 count and static MAC ratio to ``transformer_wmt_en_de`` both close to the paper).
@@ -43,10 +47,14 @@ BASE_DEFAULTS = dict(
     ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
     router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
     encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
-    halting_transition=False, gated_ffn=False,
+    halting_bias_init=0.0, halting_transition=False, gated_ffn=False,
     encoder_step_embedding="none", exit_patience=3, exit_entropy=0.1,
     hyper_modules=0, hyper_embed_dim=128, hyper_key_dim=0, hyper_router_temp=1.0,
     hyper_components="qkv,out,ffn",
+    encoder_chunk_size=0, encoder_memory_slots=10, encoder_memory_update_layers=1,
+    encoder_chunk_positions="local", decoder_chunk_size=0, decoder_memory_slots=10,
+    decoder_memory_update_layers=1, decoder_chunk_positions="local",
+    tlb_encoder_out="both", tlb_memory_reset=False,
     dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
     max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
 )
@@ -128,6 +136,49 @@ def hyper_ut_cpvr(args):
     ut_cpvr(args)
 
 
+def _tlb(args, **sizes):
+    """Chunk-wise recurrence on the encoder (docs/chunked.md): dense (E = k = 1) pre-LN
+    blocks, every real position runs every step (TLB) unless a GUTLB preset sets halting."""
+    _set(args, att_experts=1, att_topk=1, ffd_experts=1, ffd_topk=1,
+         encoder_halting="none", encoder_normalize_before=True, **sizes)
+
+
+def tlb_logic(args):
+    """TLB at ``sut_logic``'s size for logical inference: chunks of g = 10 real tokens,
+    k = 10 memory slots, U = 1 write block, L = 2 steps per side (the GUTLB paper's
+    logic settings)."""
+    _tlb(args, encoder_chunk_size=10, encoder_memory_slots=10, encoder_memory_update_layers=1,
+         encoder_layers=2)
+    sut_logic(args)
+
+
+def gutlb_logic(args):
+    """``tlb_logic`` with GUT's global-mean, transition-aware halting and gated block, up to
+    L = 5 steps per chunk."""
+    _set(args, encoder_halting="global-mean", halting_transition=True, gated_ffn=True,
+         encoder_layers=5)
+    tlb_logic(args)
+
+
+def tlb_flipflop(args):
+    """Small TLB for the CPU flip-flop experiment (encoder-only use: the decoder reads
+    only LN(M^N), one decoder step): d = 64, 4 heads of 16, FFN 256, chunks of g = 8,
+    k = 4 slots, U = 2 write blocks, L = 2 steps; clipped relative positions over the
+    chunk (W = 8) on top of the per-chunk sinusoidal positions."""
+    _tlb(args, encoder_embed_dim=64, encoder_layers=2, decoder_layers=1,
+         att_heads=4, att_head_dim=16, rel_window=8, ffd_hidden_dim=256,
+         encoder_chunk_size=8, encoder_memory_slots=4, encoder_memory_update_layers=2,
+         tlb_encoder_out="memory")
+    base_architecture(args)
+
+
+def gutlb_flipflop(args):
+    """``tlb_flipflop`` with GUT's halting and gate, up to L = 4 steps per chunk."""
+    _set(args, encoder_halting="global-mean", halting_transition=True, gated_ffn=True,
+         encoder_layers=4)
+    tlb_flipflop(args)
+
+
 #: ``--arch`` name -> preset, in registration order (``sut_transformer`` itself first).
 PRESETS = {
     "sut_transformer": base_architecture,
@@ -140,4 +191,8 @@ PRESETS = {
     "sut_tiny": sut_tiny,
     "ut_cpvr": ut_cpvr,
     "hyper_ut_cpvr": hyper_ut_cpvr,
+    "tlb_logic": tlb_logic,
+    "gutlb_logic": gutlb_logic,
+    "tlb_flipflop": tlb_flipflop,
+    "gutlb_flipflop": gutlb_flipflop,
 }

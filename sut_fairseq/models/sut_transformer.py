@@ -2,8 +2,10 @@
 
 One shared SUT block per side applied up to L = ``--encoder-layers`` /
 ``--decoder-layers`` times under a halting rule (``--encoder-halting`` /
-``--decoder-halting``). Shapes: B batch, T / S target / source length, d width,
-H heads of size D per expert, L maximum steps.
+``--decoder-halting``); with ``--encoder-chunk-size`` / ``--decoder-chunk-size`` a side
+runs that recurrence chunk by chunk with a memory between chunks (TLB / GUTLB,
+docs/chunked.md). Shapes: B batch, T / S target / source length, d width, H heads of size
+D per expert, L maximum steps.
 """
 from typing import Dict, List, Optional
 
@@ -19,16 +21,25 @@ from fairseq.models import (
 )
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
+from ..modules import chunk_cache
 from ..modules.accounting import StepMeter, register_for_exit_summary
+from ..modules.chunked_recurrence import (
+    ChunkedHaltingResult,
+    ChunkLayout,
+    StepCap,
+    chunked_recurrence,
+    local_positions,
+)
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
 from ..modules.hyper_module import example_embedding, prefix_embedding
+from ..modules.memory import ChunkMemory
 from ..modules.recurrence import universal_recurrence
 from ..modules.step_embedding import STEP_EMBEDDINGS, SteppedStateKV, build_step_embedding, stepped_self_kv
 from ..modules.sut_block import HaltedStateKV, SUTBlock
 from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
-from .validation import validate_args
+from .validation import CHUNK_POSITIONS, TLB_ENCODER_OUT, validate_args
 
 
 @register_model("sut_transformer")
@@ -104,6 +115,11 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             "G = sigmoid(MLP(LN(attention output)))")
         parser.add_argument("--halting-dropout", type=float, metavar="P",
                             help="dropout inside the halting unit's MLP")
+        parser.add_argument("--halting-bias-init", type=float, metavar="B",
+                            help="initial bias of the halting unit's output layer: â = sigmoid(B) "
+                            "at every position at initialisation (0: â = 0.5, the stick-breaking "
+                            "weights of steps 1, 2, 3 ... start at 1/2, 1/4, 1/8 ...; negative B "
+                            "spreads them over the later steps)")
         parser.add_argument("--encoder-step-embedding", choices=STEP_EMBEDDINGS,
                             help="UT step embedding added before every encoder step: the "
                             "sinusoid TE(l) of the step (timestep), or PE(position) + TE(l) "
@@ -127,6 +143,28 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             help="comma list of the components made hyper-modules: qkv "
                             "(self-attention query/key/value projections), out (self-attention "
                             "output projection), ffn (both feed-forward maps)")
+        # chunk-wise recurrence (TLB / GUTLB, docs/chunked.md)
+        for side in ("encoder", "decoder"):
+            parser.add_argument(f"--{side}-chunk-size", type=int, metavar="G",
+                                help=f"chunk-wise recurrence on the {side}: run the recurrence "
+                                "over chunks of G real tokens one after the other, each reading a "
+                                "memory written by the earlier chunks (0 = off)")
+            parser.add_argument(f"--{side}-memory-slots", type=int, metavar="K",
+                                help=f"memory slots k of the {side}'s chunk-wise recurrence "
+                                "(0 = no memory: independent chunks)")
+            parser.add_argument(f"--{side}-memory-update-layers", type=int, metavar="U",
+                                help=f"unshared write blocks U of the {side}'s memory update")
+            parser.add_argument(f"--{side}-chunk-positions", choices=CHUNK_POSITIONS,
+                                help="sinusoidal input positions: restart at 0 in every chunk "
+                                "(local) or count the real tokens of the sequence (global)")
+        parser.add_argument("--tlb-encoder-out", choices=TLB_ENCODER_OUT,
+                            help="with --encoder-chunk-size: what the decoder's cross-attention "
+                            "reads: the chunk outputs (tokens), LN(M^N) of the final memory "
+                            "(memory), or both on the key axis")
+        parser.add_argument("--tlb-memory-reset", action="store_true",
+                            help="test-time control: every chunk reads the initial memory M^0 "
+                            "(set after training with --model-overrides "
+                            "\"{'tlb_memory_reset': True}\")")
         # regularisation and positions
         parser.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
         parser.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
@@ -220,9 +258,55 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
     else:
         side.halting = build_halting(rule, d, args.halting_dropout,
                                      args.halting_threshold, normalize_before,
-                                     transition=args.halting_transition, causal=decoder)
+                                     transition=args.halting_transition, causal=decoder,
+                                     bias_init=args.halting_bias_init)
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
     side.final_norm = LayerNorm(d) if normalize_before else None
+    init_chunks(side, args, prefix, d)
+
+
+def init_chunks(side: nn.Module, args, prefix: str, d: int) -> None:
+    """Chunk-wise recurrence (docs/chunked.md): chunk size g (0 = off), positions, the
+    memory (M^0 and its update; the block holds the memory attention), the reset control,
+    and GUTLB's step cap (global-mean halting: at most min(L, n_c + 1) steps)."""
+    side.chunk_size = getattr(args, f"{prefix}_chunk_size")
+    side.memory = None
+    if not side.chunk_size:
+        return
+    side.chunk_local_positions = getattr(args, f"{prefix}_chunk_positions") == "local"
+    side.memory_reset = bool(args.tlb_memory_reset)
+    side.cap_steps = getattr(side.halting, "rule", None) == "global-mean"
+    slots = getattr(args, f"{prefix}_memory_slots")
+    if slots > 0:
+        reads_out = prefix == "encoder" and args.tlb_encoder_out != "tokens"
+        side.memory = ChunkMemory(d, slots, getattr(args, f"{prefix}_memory_update_layers"),
+                                  args.att_heads, args.att_head_dim, args.dropout,
+                                  args.attention_dropout, args.activation_dropout,
+                                  out_norm=reads_out)
+
+
+def chunk_positions(side: nn.Module, tokens: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
+    """Sinusoidal input positions (B, T, d) of a chunked side: the token's slot in its chunk
+    (``local``) or its index among the real tokens (``global``, fairseq's own)."""
+    if not side.chunk_local_positions:
+        return side.embed_positions(tokens)
+    return local_positions(side.embed_positions, slot, tokens.ne(side.padding_idx), side.chunk_size)
+
+
+def chunk_step_factory(side: nn.Module, **block_kwargs):
+    """``(real_c, M^c) -> block step`` for ``chunked_recurrence``: self-attention over the
+    chunk's halted states S (keys of the frozen rows kept), the memory read with keys and
+    values of M^c projected once per chunk, and the side's other block inputs."""
+    def factory(real: torch.Tensor, M: Optional[torch.Tensor]):
+        self_kv = HaltedStateKV(side.block)
+        memory_kv = None if M is None else side.block.memory_attn.project_kv(M)
+
+        def step(h, S, running, _l):
+            k, v = self_kv(S, running)
+            return side.block(h, k, v, running, self_padding_mask=~real, memory_kv=memory_kv,
+                              **block_kwargs)
+        return step
+    return factory
 
 
 class SUTEncoder(FairseqEncoder):
@@ -230,11 +314,14 @@ class SUTEncoder(FairseqEncoder):
         super().__init__(dictionary)
         self.max_source_positions = args.max_source_positions
         init_recurrent_side(self, args, embed_tokens, decoder=False)
+        self.tlb_encoder_out = args.tlb_encoder_out
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None,
                 return_all_hiddens: bool = False):
         """src_tokens: (B, S). Returns fairseq's encoder-out dict; ``encoder_out`` is
         [S_L as (S, B, d)], ``halting`` is [HaltingResult]."""
+        if self.chunk_size:
+            return self.forward_chunks(src_tokens, src_lengths)
         pad = src_tokens.eq(self.padding_idx)
         emb = self.step_embedding
         positions = self.embed_positions(src_tokens)
@@ -267,6 +354,34 @@ class SUTEncoder(FairseqEncoder):
         return {
             "encoder_out": [S.transpose(0, 1)],
             "encoder_padding_mask": [pad],
+            "src_lengths": [] if src_lengths is None else [src_lengths],
+            "halting": [halting],
+        }
+
+    def forward_chunks(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None):
+        """Chunk-wise recurrence (docs/chunked.md). ``encoder_out`` is (S', B, d): the chunk
+        outputs S_L (S' = S), LN_out(M^N) (S' = k) or both on the key axis (S' = S + k),
+        as ``--tlb-encoder-out`` says; ``halting`` is [ChunkedHaltingResult]."""
+        pad = src_tokens.eq(self.padding_idx)
+        layout = ChunkLayout(~pad, self.chunk_size)
+        x = self.embed_scale * self.embed_tokens(src_tokens) + chunk_positions(self, src_tokens, layout.slot)
+        x = self.dropout(x)
+        reads_out = self.memory is not None and self.tlb_encoder_out != "tokens"
+        S, halting = chunked_recurrence(
+            chunk_step_factory(self), x, layout, self.halting, self.num_steps, self.memory,
+            memory_reset=self.memory_reset, write_last=reads_out, cap_steps=self.cap_steps)
+        if not self.training and getattr(self, "step_meter", None) is not None:
+            self.step_meter.add("enc", halting)
+        rows, masks = [], []
+        if self.tlb_encoder_out != "memory":
+            rows.append(S if self.final_norm is None else self.final_norm(S))
+            masks.append(pad)
+        if reads_out:
+            rows.append(self.memory.output(halting.final_memory))
+            masks.append(pad.new_zeros(pad.size(0), self.memory.slots))
+        return {
+            "encoder_out": [torch.cat(rows, 1).transpose(0, 1)],
+            "encoder_padding_mask": [torch.cat(masks, 1)],
             "src_lengths": [] if src_lengths is None else [src_lengths],
             "halting": [halting],
         }
@@ -311,6 +426,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          **unused):
+        if self.chunk_size:
+            return self.chunk_features(prev_output_tokens, encoder_out, incremental_state)
         # positions of the whole prefix, then the last one when incremental: fairseq's
         # incremental positions count padding (wrong for left-padded prefixes)
         positions = self.embed_positions(prev_output_tokens)
@@ -415,6 +532,99 @@ class SUTDecoder(FairseqIncrementalDecoder):
             extra["decoder_exits"] = state.output
         return S, extra
 
+    def chunk_features(self, prev_output_tokens, encoder_out, incremental_state=None):
+        """Chunk-wise recurrence (docs/chunked.md): position t attends causally within its
+        chunk, reads the memory M^c of the completed chunks, then the encoder output."""
+        enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)
+        enc_pad = encoder_out["encoder_padding_mask"][0]
+        cache = self._get_cache(incremental_state)
+        if cache and "cross_k" in cache:
+            cross_k, cross_v = cache["cross_k"], cache["cross_v"]
+        else:
+            cross_k, cross_v = self.block.cross_kv(enc)
+        cross = dict(cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad)
+        if incremental_state is not None:
+            S, halting = self.chunk_step(prev_output_tokens, cache, incremental_state, cross)
+        else:
+            real = prev_output_tokens.ne(self.padding_idx)
+            layout = ChunkLayout(real, self.chunk_size)
+            x = self.embed_scale * self.embed_tokens(prev_output_tokens) + chunk_positions(
+                self, prev_output_tokens, layout.slot)
+            S, halting = chunked_recurrence(
+                chunk_step_factory(self, **cross), self.dropout(x), layout, self.halting,
+                self.num_steps, self.memory, memory_reset=self.memory_reset,
+                cap_steps=self.cap_steps, causal=True)
+        if not self.training and getattr(self, "step_meter", None) is not None:
+            self.step_meter.add("dec", halting)
+        if self.final_norm is not None:
+            S = self.final_norm(S)
+        return S, {
+            "attn": [None],
+            "inner_states": [S.transpose(0, 1)],
+            "halting_encoder": encoder_out["halting"][0] if "halting" in encoder_out else None,
+            "halting_decoder": halting,
+        }
+
+    def chunk_step(self, prev_output_tokens, cache, incremental_state, cross):
+        """One incremental decoding step of a chunked decoder: the new token (the last of
+        ``prev_output_tokens``) against its chunk's cached keys and values (right-aligned,
+        ``modules/chunk_cache.py``) and the memory of the completed chunks. Returns S_L
+        (B, 1, d) and a ``ChunkedHaltingResult`` whose per-chunk fields count the chunks the
+        new tokens open and the block applications they add to their chunk."""
+        g, L = self.chunk_size, self.num_steps
+        token = prev_output_tokens[:, -1:]
+        real = token.ne(self.padding_idx)  # (B, 1)
+        x = self.embed_scale * self.embed_tokens(token)
+        if not cache:
+            cache = chunk_cache.start(x, L, self.block.self_attn.num_heads,
+                                      self.block.self_attn.head_dim, g, self.memory,
+                                      prefix=getattr(self.halting, "rule", None) == "global-mean")
+        slot = cache["count"].unsqueeze(1)
+        positions = (local_positions(self.embed_positions, slot, real, g) if self.chunk_local_positions
+                     else self.embed_positions(prev_output_tokens)[:, -1:])
+        x = self.dropout(x + positions)
+        memory_kv = None
+        if self.memory is not None:
+            M = self.memory.begin(x) if self.memory_reset else cache["memory"]
+            memory_kv = self.block.memory_attn.project_kv(M)
+        key_pad = chunk_cache.key_padding(cache, g)
+        new_k: List[Optional[torch.Tensor]] = [None] * L
+        new_v: List[Optional[torch.Tensor]] = [None] * L
+
+        def step(h, S, running, l):
+            k, v = self.block.self_kv(S)
+            new_k[l - 1], new_v[l - 1] = k, v
+            k, v = chunk_cache.step_keys(cache, l, k, v)
+            return self.block(h, k, v, running, self_padding_mask=key_pad, q_start=g - 1,
+                              memory_kv=memory_kv, **cross)
+
+        prefix_in = cache.get("prefix")
+        frozen = {}
+
+        def freeze(S, h, first_skipped_step):
+            """Every new token has halted: steps l..L see its frozen S (keys/values) and h
+            (the prefix sums of global-mean halting)."""
+            k, v = self.block.self_kv(S)
+            w = real.unsqueeze(-1).to(h.dtype)
+            for l in range(first_skipped_step, L + 1):
+                new_k[l - 1], new_v[l - 1] = k, v
+                if prefix_in is not None and l + 1 in prefix_in:
+                    prev_sum, prev_count = prefix_in[l + 1]
+                    frozen[l + 1] = (prev_sum + (h * w)[:, -1], prev_count + w[:, -1, 0])
+
+        rule = StepCap(self.halting, (slot + 2).clamp(max=L)) if self.cap_steps else self.halting
+        S, halting, state = universal_recurrence(step, x, real, rule, L, on_early_exit=freeze,
+                                                 prefix_in=prefix_in)
+        prefix = None if prefix_in is None else {**prefix_in, **state.prefix_out, **frozen}
+        cache, opened, raised = chunk_cache.advance(cache, new_k, new_v, S, real[:, 0],
+                                                    halting.steps[:, 0], g, self.memory, prefix)
+        cache["cross_k"], cache["cross_v"] = cross["cross_k"], cross["cross_v"]
+        self.set_incremental_state(incremental_state, "sut_cache", cache)
+        return S, ChunkedHaltingResult(
+            weights=halting.weights, expected_depth=halting.expected_depth, steps=halting.steps,
+            real=halting.real, max_steps=L, chunk_real=opened.unsqueeze(1),
+            chunk_depth=halting.expected_depth, chunk_steps=raised.unsqueeze(1), memories=[])
+
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         return self.output_projection(features)
 
@@ -440,6 +650,10 @@ class SUTDecoder(FairseqIncrementalDecoder):
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
         cache = self._get_cache(incremental_state)
         if not cache:
+            return
+        if self.chunk_size:
+            self.set_incremental_state(incremental_state, "sut_cache",
+                                       chunk_cache.reorder(cache, new_order))
             return
         reordered = {
             "self_k": cache["self_k"].index_select(1, new_order),

@@ -22,6 +22,8 @@ PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout", "gating_d
                  "halting_dropout")
 REL_POS = ("clipped", "t5", "none")
 TRANSITION_RULES = ("stick-breaking", "global-mean", "none")
+CHUNK_POSITIONS = ("local", "global")
+TLB_ENCODER_OUT = ("tokens", "memory", "both")
 
 
 def _flag(name: str) -> str:
@@ -83,6 +85,7 @@ def validate_args(args) -> None:
         _require(_is_real(value) and 0.0 <= value < 1.0, _flag(opt), value,
                  "must be in [0, 1)")
     _validate_hyper(args)
+    _validate_chunks(args)
     if args.share_all_embeddings:
         _require(args.encoder_embed_dim == args.decoder_embed_dim, "--decoder-embed-dim",
                  args.decoder_embed_dim,
@@ -121,3 +124,42 @@ def _validate_hyper(args) -> None:
     for side in ("encoder_step_embedding", "decoder_step_embedding"):
         _require(getattr(args, side) == "none", _flag(side), getattr(args, side),
                  f"--hyper-modules {m} supports only 'none'")
+
+
+def _validate_chunks(args) -> None:
+    """The chunk-wise recurrence options (docs/chunked.md), per side."""
+    chunked = []
+    for side in ("encoder", "decoder"):
+        g = getattr(args, f"{side}_chunk_size")
+        _require(_is_int(g) and g >= 0, f"--{side}-chunk-size", g, "must be an integer >= 0 (0 = off)")
+        k = getattr(args, f"{side}_memory_slots")
+        _require(_is_int(k) and k >= 0, f"--{side}-memory-slots", k,
+                 "must be an integer >= 0 (0 = no memory: the chunks are independent)")
+        u = getattr(args, f"{side}_memory_update_layers")
+        _require(_is_int(u) and u >= 1, f"--{side}-memory-update-layers", u, "must be a positive integer")
+        positions = getattr(args, f"{side}_chunk_positions")
+        _require(positions in CHUNK_POSITIONS, f"--{side}-chunk-positions", positions,
+                 f"choose from {CHUNK_POSITIONS}")
+        if g == 0:
+            continue
+        chunked.append(side)
+        step_embedding = getattr(args, f"{side}_step_embedding")
+        _require(step_embedding == "none", f"--{side}-step-embedding", step_embedding,
+                 f"--{side}-chunk-size {g} supports only 'none'")
+        _require(args.hyper_modules == 0, "--hyper-modules", args.hyper_modules,
+                 f"--{side}-chunk-size {g} supports only 0 (no hyper-modules)")
+        halting = getattr(args, f"{side}_halting")
+        _require(halting in HALTING_RULES, f"--{side}-halting", halting,
+                 f"--{side}-chunk-size {g} supports {HALTING_RULES} (no early exits)")
+    out = args.tlb_encoder_out
+    _require(out in TLB_ENCODER_OUT, "--tlb-encoder-out", out, f"choose from {TLB_ENCODER_OUT}")
+    if out == "memory":
+        _require(args.encoder_chunk_size > 0, "--tlb-encoder-out", out,
+                 "'memory' needs --encoder-chunk-size > 0 (without chunks there is no memory)")
+        _require(args.encoder_memory_slots > 0, "--tlb-encoder-out", out,
+                 "'memory' needs --encoder-memory-slots > 0")
+    if args.tlb_memory_reset:
+        _require(any(getattr(args, f"{side}_memory_slots") > 0 for side in chunked),
+                 "--tlb-memory-reset", True,
+                 "needs a side with a memory (--encoder-chunk-size or --decoder-chunk-size > 0 "
+                 "and memory slots > 0)")

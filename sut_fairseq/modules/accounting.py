@@ -10,7 +10,13 @@ run when they exit, e.g.::
 
     | encoder steps executed 61.2% (1224/2000) | decoder steps executed 48.9% (...)
 
-In training, the criterion logs the same figures per batch (``steps_enc`` / ``steps_dec``).
+A side with chunk-wise recurrence (docs/chunked.md) also counts its chunks and the block
+applications on each chunk (the most steps one of its tokens executed), and its part of
+the line ends with the means per position and per chunk, e.g.
+``(...; 1.62 steps per position, 1.80 per chunk over 412 chunks)``.
+
+In training, the criterion logs the same figures per batch (``steps_enc`` / ``steps_dec``,
+and ``chunk_steps_enc`` / ``chunk_steps_dec`` for chunked sides).
 """
 import atexit
 import os
@@ -24,14 +30,24 @@ class StepMeter:
         self.expert_slots = expert_slots
         self.executed = {side: 0 for side in expert_slots}
         self.maximum = {side: 0 for side in expert_slots}
+        self.positions = {side: 0 for side in expert_slots}
+        self.chunks = {side: 0 for side in expert_slots}
+        self.chunk_steps = {side: 0 for side in expert_slots}
 
     def add(self, side: str, halting) -> None:
+        """halting: a HaltingResult; a ChunkedHaltingResult also adds its chunks."""
+        positions = int(halting.real.sum())
         self.executed[side] += int(halting.steps.sum())
-        self.maximum[side] += int(halting.real.sum()) * halting.max_steps
+        self.maximum[side] += positions * halting.max_steps
+        self.positions[side] += positions
+        if getattr(halting, "chunk_real", None) is not None:
+            self.chunks[side] += int(halting.chunk_real.sum())
+            self.chunk_steps[side] += int(halting.chunk_steps.sum())
 
     def reset(self) -> None:
         for side in self.executed:
-            self.executed[side] = self.maximum[side] = 0
+            self.executed[side] = self.maximum[side] = self.positions[side] = 0
+            self.chunks[side] = self.chunk_steps[side] = 0
 
     def fraction(self, side: str) -> float:
         return self.executed[side] / self.maximum[side] if self.maximum[side] else float("nan")
@@ -40,9 +56,14 @@ class StepMeter:
         parts = []
         for side, name in (("enc", "encoder"), ("dec", "decoder")):
             if self.maximum[side]:
+                chunks = ""
+                if self.chunks[side]:
+                    chunks = (f"; {self.executed[side] / self.positions[side]:.2f} steps per "
+                              f"position, {self.chunk_steps[side] / self.chunks[side]:.2f} per "
+                              f"chunk over {self.chunks[side]} chunks")
                 parts.append(f"{name} steps executed {100 * self.fraction(side):.1f}% "
                              f"({self.executed[side]}/{self.maximum[side]}; "
-                             f"{self.executed[side] * self.expert_slots[side]} expert rows)")
+                             f"{self.executed[side] * self.expert_slots[side]} expert rows{chunks})")
         return "| " + " | ".join(parts) if parts else ""
 
 

@@ -65,6 +65,10 @@ class HaltingResult:
         """L_ACT of Eq. 4: mean of the summand over real positions."""
         return (self.expected_depth * self.real).sum() / self.real.sum().clamp_min(1)
 
+    def act_units(self) -> torch.Tensor:
+        """What ``act_loss`` averages over: the real positions (chunks for chunked sides)."""
+        return self.real.sum()
+
     def executed_fraction(self) -> float:
         """Executed (position, step) pairs / (L × real positions)."""
         return self.steps.sum().item() / max(1, self.real.sum().item() * self.max_steps)
@@ -96,10 +100,12 @@ class HaltingState:
 
 class HaltingUnit(nn.Module):
     """â = sigmoid(Linear(d', 1)(dropout(GELU(Linear(d', d)(x))))) with d' = d, or 2d when
-    reading a transition. The last layer starts at zero, so â = 0.5 everywhere at
-    initialisation. Returns the logit (..., ) in fp32."""
+    reading a transition. The last layer's weight starts at zero and its bias at
+    ``bias_init`` b, so â = sigmoid(b) everywhere at initialisation (0.5 for b = 0).
+    Returns the logit (..., ) in fp32."""
 
-    def __init__(self, embed_dim: int, dropout: float, normalize_input: bool, transition: bool):
+    def __init__(self, embed_dim: int, dropout: float, normalize_input: bool, transition: bool,
+                 bias_init: float = 0.0):
         super().__init__()
         in_dim = 2 * embed_dim if transition else embed_dim
         self.norm = nn.LayerNorm(embed_dim) if normalize_input else None
@@ -107,7 +113,7 @@ class HaltingUnit(nn.Module):
         self.dropout = Dropout(dropout)
         self.fc2 = nn.Linear(embed_dim, 1)
         nn.init.zeros_(self.fc2.weight)
-        nn.init.zeros_(self.fc2.bias)
+        nn.init.constant_(self.fc2.bias, bias_init)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.fc2(self.dropout(F.gelu(self.fc1(x)))).squeeze(-1).float()
@@ -124,7 +130,8 @@ class LearnedHalting(nn.Module):
     """
 
     def __init__(self, rule: str, embed_dim: int, dropout: float, threshold: float,
-                 normalize_input: bool, transition: bool = False, causal: bool = False):
+                 normalize_input: bool, transition: bool = False, causal: bool = False,
+                 bias_init: float = 0.0):
         super().__init__()
         check_threshold(threshold)
         if transition and rule == "act":
@@ -132,7 +139,7 @@ class LearnedHalting(nn.Module):
                              "'global-mean', not to 'act'")
         self.rule, self.threshold = rule, threshold
         self.transition, self.causal = transition, causal
-        self.unit = HaltingUnit(embed_dim, dropout, normalize_input, transition)
+        self.unit = HaltingUnit(embed_dim, dropout, normalize_input, transition, bias_init)
 
     def begin(self, h0: torch.Tensor, real: torch.Tensor, prefix_in=None) -> HaltingState:
         return HaltingState(h0, real, prefix_in)
@@ -245,10 +252,10 @@ def check_threshold(threshold: float) -> None:
 
 def build_halting(rule: str, embed_dim: int, dropout: float, threshold: float,
                   normalize_input: bool, transition: bool = False,
-                  causal: bool = False) -> nn.Module:
+                  causal: bool = False, bias_init: float = 0.0) -> nn.Module:
     if rule == "none":
         return NoHalting()
     if rule in ("stick-breaking", "global-mean", "act"):
         return LearnedHalting(rule, embed_dim, dropout, threshold, normalize_input,
-                              transition, causal)
+                              transition, causal, bias_init)
     raise ValueError(f"unknown halting rule {rule!r}; choose from {HALTING_RULES}")

@@ -8,6 +8,9 @@ LayerNorm (post-LN, like ``transformer_wmt_en_de``) or preceded by it (pre-LN,
 With ``--hyper-modules M`` (Hyper-UT, docs/hyper_ut.md) the self-attention and/or the
 feed-forward network are ``hyper_block``'s hyper-module sub-layers, which read the step's
 example embedding z (``hyper_z``); cross-attention stays a dense MoMHA.
+With chunk-wise recurrence and a memory (``--encoder-chunk-size g``,
+``--encoder-memory-slots k``, docs/chunked.md) a dense pre-LN memory attention follows the
+self-attention: ``x ← x + dropout(MHA(LN(x), LN(M), LN(M)))`` (``memory_kv``).
 """
 from typing import Optional, Tuple
 
@@ -18,6 +21,7 @@ from fairseq.modules import LayerNorm
 
 from .dropout import Dropout
 from .hyper_block import HyperConfig, HyperFeedForward, HyperSelfAttention
+from .memory import MemoryAttention
 from .moe_ffd import MoEFeedForward
 from .momha import MixtureOfMultiHeadAttention
 
@@ -46,6 +50,13 @@ class SUTBlock(nn.Module):
         else:
             self.self_attn = attention(d, relative, causal=decoder)
         self.self_attn_norm = LayerNorm(d)
+        prefix = "decoder" if decoder else "encoder"
+        chunked = getattr(args, f"{prefix}_chunk_size", 0) > 0
+        if chunked and getattr(args, f"{prefix}_memory_slots", 0) > 0:
+            self.memory_attn = MemoryAttention(d, args.att_heads, args.att_head_dim,
+                                               args.attention_dropout)
+        else:
+            self.memory_attn = None
         if decoder:
             self.cross_attn = attention(args.encoder_embed_dim, None, causal=False)
             self.cross_attn_norm = LayerNorm(d)
@@ -89,14 +100,19 @@ class SUTBlock(nn.Module):
                 q_start: int = 0, cross_k: Optional[torch.Tensor] = None,
                 cross_v: Optional[torch.Tensor] = None,
                 cross_padding_mask: Optional[torch.Tensor] = None,
-                hyper_z: Optional[torch.Tensor] = None) -> torch.Tensor:
+                hyper_z: Optional[torch.Tensor] = None,
+                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """h: (B, T, d) queries (un-halted states); self_k/self_v: (B, H, S, D) from the
         halted states; running: (B, T) bool; hyper_z: the step's example embedding, (B, d)
-        per example or (B, T, d) per token (hyper-modules only). Returns the new h (B, T, d)."""
+        per example or (B, T, d) per token (hyper-modules only); memory_kv: keys and values
+        (B, H, k, D) of the chunk's memory M^c (``memory_attn.project_kv``). Returns the new
+        h (B, T, d)."""
         attn_z = (hyper_z,) if self.hyper_attn else ()  # only the hyper sub-layers read z
         ffd_z = (hyper_z,) if self.hyper_ffd else ()
         x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
             q, self_k, self_v, running, self_padding_mask, q_start, *attn_z))
+        if memory_kv is not None:  # chunk-wise recurrence: read the memory (pre-LN always)
+            x = x + self.dropout(self.memory_attn(x, *memory_kv))
         if self.cross_attn is not None:
             x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
                 q, cross_k, cross_v, running, cross_padding_mask))

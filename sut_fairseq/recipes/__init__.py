@@ -19,7 +19,12 @@ evaluated again), so a recipe is resumed by running it again. The parts:
   to score unless every example of the split was scored exactly once;
 * :mod:`.train_log` -- what a fairseq-train log says (parameters, updates, best
   validation metric);
-* :mod:`.summary` -- means over seeds, markdown tables, line plots.
+* :mod:`.summary` -- means over seeds, markdown tables, line plots;
+* :mod:`.grid`, :mod:`.runs` -- the model grid of ``configs/TASK/`` and one run's directory;
+* :mod:`.generated` -- the shared command line of the generators of ``data-prep/flipflop``
+  and ``data-prep/listops`` (output directory, ``stats.json``, binarized test splits);
+* :mod:`.split_grid` -- all four stages for generated data with named test splits and a
+  one-token target (the flip-flop and ListOps recipes).
 
 A task keeps only what is its own: its data-prep, its configs (``configs/TASK/``), its
 metric and its paper numbers (``scripts/TASK/TASK_recipe.py``). docs/architecture.md

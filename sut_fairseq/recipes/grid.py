@@ -1,14 +1,17 @@
 """A grid of models trained on one task under shared options: ``configs/TASK/``.
 
     configs/TASK/common.json   {"description", "task": [...], "flags": [...],
-                                "configs": {NAME: {"description", "flags": [...]}}}
+                                "configs": {NAME: {"description", "flags": [...],
+                                                   "model_flags": {MODEL: [...]}}}}
     configs/TASK/MODEL.json    {"label", "description", "arch", "halting",
                                 "model_flags": [...], "loss_flags": [...]}
 
 Every run of a grid gets ``task + flags + configs[NAME].flags + --arch + model_flags +
-loss_flags + --seed`` (merged: an option given again replaces the earlier value), so the
-models of one configuration differ only in their model and loss options and see the same
-batches for the same number of updates.
+loss_flags + configs[NAME].model_flags[MODEL] + --seed`` (merged: an option given again
+replaces the earlier value), so the models of one configuration differ only in their model
+and loss options and see the same batches for the same number of updates. The optional
+per-model options of a configuration are for what changes with the scale (a chunk size,
+a number of steps, a loss weight at paper scale).
 """
 import os
 from typing import List, Optional, Sequence
@@ -58,9 +61,10 @@ class ModelGrid:
         if config not in common["configs"]:
             raise RecipeError(f"unknown configuration {config!r}: choose from "
                               f"{', '.join(common['configs'])}")
-        groups = [common["task"], common["flags"], common["configs"][config]["flags"],
+        scale = common["configs"][config]
+        groups = [common["task"], common["flags"], scale["flags"],
                   ["--arch", spec["arch"]], spec["model_flags"], spec["loss_flags"],
-                  ["--seed", str(seed)]]
+                  scale.get("model_flags", {}).get(model, []), ["--seed", str(seed)]]
         if save_dir is not None:
             groups.append(["--save-dir", save_dir])
         if stop_time_hours is not None:

@@ -9,12 +9,13 @@ The two JSON files are what makes every stage resumable: :meth:`RunDir.train` an
 :meth:`RunDir.needs_evaluation` skip a run whose file exists (unless ``force``).
 """
 import os
+import shlex
 import shutil
 import time
 from typing import Optional, Sequence
 
 from .commands import RecipeError, run, show
-from .files import load_json
+from .files import load_json, write_json_atomic
 from .stages import add_stage_arguments
 
 
@@ -69,6 +70,42 @@ class RunDir:
     def cleanup(self) -> None:
         """Delete the checkpoints (once the run is scored)."""
         shutil.rmtree(self.save_dir, ignore_errors=True)
+
+    def write_result(self, result: dict, cleanup: bool = False) -> None:
+        """Finish the evaluate stage: add to ``result`` what train.json says (parameters,
+        updates, best validation accuracy, and all of it as ``train``) and the run
+        directory, write result.json atomically, and with ``cleanup`` delete the
+        checkpoints."""
+        trained = self.trained()
+        result.update({"params": trained.get("params"), "updates": trained.get("updates"),
+                       "best_valid_accuracy": trained.get("best_valid_accuracy"),
+                       "train": trained, "run_dir": os.path.abspath(self.dir)})
+        write_json_atomic(self.result, result)
+        if cleanup:
+            self.cleanup()
+        print(f"   -> {self.result}", flush=True)
+
+
+def train_grid_run(grid, args, model: str, seed: int, run_dir: RunDir) -> None:
+    """The train stage of one run of a grid recipe (``grid``: a ``ModelGrid``):
+    fairseq-train on ``DATA/bin`` with the configuration, budget and extra options of
+    ``args`` (resumed when interrupted), then ``train.json``: what the log says (parameters,
+    updates, stop reason), the command, the configuration and the best validation accuracy."""
+    from .train_log import best_valid, parse_train_log
+
+    command = grid.train_command(
+        model, os.path.join(args.data_dir, "bin"), args.config, seed, run_dir.save_dir,
+        args.stop_time_hours, args.max_update, args.cpu, shlex.split(args.train_args),
+        required=not args.dry_run)
+    seconds = run_dir.train(command, args.force, args.dry_run)
+    if seconds is None:
+        return
+    trained = parse_train_log(run_dir.train_log)
+    trained.update({"seconds_this_call": round(seconds, 1), "command": command,
+                    "config": args.config, "best_valid_accuracy": best_valid(run_dir.train_log, "accuracy")})
+    write_json_atomic(run_dir.train_json, trained)
+    print(f"   trained: {trained['updates']} updates, best validation accuracy "
+          f"{trained['best_valid_accuracy']} ({trained['stop_reason']})", flush=True)
 
 
 def add_grid_arguments(parser) -> None:

@@ -5,8 +5,10 @@ reduces the seeds of each cell with :func:`mean_std`, and writes one table with
 :func:`markdown_table` (its rows, then the paper's) and, where a figure says more, one PNG
 with :func:`line_plot`; every file is written atomically.
 """
+import argparse
+import os
 import statistics
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 from .files import atomic_path
 
@@ -35,9 +37,11 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
 
 
 def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[float]]],
-              xlabel: str, ylabel: str, title: str, xticks: Optional[List[float]] = None) -> None:
+              xlabel: str, ylabel: str, title: str, xticks: Optional[List[float]] = None,
+              xticklabels: Optional[Sequence[str]] = None) -> None:
     """One line per series (label -> (x, y)), markers on the points, written atomically as
-    a PNG (matplotlib's Agg backend: no display needed)."""
+    a PNG (matplotlib's Agg backend: no display needed). ``xticklabels`` names the
+    ``xticks`` (slanted: for split names)."""
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # not its start-up and font search
@@ -51,6 +55,8 @@ def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[fl
             ax.plot(list(x), list(y), marker="o", label=label)
         if xticks is not None:
             ax.set_xticks(xticks)
+            if xticklabels is not None:
+                ax.set_xticklabels(list(xticklabels), rotation=30, ha="right", fontsize=8)
         ax.set_xlabel(xlabel)
         ax.set_ylabel(ylabel)
         ax.set_title(title)
@@ -70,3 +76,15 @@ def format_mean_std(cell: Optional[MeanStd], full_n: int) -> str:
         return "–"
     mean, std, n = cell
     return f"{mean:.1f} ± {std:.1f}" + ("" if n == full_n else f" (n={n})")
+
+
+def summary_main(doc: str, default_data_dir: str, summarize: Callable[[str, str], str],
+                 written: Sequence[str], argv=None) -> None:
+    """The command line of a task's summariser, ``SCRIPT WORK [--data-dir DATA]``: print
+    ``summarize(WORK, DATA)``, then the files it wrote (``written``, in WORK)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    parser.add_argument("work_dir")
+    parser.add_argument("--data-dir", default=default_data_dir)
+    args = parser.parse_args(argv)
+    print(summarize(args.work_dir, args.data_dir))
+    print(f"\nwritten {os.path.join(args.work_dir, written[0])}, " + ", ".join(written[1:]))

@@ -1,0 +1,273 @@
+"""ListOps data (docs/listops.md): labels against an independent recursive evaluator, the
+median rule, the generator's limits and law, the splits (sizes, disjointness,
+determinism, length limits), the statistics, the refusals, and
+data-prep/listops/generate.py."""
+import json
+import math
+import os
+import random
+import statistics
+from collections import Counter
+
+import pytest
+
+from cli_helpers import check_refusals, read_lines, run_binarized, run_cli
+from sut_fairseq.data import listops
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+GENERATE = os.path.join(REPO, "data-prep", "listops", "generate.py")
+
+
+# --------------------------------------------------------------------------- an independent evaluator
+
+def parse(tokens, i=0):
+    """Recursive descent: ``(tree, next index)``, a tree being an int or ``(op, [children])``."""
+    token = tokens[i]
+    if token.isdigit():
+        return int(token), i + 1
+    assert token.startswith("["), token
+    children, i = [], i + 1
+    while tokens[i] != "]":
+        child, i = parse(tokens, i)
+        children.append(child)
+    return (token[1:], children), i + 1
+
+
+def value(tree):
+    """The value of a parsed tree, the original's way (``int(np.median(...))`` is
+    ``int(statistics.median(...))`` for these integers)."""
+    if isinstance(tree, int):
+        return tree
+    op, children = tree
+    values = [value(c) for c in children]
+    return {"MAX": max, "MIN": min, "SM": lambda v: sum(v) % 10,
+            "MED": lambda v: int(statistics.median(v))}[op](values)
+
+
+def shape(tree, depth=1):
+    """``(depth of the deepest list, widest list, smallest list)`` of a parsed tree."""
+    if isinstance(tree, int):
+        return 0, 0, math.inf
+    child_shapes = [shape(c, depth + 1) for c in tree[1]]
+    return (max([depth] + [s[0] for s in child_shapes]),
+            max([len(tree[1])] + [s[1] for s in child_shapes]),
+            min([len(tree[1])] + [s[2] for s in child_shapes]))
+
+
+def independent_value(tokens):
+    tree, end = parse(list(tokens))
+    assert end == len(tokens), "trailing tokens"
+    return value(tree)
+
+
+# --------------------------------------------------------------------------- the task
+
+@pytest.mark.parametrize("text,label", [
+    ("[MAX 2 9 [MIN 4 7 ] 0 ]", 9),
+    ("[MED 1 2 ]", 1),                      # even count: (1 + 2) / 2 = 1.5, rounded down
+    ("[MED 3 8 1 6 ]", 4),                  # 1 3 6 8: (3 + 6) / 2 = 4.5 -> 4
+    ("[MED 7 0 2 ]", 2),
+    ("[SM 9 9 9 ]", 7),
+    ("[MIN [MAX 1 [SM 5 6 ] ] [MED 9 9 0 0 ] 8 ]", 1),
+])
+def test_hand_examples(text, label):
+    assert listops.evaluate(text.split()) == label == independent_value(text.split())
+
+
+@pytest.mark.parametrize("max_args,max_depth,max_length", [(5, 20, 300), (10, 9, 1000), (15, 9, 1000), (2, 4, None)])
+def test_labels_equal_an_independent_recursive_evaluator(max_args, max_depth, max_length):
+    rng = random.Random(f"labels/{max_args}/{max_depth}")
+    checked = 0
+    while checked < 400:
+        tokens = listops.sample_tokens(rng, max_args, max_depth, max_length)
+        if tokens is None:
+            continue
+        checked += 1
+        assert listops.evaluate(tokens) == independent_value(tokens)
+        deepest, widest, narrowest = shape(parse(tokens)[0])
+        assert listops.depth(tokens) == deepest < max_depth      # lists nest at most max_depth - 1
+        assert listops.max_arguments(tokens) == widest <= max_args and narrowest >= 2
+        assert max_length is None or len(tokens) <= max_length
+        assert tokens[0] in listops.OPERATORS                    # the root is always a list
+
+
+def test_median_matches_numpy_style_median():
+    rng = random.Random(5)
+    for _ in range(2000):
+        values = [rng.randrange(10) for _ in range(rng.randint(1, 8))]
+        assert listops.median_floor(values) == int(statistics.median(values))
+
+
+def test_generator_law_on_small_trees():
+    # max_depth 3: the root's children are lists with probability VALUE_P, grandchildren digits
+    rng = random.Random(11)
+    arguments, operators, child_lists, children = Counter(), Counter(), 0, 0
+    for _ in range(4000):
+        tree, _ = parse(listops.sample_tokens(rng, 4, 3))
+        arguments[len(tree[1])] += 1
+        operators[tree[0]] += 1
+        for child in tree[1]:
+            children += 1
+            if not isinstance(child, int):
+                child_lists += 1
+                assert all(isinstance(g, int) for g in child[1])   # depth 3 is always a digit
+    for count in (2, 3, 4):                     # randint(2, max_args): uniform
+        assert abs(arguments[count] / 4000 - 1 / 3) < 5 * math.sqrt(2 / 9 / 4000)
+    assert set(arguments) == {2, 3, 4}
+    for op in ("MAX", "MIN", "MED", "SM"):
+        assert abs(operators[op] / 4000 - 0.25) < 5 * math.sqrt(0.1875 / 4000)
+    p = listops.VALUE_P
+    assert abs(child_lists / children - p) < 5 * math.sqrt(p * (1 - p) / children)
+
+
+def test_malformed_expressions_are_refused():
+    for text, message in [("[MAX 1 2", "not closed"), ("[MAX ]", "closes no list"),
+                          ("1", "outside a list"), ("[MAX 1 2 ] 3", "follows the end"),
+                          ("[FOO 1 2 ]", "unknown token")]:
+        with pytest.raises(ValueError, match=message):
+            listops.evaluate(text.split())
+
+
+def test_early_abandon_keeps_the_conditional_law():
+    # drawing with max_length = 12 gives the same expressions as drawing freely and
+    # discarding the longer ones, draw for draw, as long as the streams agree
+    rng_a, rng_b = random.Random(2), random.Random(2)
+    kept = 0
+    for _ in range(300):
+        short = listops.sample_shape(rng_a, 5, 20, 12)
+        full = listops.sample_shape(rng_b, 5, 20)
+        if short is None:
+            assert listops.shape_length(full) > 12
+            break                             # the streams part here (the rest was not drawn)
+        assert short == full and listops.shape_length(short) <= 12
+        listops.fill(rng_a, short), listops.fill(rng_b, full)
+        kept += 1
+    assert kept > 0
+
+
+# --------------------------------------------------------------------------- splits
+
+def small(**overrides):
+    kwargs = dict(train_size=300, valid_size=20, iid_test_size=60, test_size=6)
+    kwargs.update(overrides)
+    return listops.make_config("small", **kwargs)
+
+
+def test_splits_sizes_limits_disjointness_and_determinism():
+    config = small(splits=["test-len200-300", "test-args10", "test-args15"])
+    data = listops.generate(config)
+    assert list(data) == ["test-iid", "test-len200-300", "test-args10", "test-args15", "valid", "train"]
+    assert [len(v) for v in data.values()] == [60, 6, 6, 6, 20, 300]
+    specs = dict(config.specs())
+    for name, examples in data.items():
+        spec = specs[name]
+        for e in examples:
+            n = len(e.tokens)
+            assert spec.min_length <= n <= spec.max_length, (name, n)
+            assert listops.depth(e.tokens) < spec.max_depth and listops.max_arguments(e.tokens) <= spec.max_args
+            assert e.label == independent_value(e.tokens)
+    assert all(200 < len(e.tokens) < 300 for e in data["test-len200-300"])
+    assert all(len(e.tokens) <= 100 for e in data["train"] + data["valid"])
+    assert max(listops.max_arguments(e.tokens) for e in data["test-args15"]) > 5
+    keys = [e.tokens for v in data.values() for e in v]
+    assert len(keys) == len(set(keys)) == listops.total_examples(config)
+    assert listops.generate(small(splits=["test-len200-300", "test-args10", "test-args15"])) == data
+    other = listops.generate(small(seed=3, splits=["test-len200-300", "test-args10", "test-args15"]))
+    assert other["train"] != data["train"] and other["test-args10"] != data["test-args10"]
+
+
+def test_iid_splits_share_one_stream_under_their_own_length_limits():
+    data = listops.generate(small(train_size=400, iid_test_size=400, splits=[]))
+    assert list(data) == ["test-iid", "valid", "train"]
+    lengths = {name: [len(e.tokens) for e in v] for name, v in data.items()}
+    assert max(lengths["train"]) <= 100 and max(lengths["valid"]) <= 100
+    assert max(lengths["test-iid"]) > 100              # about 8% of the generator's are longer
+    # short expressions repeat and are kept once; both splits hold them in proportion
+    short = lambda v: sum(n <= 5 for n in v) / len(v)  # noqa: E731
+    assert abs(short(lengths["train"]) - short(lengths["test-iid"])) < 0.1
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(train_size=0), "train_size must be an integer >= 1"),
+    (dict(iid_test_size=0), "iid_test_size must be an integer >= 1"),
+    (dict(test_size=0), "split test-len200-300: size must be >= 1"),
+    (dict(valid_size=-1), "split valid: size must be an integer >= 0"),
+    (dict(splits=["test-len2"]), "unknown test split 'test-len2'"),
+])
+def test_bad_values_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        small(**kwargs)
+    with pytest.raises(ValueError, match="unknown configuration 'huge'"):
+        listops.make_config("huge")
+    with pytest.raises(ValueError, match="max_length must be an integer >= max"):
+        listops.SplitSpec(5, min_length=50, max_length=40).check("x")
+
+
+def test_split_statistics():
+    stats = listops.SplitStats(listops.SplitSpec(10, max_args=3, max_depth=3, max_length=20))
+    stats.add(listops.Example(tuple("[MAX 2 9 [MIN 4 7 ] ]".split()), 9))
+    stats.add(listops.Example(tuple("[SM 1 2 ]".split()), 3))
+    s = stats.summary()
+    assert s["size"] == 2 and s["length"] == {"min": 4, "mean": 6.0, "max": 8}
+    assert s["depth"] == {"mean": 1.5, "max": 2} and s["max_arguments"] == 3
+    assert s["labels"]["9"] == s["labels"]["3"] == 1 and s["majority"]["share"] == 0.5
+    assert s["operators"] == {"[MAX": 1, "[MIN": 1, "[MED": 0, "[SM": 1}
+    with pytest.raises(RuntimeError, match="does not evaluate to 4"):
+        stats.add(listops.Example(tuple("[SM 1 2 ]".split()), 4))
+    with pytest.raises(RuntimeError, match="outside"):          # depth 3 >= generator depth 3
+        stats.add(listops.Example(tuple("[SM 1 [MAX 1 [MIN 2 3 ] ] ]".split()), 3))
+    assert "| s | 2 | 4 / 6.0 / 8 | 1.50 / 2 | 3 |" in listops.stats_table({"s": s})
+
+
+# --------------------------------------------------------------------------- generate.py
+
+TINY = ("--train-size", 150, "--valid-size", 10, "--iid-test-size", 20, "--test-size", 4,
+        "--splits", "test-len200-300", "test-args10", "--no-progress")
+
+
+def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
+    out = tmp_path / "lo"
+    result = run_cli(GENERATE, "--out", out, *TINY)
+    assert result.returncode == 0, result.stderr
+    splits = {"train": 150, "valid": 10, "test-iid": 20, "test-len200-300": 4, "test-args10": 4}
+    assert sorted(os.listdir(out)) == sorted([f"{s}.{e}" for s in splits for e in ("src", "tgt")]
+                                             + ["stats.json"])
+    seen = set()
+    for split, size in splits.items():
+        sources, targets = read_lines(out / f"{split}.src"), read_lines(out / f"{split}.tgt")
+        assert len(sources) == len(targets) == size
+        for source, target in zip(sources, targets):
+            assert str(independent_value(source.split(" "))) == target
+            seen.add(source)
+    assert len(seen) == sum(splits.values())
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["splits"]["test-args10"]["limits"] == {"max_args": 10, "generator_max_depth": 9,
+                                                        "min_length": 100, "max_length": 1000}
+    assert sum(stats["splits"]["train"]["labels"].values()) == 150
+    assert "| test-len200-300 | 4 |" in result.stdout and "labels 0–9 (%)" in result.stdout
+
+    before = (out / "train.src").read_text()
+    refused = run_cli(GENERATE, "--out", out, *TINY, "--seed", 4)
+    assert refused.returncode == 2 and "is not empty" in refused.stderr
+    assert (out / "train.src").read_text() == before
+    replaced = run_cli(GENERATE, "--out", out, *TINY, "--seed", 4, "--overwrite")
+    assert replaced.returncode == 0, replaced.stderr
+    assert (out / "train.src").read_text() != before
+    assert sorted(os.listdir(tmp_path)) == ["lo"]
+
+    check_refusals(GENERATE, tmp_path / "bad", [
+        (("--splits", "test-len2"), "unknown test split 'test-len2'"),
+        (("--train-size", 0), "train_size must be an integer >= 1"),
+        (("--valid-size", 0, "--binarize"), "--binarize needs a validation set"),
+    ])
+
+
+def test_generate_cli_binarize(tmp_path):
+    out = tmp_path / "bin-run"
+    result = run_binarized(GENERATE, out, *TINY)
+    assert "test-iid -> test, test-len200-300 -> test1, test-args10 -> test2" in result.stdout
+    for split in ["train", "valid", "test", "test1", "test2"]:
+        assert (out / "bin" / f"{split}.src-tgt.src.bin").exists(), split
+    stats = json.loads((out / "stats.json").read_text())
+    assert stats["binarized_test_splits"] == {"test-iid": "test", "test-len200-300": "test1",
+                                              "test-args10": "test2"}

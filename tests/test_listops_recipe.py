@@ -1,0 +1,106 @@
+"""The ListOps recipe (scripts/listops/table1.py over sut_fairseq.recipes.split_grid): the
+dry-run grid of both configurations, the report on hand-made results, and smoke runs on
+tiny data: UT and GUT always, TLB and GUTLB once the model has its chunking options."""
+import json
+import os
+import sys
+
+import pytest
+
+from split_recipes import (CHUNKING, CHUNKING_MISSING, ROOT, check_smoke, commands, load_script, run,
+                           smoke, stages, value)
+
+SCRIPTS = os.path.join(ROOT, "scripts", "listops")
+TABLE1 = os.path.join(SCRIPTS, "table1.py")
+GENERATE = os.path.join(ROOT, "data-prep", "listops", "generate.py")
+sys.path.insert(0, SCRIPTS)
+import listops_recipe as recipe  # noqa: E402
+
+summarize = load_script(os.path.join(SCRIPTS, "summarize.py"), "listops_summarize")
+
+SPLITS = ["test-iid", "test-len200-300", "test-len500-600", "test-len900-1000", "test-args10",
+          "test-args15"]
+
+
+def test_dry_run_cpu_grid(tmp_path):
+    out = run([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+               "--dry-run", "--seeds", "1", "2"]).stdout
+    assert stages(out) == ["data", "train", "evaluate", "report"]
+    assert value(commands(out, "generate.py")[0], "--config") == "small"
+    trains = commands(out, "fairseq-train")
+    assert len(trains) == 5 * 2 and [value(t, "--seed") for t in trains[:2]] == ["1", "2"]
+    for option in ("--max-update", "--max-tokens", "--lr", "--lr-scheduler", "--encoder-embed-dim"):
+        assert len({value(t, option) for t in trains}) == 1, option
+    by_model = dict(zip(recipe.MODELS, trains[::2]))
+    assert [value(by_model[m], "--encoder-layers") for m in recipe.MODELS] == ["10", "10", "2", "5", "5"]
+    for model in ("tlb", "gutlb", "sut-chunked"):
+        assert (value(by_model[model], "--encoder-chunk-size"), value(by_model[model], "--encoder-memory-slots"),
+                value(by_model[model], "--encoder-memory-update-layers")) == ("20", "20", "1")
+    generates = commands(out, "fairseq-generate")
+    assert len(generates) == 5 * 2 * 6 and not any("--model-overrides" in g for g in generates)
+    assert [value(g, "--gen-subset") for g in generates[:6]] == ["test"] + [f"test{k}" for k in range(1, 6)]
+    assert "generate-test-len900-1000.txt" in out
+    assert not os.path.exists(tmp_path / "d")
+
+
+def test_dry_run_full_configuration_and_split_choice(tmp_path):
+    out = run([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+               "--dry-run", "--config", "full", "--models", "ut", "sut-chunked",
+               "--splits", "test-iid", "test-args15"]).stdout
+    assert value(commands(out, "generate.py")[0], "--config") == "paper"
+    ut, sut = commands(out, "fairseq-train")
+    assert value(ut, "--encoder-embed-dim") == "512" and value(ut, "--act-weight") == "0.1"
+    assert value(ut, "--lr-scheduler") == "inverse_sqrt" and value(ut, "--batch-size") == "32"
+    assert value(sut, "--att-heads") == "4" and value(sut, "--ffd-hidden-dim") == "512"
+    assert [value(g, "--gen-subset") for g in commands(out, "fairseq-generate")] == ["test", "test5"] * 2
+    bad = run([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--dry-run", "--stage", "evaluate",
+               "--splits", "test-len2"], check=False)
+    assert bad.returncode != 0 and "no test split 'test-len2'" in bad.stderr + bad.stdout
+
+
+def test_report_sets_models_beside_the_majority_and_the_paper(tmp_path):
+    work, data = tmp_path / "w", tmp_path / "d"
+    data.mkdir()
+    (data / "stats.json").write_text(json.dumps({
+        "config": {"train_max_length": 100},
+        "binarized_test_splits": {s: ("test" if k == 0 else f"test{k}") for k, s in enumerate(SPLITS)},
+        "splits": {s: {"majority": {"label": 9, "share": 0.17}} for s in SPLITS}}))
+    for model, label, seed, acc in (("gut", "GUT", 1, 80.0), ("gut", "GUT", 2, 70.0), ("ut", "UT", 1, 60.0)):
+        path = work / model / f"seed{seed}"
+        path.mkdir(parents=True)
+        (path / "result.json").write_text(json.dumps({
+            "model": model, "label": label, "seed": seed, "params": 2000, "updates": 40, "max_steps": 10,
+            "splits": {s: {"accuracy": acc if s == "test-iid" else 20.0, "mean_encoder_steps": 4.0}
+                       for s in SPLITS}}))
+    text = summarize.summarize(str(work), str(data))
+    assert "| GUT | 2,000 | 40/40 | 75.0 | 20.0 | 20.0 | 20.0 | 20.0 | 20.0 |" in text
+    assert text.index("| UT |") < text.index("| GUT |")
+    assert "| *majority label of the split* | – | – | *17.0* |" in text
+    assert "| *paper: TLB* | – | – | *58.3* | *37.7* | *30.5* | *25.0* | *37.3* | *37.0* |" in text
+    assert "| UT | 4.00 |" in text
+    summary = json.load(open(work / "table1.json"))
+    assert summary["models"]["gut"]["accuracy"]["test-iid"][:2] == [75.0, pytest.approx(7.0711, abs=1e-4)]
+    assert (work / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def smoke_ut_gut(tmp_path_factory):
+    return smoke(tmp_path_factory.mktemp("listops"), GENERATE, TABLE1, ["ut", "gut"],
+                 ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,
+                  "--splits", "test-args10"])
+
+
+def test_smoke_ut_and_gut_train_then_resume_at_evaluation(smoke_ut_gut):
+    runs = check_smoke(smoke_ut_gut, ["ut", "gut"], {"test-iid": 8, "test-args10": 4})
+    for result in runs.values():
+        assert result["max_steps"] == 3 and 1 <= result["splits"]["test-iid"]["mean_encoder_steps"] <= 3
+    assert "| GUT |" in (smoke_ut_gut["work"] / "table1.md").read_text()
+
+
+@pytest.mark.skipif(not CHUNKING, reason=CHUNKING_MISSING)
+def test_smoke_tlb_and_gutlb(tmp_path):
+    result = smoke(tmp_path, GENERATE, TABLE1, ["tlb", "gutlb"],
+                   ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,
+                    "--splits", "test-len200-300"])
+    check_smoke(result, ["tlb", "gutlb"], {"test-iid": 8, "test-len200-300": 4})
+    assert "| GUTLB |" in (result["work"] / "table1.md").read_text()
