@@ -7,12 +7,7 @@ import os
 import subprocess
 import sys
 
-from sut_fairseq.models.architectures import BASE_DEFAULTS
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-#: The chunk-wise models (TLB, GUTLB, the chunked SUT) need the model's chunking options.
-CHUNKING = "encoder_chunk_size" in BASE_DEFAULTS
-CHUNKING_MISSING = "the model has no --encoder-chunk-size yet (chunk-wise recurrence not built)"
 #: A tiny model and batch for the smoke runs (every model of the grids accepts these).
 TINY_MODEL = ("--encoder-embed-dim 16 --att-head-dim 4 --ffd-hidden-dim 16 --encoder-layers 3 "
               "--max-tokens 512 --log-interval 1")

@@ -61,3 +61,10 @@ def test_dropout_cpu_ends_with_the_ratio():
     out = run("dropout_cpu.py", "--repeats", "1")
     assert re.search(r"forward\s+\d+\.\d\d ms\s+backward\s+\d+\.\d\d ms", out), out
     assert re.fullmatch(r"ratio \d+\.\d\d", out.strip().splitlines()[-1]), out
+
+
+def test_profile_step_prints_the_groups_of_both_models_and_the_bounds():
+    out = run("profile_step.py", "--logic-tokens", "120", "--top", "3")
+    for model in ("sut_logic:", "transformer:"):
+        assert model in out
+    assert out.count("gather/scatter") >= 2 and "matmul-only R" in out

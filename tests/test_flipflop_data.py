@@ -141,19 +141,43 @@ def test_dedupe_uses_every_string_of_a_small_set():
     assert {e.source for e in data["test4-p0.5"]} == {("w", "0", "r"), ("w", "1", "r")}
 
 
-def test_last_write_subset_on_hand_made_strings():
+def test_last_carrier_subset_on_hand_made_strings():
     #          0    1    2    3    4    5    6    7    8    9   10
     source = ("w", "1", "i", "0", "w", "0", "i", "1", "i", "1", "r")
     assert flipflop.last_write(source) == 4 and flipflop.solve(source) == "0"
+    assert flipflop.last_carrier(source) == 4                    # no read after the last write
     e = flipflop.Example(source, "0", 4, 12, 0.5)
-    assert e.read == 10 and flipflop.to_meta(e) == {"write": 4, "read": 10, "source_length": 11,
-                                                     "target": "0"}
+    assert e.read == 10 and flipflop.to_meta(e) == {"write": 4, "carrier": 4, "read": 10,
+                                                     "source_length": 11, "target": "0"}
     # the written bit at 5, the read at 10: chunk 5 // g against chunk 10 // g
-    assert flipflop.write_precedes_read_chunk(4, 10, 4)          # chunks 1 < 2
-    assert flipflop.write_precedes_read_chunk(4, 10, 8)          # 0 < 1
-    assert not flipflop.write_precedes_read_chunk(4, 10, 11)     # one chunk
-    assert not flipflop.write_precedes_read_chunk(8, 10, 4)      # bit 9 and read 10 share chunk 2
-    assert not flipflop.write_precedes_read_chunk(4, 8, 5)       # w in chunk 0, its bit in the read's
+    assert flipflop.bit_before_read_chunk(4, 10, 4)          # chunks 1 < 2
+    assert flipflop.bit_before_read_chunk(4, 10, 8)          # 0 < 1
+    assert not flipflop.bit_before_read_chunk(4, 10, 11)     # one chunk
+    assert not flipflop.bit_before_read_chunk(8, 10, 4)      # bit 9 and read 10 share chunk 2
+    assert not flipflop.bit_before_read_chunk(4, 8, 5)       # w in chunk 0, its bit in the read's
+    # a read after the last write repeats its bit: it, not the write, is the last carrier
+    #          0    1    2    3    4    5    6    7    8    9   10   11   12
+    source = ("w", "1", "i", "0", "w", "0", "i", "1", "r", "0", "i", "1", "r")
+    assert flipflop.last_write(source) == 4 and flipflop.last_carrier(source) == 8
+    assert flipflop.bit_before_read_chunk(4, 12, 8)          # the write's bit is in chunk 0 ...
+    assert not flipflop.bit_before_read_chunk(8, 12, 8)      # ... but the read's at 9 is in the read's chunk 1
+    # an ignore never carries the answer, whatever its bit
+    assert flipflop.last_carrier(("w", "1", "i", "1", "i", "0", "r")) == 0
+
+
+def test_last_carrier_agrees_with_a_scan_from_the_read():
+    """On sampled strings: the last carrier is the last w/r before the final read, found by
+    scanning backwards from the read in steps of one token, and its bit is the answer."""
+    import random
+
+    rng = random.Random(3)
+    for _ in range(300):
+        tokens = flipflop.sample(24, 0.6, rng)
+        source, target = tuple(tokens[:-1]), tokens[-1]
+        k = len(source) - 2
+        while not (k % 2 == 0 and source[k] in ("w", "r")):
+            k -= 1
+        assert flipflop.last_carrier(source) == k and source[k + 1] == target
 
 
 def test_split_statistics_and_baselines():
@@ -214,6 +238,7 @@ def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
             assert shown == expected_bits
             if meta is not None:
                 assert meta[k]["read"] == len(tokens) - 1 and tokens[meta[k]["write"]] == "w"
+                assert tokens[meta[k]["carrier"]] in ("w", "r") and meta[k]["carrier"] >= meta[k]["write"]
                 assert meta[k]["target"] == target and meta[k]["source_length"] == len(tokens)
                 assert len(tokens) + 1 == int(split[4:].split("-")[0])
             seen.add(source)
@@ -221,7 +246,7 @@ def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["config"]["train_length"] == 16 and stats["splits"]["test32-p0.9"]["size"] == 12
     assert stats["settings"]["test32-p0.9"] == {"length": 32, "p_ignore": 0.9}
-    assert set(stats["splits"]["train"]["write_before_read_chunk"]) == {"8", "10"}
+    assert set(stats["splits"]["train"]["answer_before_read_chunk"]) == {"8", "10"}
     assert "| test32-p0.9 | 12 | 32 |" in result.stdout and "previous-bit baseline" in result.stdout
 
     before = (out / "train.src").read_text()

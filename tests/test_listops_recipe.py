@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from split_recipes import (CHUNKING, CHUNKING_MISSING, ROOT, check_smoke, commands, load_script, run,
+from split_recipes import (ROOT, check_smoke, commands, load_script, run,
                            smoke, stages, value)
 
 SCRIPTS = os.path.join(ROOT, "scripts", "listops")
@@ -97,7 +97,6 @@ def test_smoke_ut_and_gut_train_then_resume_at_evaluation(smoke_ut_gut):
     assert "| GUT |" in (smoke_ut_gut["work"] / "table1.md").read_text()
 
 
-@pytest.mark.skipif(not CHUNKING, reason=CHUNKING_MISSING)
 def test_smoke_tlb_and_gutlb(tmp_path):
     result = smoke(tmp_path, GENERATE, TABLE1, ["tlb", "gutlb"],
                    ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,

@@ -12,13 +12,14 @@ writes into ``--out``:
   (every test length with every p_i); a source line is the string up to and including its
   final ``r``, space-separated, a target line the bit that read returns;
 * ``test{LENGTH}-p{P_I}.meta.jsonl``: per test example (same line order) the token index
-  of the last write instruction (``write``) and of the final read (``read``), the source
-  length and the target: the recipe's subset "the last write lies in an earlier chunk than
-  the read" for any chunk size g is ``(write + 1) // g < read // g``;
+  of the last write instruction (``write``), of the last carrier of the answer (``carrier``:
+  the last write or a later read, whose bit is the answer) and of the final read (``read``),
+  the source length and the target: the recipe's subset "the answer lies only in chunks
+  before the read's" for any chunk size g is ``(carrier + 1) // g < read // g``;
 * ``stats.json``: the configuration and per split its size, lengths, the shares of the
   random instructions (w / r / i), the share of target 1, the distance from the last
-  written bit to the read, the share whose last write precedes the read's chunk for g = 8
-  and 10, and two baselines (the bit before the final ``r``; the majority bit). The same
+  written bit to the read, the share whose answer lies only before the read's chunk for
+  g = 8 and 10, and two baselines (the bit before the final ``r``; the majority bit). The same
   table is printed.
 
 All splits are deduplicated and mutually disjoint. ``--binarize`` runs one

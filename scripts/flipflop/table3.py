@@ -14,9 +14,9 @@ Stages (``--stage``/``--stop-stage``, by name or number): *data* runs
 unless it is complete (``--data-config`` defaults to ``small`` for ``--config cpu`` and
 ``paper`` for ``--config full``); *train* trains every run without a ``train.json`` (an
 interrupted training resumes from its checkpoint_last.pt); *evaluate* scores every
-trained run without a ``result.json``: greedy fairseq-generate on each test split (exact match of the bit,
-every line scored once), the accuracy on the examples whose last write lies in an earlier
-chunk than the final read (chunks of the model's g, or ``--subset-chunk-size`` for a model
+trained run without a ``result.json``: greedy fairseq-generate on each test split (exact
+match of the bit, every line scored once), the accuracy on the examples whose answer (the
+last write's bit or a later read's) lies in an earlier chunk than the final read (chunks of the model's g, or ``--subset-chunk-size`` for a model
 without chunks), the mean executed encoder steps, and for the chunk-wise models the
 memory-reset control (fairseq-generate again with ``--model-overrides
 "{'tlb_memory_reset': True}"``); *report* (``summarize.py``) writes ``WORK/table3.md``,
@@ -43,7 +43,7 @@ def evaluate(args, model, seed, run_dir):
 def main(argv=None):
     parser = recipe.TASK.parser(__doc__)
     parser.add_argument("--subset-chunk-size", type=int, default=recipe.DEFAULT_SUBSET_CHUNK,
-                        help="chunk size g of the last-write subset for models without chunks "
+                        help="chunk size g of the answer-before-the-read's-chunk subset for models without chunks "
                              f"(default: {recipe.DEFAULT_SUBSET_CHUNK})")
     return recipe.TASK.main(parser, argv, summarize.summarize,
                             os.path.join(os.path.dirname(os.path.abspath(__file__)), "summarize.py"),

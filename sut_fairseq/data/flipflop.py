@@ -86,12 +86,22 @@ def last_write(source: Sequence[str]) -> int:
     return max(k for k in range(0, len(source), 2) if source[k] == WRITE)
 
 
-def write_precedes_read_chunk(write: int, read: int, chunk_size: int) -> bool:
-    """Whether the bit written at token ``write + 1`` lies in an earlier chunk than the
-    final read at token ``read``, with chunks of ``chunk_size`` tokens counted from the
-    first source token (chunk of token t: ``t // chunk_size``). Only then must the bit
-    cross a chunk boundary, i.e. pass through a chunk-wise model's memory."""
-    return (write + 1) // chunk_size < read // chunk_size
+def last_carrier(source: Sequence[str]) -> int:
+    """The token index of the last instruction before the final read that tells its bit:
+    the last ``w``, or a later ``r`` (every read after the last write returns the written
+    bit, and earlier reads stay in the source with their bits)."""
+    final_read = len(source) - 1
+    return max(k for k in range(0, final_read, 2) if source[k] in (WRITE, READ))
+
+
+def bit_before_read_chunk(instruction: int, read: int, chunk_size: int) -> bool:
+    """Whether the bit of the instruction at token ``instruction`` (token
+    ``instruction + 1``) lies in an earlier chunk than the final read at token ``read``,
+    with chunks of ``chunk_size`` tokens counted from the first source token (chunk of
+    token t: ``t // chunk_size``). For the last carrier (:func:`last_carrier`) this says
+    whether the answer is nowhere in the read's own chunk, so that it must pass through a
+    chunk-wise model's memory."""
+    return (instruction + 1) // chunk_size < read // chunk_size
 
 
 def possible_strings(length: int, p_ignore: float) -> int:
@@ -125,9 +135,10 @@ def to_seq2seq(example: Example) -> Tuple[str, str]:
 
 def to_meta(example: Example) -> dict:
     """The side-file record of a test example (JSON-ready): the token indices of the last
-    write instruction and of the final read, the source length and the target."""
-    return {"write": example.write, "read": example.read, "source_length": len(example.source),
-            "target": example.target}
+    write instruction, of the last carrier of the answer (:func:`last_carrier`) and of the
+    final read, the source length and the target."""
+    return {"write": example.write, "carrier": last_carrier(example.source), "read": example.read,
+            "source_length": len(example.source), "target": example.target}
 
 
 # --------------------------------------------------------------------------- configurations
@@ -303,8 +314,8 @@ def previous_bit(source: Sequence[str]) -> str:
 class SplitStats:
     """Running counts of one split: sizes and lengths, the random instructions (the first
     write and the final read excluded), target bits, the distance from the last written
-    bit to the final read, the examples whose last write precedes the read's chunk per
-    chunk size, and the examples two shortcuts get right."""
+    bit to the final read, the examples whose answer lies only in chunks before the read's
+    (:func:`bit_before_read_chunk` of the last carrier) per chunk size, and the examples two shortcuts get right."""
     n: int = 0
     lengths: Counter = field(default_factory=Counter)
     instructions: Counter = field(default_factory=Counter)
@@ -330,7 +341,7 @@ class SplitStats:
         self.distance_max = max(self.distance_max, distance)
         self.first_write_only += example.write == 0
         for g in STAT_CHUNK_SIZES:
-            self.before_read_chunk[g] += write_precedes_read_chunk(example.write, example.read, g)
+            self.before_read_chunk[g] += bit_before_read_chunk(last_carrier(source), example.read, g)
         self.previous_bit += previous_bit(source) == example.target
 
     def summary(self) -> dict:
@@ -346,8 +357,8 @@ class SplitStats:
             "write_to_read_distance": {"mean": share(self.distance_sum, self.n),
                                        "min": self.distance_min, "max": self.distance_max},
             "first_write_only": share(self.first_write_only, self.n),
-            "write_before_read_chunk": {str(g): share(self.before_read_chunk[g], self.n)
-                                        for g in STAT_CHUNK_SIZES},
+            "answer_before_read_chunk": {str(g): share(self.before_read_chunk[g], self.n)
+                                         for g in STAT_CHUNK_SIZES},
             "baselines": {"previous_bit": share(self.previous_bit, self.n),
                           "majority": share(max(self.targets.values(), default=0), self.n)},
         }
@@ -357,7 +368,7 @@ def stats_table(splits: Dict[str, dict]) -> str:
     """A Markdown table of :meth:`SplitStats.summary` per split."""
     g1, g2 = STAT_CHUNK_SIZES
     lines = ["| split | examples | length | w / r / i (%) | target 1 (%) | write→read distance "
-             f"mean (max) | last write is the first (%) | write before read chunk, g={g1} / g={g2} (%) "
+             f"mean (max) | last write is the first (%) | answer only before the read's chunk, g={g1} / g={g2} (%) "
              "| previous-bit baseline (%) |",
              "|---|---:|---|---|---:|---|---:|---|---:|"]
     pct = lambda v: "–" if v is None else f"{100 * v:.1f}"  # noqa: E731
@@ -365,7 +376,7 @@ def stats_table(splits: Dict[str, dict]) -> str:
         lengths = "/".join(s["lengths"])
         mix = " / ".join(pct(s["instruction_share"][i]) for i in INSTRUCTIONS)
         d = s["write_to_read_distance"]
-        chunks = " / ".join(pct(s["write_before_read_chunk"][str(g)]) for g in STAT_CHUNK_SIZES)
+        chunks = " / ".join(pct(s["answer_before_read_chunk"][str(g)]) for g in STAT_CHUNK_SIZES)
         lines.append(f"| {name} | {s['size']:,} | {lengths} | {mix} | {pct(s['target_share_1'])} | "
                      f"{d['mean']:.1f} ({d['max']}) | {pct(s['first_write_only'])} | {chunks} | "
                      f"{pct(s['baselines']['previous_bit'])} |")
