@@ -213,7 +213,7 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
         for side in ("enc", "dec"):
             positions = total(f"positions_{side}")
-            units = total(f"act_units_{side}") or positions  # positions, or chunks if chunked
+            units = total(f"act_units_{side}")  # real positions, or real chunks if chunked
             if positions > 0:
                 metrics.log_scalar(f"act_{side}", total(f"act_{side}") / units, units, round=3)
                 metrics.log_scalar(f"steps_{side}", total(f"steps_{side}") / positions, positions, round=3)

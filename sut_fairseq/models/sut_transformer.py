@@ -309,6 +309,19 @@ def chunk_step_factory(side: nn.Module, **block_kwargs):
     return factory
 
 
+def frozen_prefix_sums(prefix_in, h: torch.Tensor, real: torch.Tensor, first_skipped_step: int,
+                       num_steps: int) -> Dict[int, tuple]:
+    """Incremental decoding when every new position halted before ``first_skipped_step``:
+    the causal prefix sums (Σ h, count) that the decisions of steps l + 1 (l >= that step)
+    read, continued with the new position's frozen h (B, 1, d) where ``real`` (B, 1); {}
+    without prefix sums (rules other than global-mean)."""
+    if prefix_in is None:
+        return {}
+    w = real.unsqueeze(-1).to(h.dtype)
+    return {l + 1: (prefix_in[l + 1][0] + (h * w)[:, -1], prefix_in[l + 1][1] + w[:, -1, 0])
+            for l in range(first_skipped_step, num_steps + 1) if l + 1 in prefix_in}
+
+
 class SUTEncoder(FairseqEncoder):
     def __init__(self, args, dictionary, embed_tokens: nn.Embedding):
         super().__init__(dictionary)
@@ -496,7 +509,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
             (and the frozen h in the causal prefix means of global-mean halting and of the
             hyper-modules' example embedding, whose step-l mixture gives step l's K/V)."""
             k, v = self.block.self_kv(S) if emb is None and not hyper_kv else (None, None)
-            w = real.unsqueeze(-1).to(h.dtype)
             for l in range(first_skipped_step, self.num_steps + 1):
                 z = hyper_z(h, l) if hyper else None
                 if hyper_kv:
@@ -504,9 +516,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
                 elif emb is not None:  # the frozen S + E_l
                     k, v = stepped_self_kv(self.block, emb, S, coords, l)
                 new_k[l - 1], new_v[l - 1] = k, v
-                if prefix_in is not None and l + 1 in prefix_in:
-                    prev_sum, prev_count = prefix_in[l + 1]
-                    frozen_prefix[l + 1] = (prev_sum + (h * w)[:, -1], prev_count + w[:, -1, 0])
+            frozen_prefix.update(frozen_prefix_sums(prefix_in, h, real, first_skipped_step,
+                                                    self.num_steps))
 
         exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
         rule = self.halting.bind(self.output_projection.weight) if exits else self.halting
@@ -605,12 +616,9 @@ class SUTDecoder(FairseqIncrementalDecoder):
             """Every new token has halted: steps l..L see its frozen S (keys/values) and h
             (the prefix sums of global-mean halting)."""
             k, v = self.block.self_kv(S)
-            w = real.unsqueeze(-1).to(h.dtype)
             for l in range(first_skipped_step, L + 1):
                 new_k[l - 1], new_v[l - 1] = k, v
-                if prefix_in is not None and l + 1 in prefix_in:
-                    prev_sum, prev_count = prefix_in[l + 1]
-                    frozen[l + 1] = (prev_sum + (h * w)[:, -1], prev_count + w[:, -1, 0])
+            frozen.update(frozen_prefix_sums(prefix_in, h, real, first_skipped_step, L))
 
         rule = StepCap(self.halting, (slot + 2).clamp(max=L)) if self.cap_steps else self.halting
         S, halting, state = universal_recurrence(step, x, real, rule, L, on_early_exit=freeze,
