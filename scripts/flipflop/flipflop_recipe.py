@@ -23,7 +23,8 @@ from typing import Dict, List, Optional, Sequence
 
 from sut_fairseq.data import flipflop
 from sut_fairseq.recipes import RecipeError, flag_value
-from sut_fairseq.recipes.split_grid import SplitTask, correct_by_id
+from sut_fairseq.recipes.scoring import exact_matches
+from sut_fairseq.recipes.split_grid import SplitTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ("ut", "gut", "tlb", "gutlb", "sut-chunked")
@@ -108,11 +109,11 @@ def split_extra(args, model, run_dir, split, output, score) -> Dict:
     mask = subset(read_meta(args.data_dir, split), g or args.subset_chunk_size)
     fields = {"chunk_size": g, "subset_chunk_size": g or args.subset_chunk_size,
               "subset_size": sum(mask),
-              "subset_accuracy": subset_accuracy(correct_by_id(output, reference), mask),
+              "subset_accuracy": subset_accuracy(exact_matches(output, reference), mask),
               "reset_accuracy": None, "reset_subset_accuracy": None}
     if g:
         TASK.generate(args, run_dir, binarized, reset_output, RESET_OVERRIDES)
-        reset = correct_by_id(reset_output, reference)
+        reset = exact_matches(reset_output, reference)
         fields.update(reset_accuracy=100.0 * sum(reset) / len(reset),
                       reset_subset_accuracy=subset_accuracy(reset, mask))
         print(f"   {split} with the memory reset every chunk: accuracy {fields['reset_accuracy']:.2f}%, "

@@ -116,6 +116,7 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             loss = loss + scale * aux
 
         enc_positions, dec_positions = halting_enc.num_positions(), halting_dec.num_positions()
+        enc_units, dec_units = halting_enc.act_units().item(), halting_dec.act_units().item()
         chunk_logs = {}
         for side, halting in (("enc", halting_enc), ("dec", halting_dec)):
             if getattr(halting, "chunk_real", None) is not None:
@@ -129,10 +130,10 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             "sample_size": sample_size,
             "mim": mim.item() * sample_size,
             "switch": switch.item() * sample_size,
-            "act_enc": act_enc.item() * halting_enc.act_units().item(),
-            "act_dec": act_dec.item() * halting_dec.act_units().item(),
-            "act_units_enc": halting_enc.act_units().item(),
-            "act_units_dec": halting_dec.act_units().item(),
+            "act_enc": act_enc.item() * enc_units,
+            "act_dec": act_dec.item() * dec_units,
+            "act_units_enc": enc_units,
+            "act_units_dec": dec_units,
             "steps_enc": halting_enc.steps.sum().item(),
             "steps_dec": halting_dec.steps.sum().item(),
             "positions_enc": enc_positions.item(),

@@ -51,8 +51,7 @@ class SUTBlock(nn.Module):
             self.self_attn = attention(d, relative, causal=decoder)
         self.self_attn_norm = LayerNorm(d)
         prefix = "decoder" if decoder else "encoder"
-        chunked = getattr(args, f"{prefix}_chunk_size", 0) > 0
-        if chunked and getattr(args, f"{prefix}_memory_slots", 0) > 0:
+        if getattr(args, f"{prefix}_chunk_size") > 0 and getattr(args, f"{prefix}_memory_slots") > 0:
             self.memory_attn = MemoryAttention(d, args.att_heads, args.att_head_dim,
                                                args.attention_dropout)
         else:

@@ -77,19 +77,28 @@ def relation_accuracy(generate_output: str, reference: str) -> Dict:
             "first_token_accuracy": 100.0 * first / n, **_files(generate_output, reference)}
 
 
+def _matches(examples: List[Example], references: List[str]) -> List[bool]:
+    return [e.hypothesis.split() == references[e.id].split() for e in examples]
+
+
+def exact_matches(generate_output: str, reference: str) -> List[bool]:
+    """Per line of the reference file (in order), whether the output equals it token for
+    token, after :func:`aligned`'s checks."""
+    return _matches(*aligned(generate_output, reference))
+
+
 def exact_match(generate_output: str, reference: str,
                 canonical: Optional[Callable[[str], object]] = None) -> Dict:
     """``exact_match``: % of examples whose output equals the reference token for token;
     with ``canonical`` (text -> comparable form, or None when it has none) also
     ``order_insensitive_exact_match``."""
     examples, references = aligned(generate_output, reference)
-    strict = loose = 0
-    for example in examples:
-        ref, hyp = references[example.id].split(), example.hypothesis.split()
-        strict += hyp == ref
-        if canonical is not None:
-            form = canonical(" ".join(hyp))
-            loose += form is not None and form == canonical(" ".join(ref))
+    strict = sum(_matches(examples, references))
+    loose = 0
+    if canonical is not None:
+        for example in examples:
+            form = canonical(" ".join(example.hypothesis.split()))
+            loose += form is not None and form == canonical(" ".join(references[example.id].split()))
     n = len(examples)
     result = {"total": n, "lines": len(references), "correct": strict,
               "exact_match": 100.0 * strict / n, **_files(generate_output, reference)}

@@ -30,7 +30,7 @@ from .files import load_json, load_results, write_json_atomic
 from .generated import data_stage
 from .grid import ModelGrid
 from .runs import RunDir, add_budget_arguments, parse_grid_args, train_grid_run
-from .scoring import aligned, exact_match
+from .scoring import exact_match
 from .stages import recipe_parser, run_grid
 from .summary import markdown_table, mean_std
 
@@ -221,13 +221,6 @@ class SplitTask:
         evaluate = evaluate or (lambda args, *run: self.evaluate(args, *run))
         return run_grid(args, lambda: self.prepare_data(args), lambda: self.runs(args),
                         lambda *r: self.train(args, *r), lambda *r: evaluate(args, *r), report)
-
-
-def correct_by_id(generate_output: str, reference: str) -> List[bool]:
-    """Per line of the reference file, whether the hypothesis equals it (after the
-    scorer's checks that every line was scored once and each ``T-`` line agrees)."""
-    examples, references = aligned(generate_output, reference)
-    return [e.hypothesis.split() == references[e.id].split() for e in examples]
 
 
 # --------------------------------------------------------------------------- summaries
