@@ -46,3 +46,39 @@ def test_script_writes_png_and_table_and_refuses_a_log_without_validation(tmp_pa
                          capture_output=True, text=True)
     assert bad.returncode != 0 and "no validation" in bad.stderr
     assert not (tmp_path / "x.png").exists()
+
+
+def test_saved_curves_round_trip_and_points_without_time_are_drawn_by_updates_only(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(LOG)
+    curves = tmp_path / "curves"
+    done = subprocess.run([sys.executable, SCRIPT, f"SUT bias -3={log}", "--out",
+                           str(tmp_path / "a.png"), "--save-curves", str(curves)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    saved = curves / "SUT_bias_-3.json"
+    import json
+
+    data = json.loads(saved.read_text())
+    assert data["source"] == str(log)
+    assert [(p["updates"], p["seconds"], p["accuracy"]) for p in data["points"]] == [
+        (1000, 330.0, 77.756), (2000, 900.0, 80.16)]
+    untimed = tmp_path / "old.json"
+    untimed.write_text(json.dumps({"label": "old", "source": "docs table", "points": [
+        {"updates": 1000, "accuracy": 77.5, "seconds": None}]}))
+    table = tmp_path / "t.md"
+    done = subprocess.run([sys.executable, SCRIPT, f"SUT={saved}", f"Old={untimed}", "--out",
+                           str(tmp_path / "b.png"), "--table", str(table)],
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert "| 1,000 | 77.76 (6) | 77.50 (–) |" in table.read_text()
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_malformed_curve_file_is_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"points": [{"updates": "1k", "accuracy": 80, "seconds": null}]}')
+    done = subprocess.run([sys.executable, SCRIPT, f"X={bad}", "--out", str(tmp_path / "x.png")],
+                          capture_output=True, text=True)
+    assert done.returncode != 0 and "bad.json is not a curve file" in done.stderr
+    assert not (tmp_path / "x.png").exists()

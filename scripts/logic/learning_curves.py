@@ -2,11 +2,17 @@
 """Learning curves of logic runs from their fairseq-train logs: validation accuracy
 against updates and against wall-clock time, one line per run.
 
-    python scripts/logic/learning_curves.py LABEL=TRAIN_LOG [LABEL=TRAIN_LOG ...]
+    python scripts/logic/learning_curves.py LABEL=TRAIN_LOG|CURVE.json [...]
         --out runs/logic-cpu/learning_curves.png [--table runs/logic-cpu/learning_curves.md]
+        [--save-curves DIR]
 
 ``TRAIN_LOG`` is fairseq-train's output in ``--log-format simple`` (``train.log`` of a
-``table5.py`` run). Validation accuracy is fairseq's ``accuracy`` of the ``valid``
+``table5.py`` run). A ``.json`` file is a curve saved before (``--save-curves DIR`` writes
+one per log, ``DIR/LABEL.json``): ``{"label", "source", "points": [{"updates",
+"accuracy", "seconds"}]}``, ``seconds`` null where the wall-clock time is not known; such
+points are left out of the wall-clock panel. Saved curves keep a run's validation history
+(a few hundred bytes) in the repository after its checkpoints and logs are gone
+(``docs/results/logic/curves/``). Validation accuracy is fairseq's ``accuracy`` of the ``valid``
 subset (token accuracy over the relation and ``</s>``: 77.18 % is "always the majority
 relation ``#``"); the wall-clock time of a validation is its log time stamp minus the
 run's first ``Start iterating over samples`` (so it includes the validations themselves).
@@ -54,6 +60,39 @@ def parse_log(path: str) -> List[Dict]:
     return points
 
 
+def load_curve(path: str) -> List[Dict]:
+    """The points of a saved curve (``save_curve``), checked: every point has integer
+    ``updates``, a numeric ``accuracy`` and ``seconds`` (a number or null)."""
+    import json
+
+    if not os.path.isfile(path):
+        raise SystemExit(f"error: no such curve: {path}")
+    try:
+        with open(path, encoding="utf-8") as handle:
+            points = json.load(handle)["points"]
+        for p in points:
+            if not (isinstance(p["updates"], int) and isinstance(p["accuracy"], (int, float))
+                    and (p["seconds"] is None or isinstance(p["seconds"], (int, float)))):
+                raise ValueError(p)
+    except (ValueError, KeyError, TypeError) as err:
+        raise SystemExit(f"error: {path} is not a curve file ({{\"points\": [{{\"updates\": int, "
+                         f"\"accuracy\": float, \"seconds\": float|null}}, ...]}}): {err!r}")
+    return points
+
+
+def save_curve(directory: str, label: str, source: str, points: List[Dict]) -> str:
+    """Write ``DIRECTORY/LABEL.json`` (atomically) and return its path."""
+    import json
+
+    name = re.sub(r"[^\w.-]+", "_", label).strip("_") or "curve"
+    path = os.path.join(directory, name + ".json")
+    os.makedirs(directory, exist_ok=True)
+    recipe.write_text_atomic(path, json.dumps({"label": label, "source": source, "points": [
+        {"updates": p["updates"], "accuracy": p["accuracy"], "seconds": p["seconds"]}
+        for p in points]}, indent=1) + "\n")
+    return path
+
+
 def table(curves: Dict[str, List[Dict]]) -> str:
     updates = sorted({p["updates"] for points in curves.values() for p in points})
     lines = ["| updates | " + " | ".join(f"{label} (acc. %, minutes)" for label in curves) + " |",
@@ -62,7 +101,11 @@ def table(curves: Dict[str, List[Dict]]) -> str:
         cells = []
         for points in curves.values():
             at = [p for p in points if p["updates"] == n]
-            cells.append(f"{at[0]['accuracy']:.2f} ({at[0]['seconds'] / 60:.0f})" if at else "–")
+            if not at:
+                cells.append("–")
+            else:
+                minutes = "–" if at[0]["seconds"] is None else f"{at[0]['seconds'] / 60:.0f}"
+                cells.append(f"{at[0]['accuracy']:.2f} ({minutes})")
         lines.append(f"| {n:,} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -79,7 +122,9 @@ def plot(curves: Dict[str, List[Dict]], path: str) -> None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for label, points in curves.items():
         axes[0].plot([p["updates"] for p in points], [p["accuracy"] for p in points], "o-", label=label)
-        axes[1].plot([p["seconds"] / 3600 for p in points], [p["accuracy"] for p in points], "o-", label=label)
+        timed = [p for p in points if p["seconds"] is not None]
+        axes[1].plot([p["seconds"] / 3600 for p in timed], [p["accuracy"] for p in timed], "o-",
+                     label=label)
     for ax, xlabel in zip(axes, ("updates", "wall-clock hours (one core each)")):
         ax.axhline(MAJORITY_TOKEN_ACCURACY, color="grey", ls=":", lw=1, label="majority relation")
         ax.set_xlabel(xlabel)
@@ -97,19 +142,26 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    parser.add_argument("runs", nargs="+", metavar="LABEL=TRAIN_LOG")
+    parser.add_argument("runs", nargs="+", metavar="LABEL=TRAIN_LOG|CURVE.json")
     parser.add_argument("--out", required=True, help="the PNG to write")
     parser.add_argument("--table", default=None, help="also write a markdown table here")
+    parser.add_argument("--save-curves", default=None, metavar="DIR",
+                        help="write each train log's validation points to DIR/LABEL.json")
     args = parser.parse_args(argv)
     curves = {}
     for run in args.runs:
         if "=" not in run:
-            parser.error(f"expected LABEL=TRAIN_LOG, got {run!r}")
+            parser.error(f"expected LABEL=TRAIN_LOG or LABEL=CURVE.json, got {run!r}")
         label, path = run.split("=", 1)
+        if path.endswith(".json"):
+            curves[label] = load_curve(path)
+            continue
         points = parse_log(path)
         if not points:
             raise SystemExit(f"error: {path} holds no validation of the 'valid' subset")
         curves[label] = points
+        if args.save_curves:
+            print(f"saved {save_curve(args.save_curves, label, path, points)}")
     plot(curves, args.out)
     text = table(curves)
     if args.table:
