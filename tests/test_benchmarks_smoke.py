@@ -32,6 +32,11 @@ def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
               "--threads", "1")
     assert re.search(r"^MACs of one forward on this batch: sut_logic \d+\.\d\d G \(dynamic\), "
                      r"transformer \d+\.\d\d G$", out, re.M), out
+    full = re.search(r"^with all 12 encoder steps run \(as in training\): sut_logic (\d+\.\d\d) G, "
+                     r"R at the transformer's MACs/s: (\d+\.\d\d)$", out, re.M)
+    assert full, out
+    forced = float(re.search(r"sut_logic (\d+\.\d\d) G \(dynamic\)", out).group(1))
+    assert float(full.group(1)) >= forced  # the forcing halts some positions, full depth none
     m = re.search(r"^\[1 thread\] sut_logic / transformer tokens/s: (\d+\.\d\d) \(goal >= 0\.4; "
                   r"at the transformer's MACs/s: (\d+\.\d\d); sut_logic's MACs/s = "
                   r"(\d+\.\d\d)x the transformer's\)$", out, re.M)
