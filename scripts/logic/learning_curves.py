@@ -125,7 +125,7 @@ def plot(curves: Dict[str, List[Dict]], path: str) -> None:
         timed = [p for p in points if p["seconds"] is not None]
         axes[1].plot([p["seconds"] / 3600 for p in timed], [p["accuracy"] for p in timed], "o-",
                      label=label)
-    for ax, xlabel in zip(axes, ("updates", "wall-clock hours (one core each)")):
+    for ax, xlabel in zip(axes, ("updates", "wall-clock hours (runs whose time is known)")):
         ax.axhline(MAJORITY_TOKEN_ACCURACY, color="grey", ls=":", lw=1, label="majority relation")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("valid token accuracy (%)")
