@@ -11,6 +11,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WRAPPER = os.path.join(REPO, "scripts", "gpu", "validate.sh")
@@ -220,3 +222,54 @@ def test_smoke_logic_baselines_stage(tmp_path):
     proc = run_stage("logic-baselines", out, "--smoke", timeout=600)
     check_logic(proc, out, "logic-baselines", [("transformer", "standard"), ("ut-halting", "standard")])
     assert (out / "figure4.png").exists()  # ut-halting has halting
+
+
+def test_cpvr_time_plan_leaves_training_time_on_a_fresh_node():
+    v = load_validate()
+    assert "cpvr" in v.STAGES
+    after_data = v.STAGE_DEADLINE_S - v.INSTALL_ESTIMATE_S - v.ENV_ESTIMATE_S - v.CPVR_GENERATE_ESTIMATE_S
+    assert v.cpvr_train_cap(after_data) >= v.CPVR_MIN_TRAIN_S
+    assert v.cpvr_train_cap(after_data) == (after_data - v.CPVR_TRAIN_OVERHEAD_S
+                                            - v.CPVR_EVALUATE_ESTIMATE_S - v.CPVR_REPORT_ESTIMATE_S)
+
+
+def check_cpvr(proc, out, updates, generated=True):
+    steps = (["environment"] + (["cpvr data: generate"] if generated else [])
+             + ["cpvr: train", "cpvr: evaluate", "cpvr: report"])
+    summary, results = check_passed(proc, out, "cpvr", steps)
+    assert {"fairseq-train.log", "hops.md", "accuracy.png", "depth.png"} <= set(os.listdir(out))
+    assert (out / "accuracy.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    runs = results["results"]["runs"]
+    assert list(runs) == ["ut", "sut", "hyper-ut"]
+    for model, run in runs.items():
+        assert run["status"] == "evaluated" and run["updates"] == updates and run["params"] > 0, model
+        assert set(run["accuracy"]) == {"1", "9"} and set(run["encoder_depth"]) == {"1", "9"}
+    assert set(results["results"]["hops"]["models"]) == {"ut", "sut", "hyper-ut"}
+    train_log = (out / "fairseq-train.log").read_text()
+    assert all(f"######## {m} / C-PVR:" in train_log for m in runs)
+    # the three models side by side, in one command each for training and evaluation
+    train = next(s for s in results["steps"] if s["name"] == "cpvr: train")
+    assert train["command"].startswith("bash -c ") and train["command"].endswith(" -- ut sut hyper-ut")
+    assert "--config gpu" in train["command"]
+    assert "## Time budget" in summary and "Spearman" in summary
+    return summary, results
+
+
+def test_smoke_cpvr_stage(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("cpvr", out, "--smoke", timeout=600)
+    summary, results = check_cpvr(proc, out, updates=3)
+    assert results["budget"]["call"] == 1
+    assert "--max-update 3" in summary
+
+
+@pytest.mark.slow
+def test_smoke_cpvr_stage_continues_the_runs_of_an_earlier_call(tmp_path):
+    work = tmp_path / "work"
+    first = run_stage("cpvr", tmp_path / "one", "--smoke", timeout=600, SUT_GPU_WORK=str(work))
+    check_cpvr(first, tmp_path / "one", updates=3)
+    second = run_stage("cpvr", tmp_path / "two", "--smoke", timeout=600, SUT_GPU_WORK=str(work))
+    summary, results = check_cpvr(second, tmp_path / "two", updates=6, generated=False)
+    assert results["budget"]["call"] == 2
+    assert results["budget"]["granted_train_s"] > results["budget"]["train_cap_s"]
+    assert "continuing the runs of 1 earlier call(s)" in second.stdout

@@ -14,7 +14,12 @@ STAGE is one of
                       configuration under a wall-clock cap) for ``sut`` on the standard
                       protocol (buckets 0-12) and compositional split A;
 * ``logic-baselines`` the same for ``transformer`` and ``ut-halting`` (and more when time
-                      is left: see LOGIC_BASELINE_RUNS).
+                      is left: see LOGIC_BASELINE_RUNS);
+* ``cpvr``            the C-PVR recipe (``scripts/cpvr/hops.py``, the ``gpu`` configuration)
+                      for ``ut``, ``sut`` and ``hyper-ut`` trained side by side under one
+                      wall-clock cap, evaluated on hops 1-9, reported (``hops.md``,
+                      ``accuracy.png``, ``depth.png``). A later call on the same (warm)
+                      machine continues the same runs with a new cap (CPVR_* constants).
 
 Written for a time-limited, air-gapped GPU node (one H100-class GPU, 16 cores, torch and
 triton in the site Python, no fairseq, no network, at most 10 minutes per command, at most
@@ -69,7 +74,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
-STAGES = ("tests", "bench", "logic-sut", "logic-baselines")
+STAGES = ("tests", "bench", "logic-sut", "logic-baselines", "cpvr")
 USAGE = ("usage: scripts/gpu/validate.sh STAGE OUT [--smoke]\n"
          f"  STAGE: one of {', '.join(STAGES)}\n"
          "  OUT:   directory for summary.md, results.json, STAGE.log (created; must hold no "
@@ -178,6 +183,30 @@ SMOKE_TRAIN_ARGS = {
                    "--decoder-embed-dim 32 --encoder-ffn-embed-dim 64 --decoder-ffn-embed-dim 64 "
                    "--encoder-attention-heads 2 --decoder-attention-heads 2 --max-tokens 1024",
 }
+#: cpvr stage: the C-PVR recipe (``scripts/cpvr/hops.py``, the ``gpu`` configuration of
+#: configs/cpvr/common.json) for the UT, the SUT and Hyper-UT, trained side by side on the
+#: one GPU (three processes: the models are small, so a single one leaves the GPU idle
+#: between its kernel launches), every model under the same wall-clock cap; then their
+#: evaluation side by side, then the report (hops.md, accuracy.png, depth.png).
+CPVR_MODELS = ("ut", "sut", "hyper-ut")
+#: generate.py --config small --binarize (100,000 + 4,000 + 18,000 sequences by the exact
+#: sampler, standard library, then one fairseq-preprocess).
+CPVR_GENERATE_ESTIMATE_S = 60
+#: fairseq-train beyond the cap: start-up, the final validation, the checkpoint save.
+CPVR_TRAIN_OVERHEAD_S = 30
+#: The least training time worth a call: below it the train step is not started.
+CPVR_MIN_TRAIN_S = 120
+#: 9 fairseq-generate calls and the teacher-forced depth analysis (on the CPU) per model,
+#: the three models side by side.
+CPVR_EVALUATE_ESTIMATE_S = 120
+#: summarize.py (the table and the two figures).
+CPVR_REPORT_ESTIMATE_S = 15
+#: OMP/MKL threads of each of the three processes (the node has 16 cores).
+CPVR_THREADS = 4
+
+SMOKE_CPVR_DATA_ARGS = ["--train-per-hop", "50", "--valid-per-hop", "10", "--test-per-hop", "10"]
+SMOKE_CPVR_HOPS = "1,9"
+SMOKE_CPVR_TRAIN_ARGS = "--encoder-layers 2 --decoder-layers 2 --max-tokens 256"
 SMOKE_MOE_ARGS = ["--device", "cpu", "--tokens", "32", "--dim", "16", "--hidden", "16",
                   "--experts", "4", "--topk", "2", "--repeats", "1", "--dtype", "bf16"]
 SMOKE_TRAIN_STEP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1"]
@@ -890,6 +919,9 @@ def required_estimate(stage_name, install=True, environ=None):
         return total + TESTS_PYTEST_ESTIMATE_S + TESTS_SELFTEST_ESTIMATE_S
     if stage_name == "bench":
         return total + BENCH_MOE_ESTIMATE_S + BENCH_TRAIN_STEP_ESTIMATE_S
+    if stage_name == "cpvr":
+        return (total + CPVR_GENERATE_ESTIMATE_S + CPVR_TRAIN_OVERHEAD_S + CPVR_MIN_TRAIN_S
+                + CPVR_EVALUATE_ESTIMATE_S + CPVR_REPORT_ESTIMATE_S)
     plan = [r for r in logic_plan(stage_name, False, environ) if r[2]]
     total += LOGIC_GENERATE_ESTIMATE_S + LOGIC_SUMMARY_ESTIMATE_S
     total += sum(LOGIC_PREPARE_ESTIMATE_S.get(p, 30) for p in dict.fromkeys(p for _, p, _ in plan))
@@ -1063,11 +1095,16 @@ def collect_run(stage, model, protocol, run_dir, step, train_log):
                         "stop_reason": data.get("stop_reason"),
                         "train_seconds": train.get("seconds_this_call")})
             if "accuracy" in data:
-                run["accuracy"] = {k: v.get("accuracy") for k, v in data["accuracy"].items()}
+                run["accuracy"] = {k: v.get("accuracy") if isinstance(v, dict) else v  # logic / C-PVR
+                                   for k, v in data["accuracy"].items()}
                 depth = data.get("halting_depth") or {}
                 run["encoder_mean_depth"] = {k: (v.get("encoder") or {}).get("mean_depth")
                                              for k, v in depth.items()} or None
             break
+    train_json = os.path.join(run_dir, "train.json")
+    if run.get("stop_reason") is None and os.path.exists(train_json):
+        with open(train_json) as handle:
+            run["stop_reason"] = json.load(handle).get("stop_reason")
     return run
 
 
@@ -1119,6 +1156,158 @@ def logic_sections(stage, runs):
                                      "with halting finished) are summarize.py's, written into OUT."))
 
 
+# --------------------------------------------------------------------------- stage: cpvr
+
+#: Each model's process, side by side: ``bash -c SCRIPT cpvr PYTHON ARGS...`` runs
+#: ``PYTHON ARGS... --models M`` for every model M given after ``--`` and fails when one does.
+SIDE_BY_SIDE = ('py=$1; shift; args=(); while [ "$1" != -- ]; do args+=("$1"); shift; done; shift; '
+                'pids=(); for m in "$@"; do "$py" "${args[@]}" --models "$m" & pids+=($!); done; '
+                'rc=0; for p in "${pids[@]}"; do wait "$p" || rc=1; done; exit $rc')
+
+
+def side_by_side(python, args, models):
+    return ["bash", "-c", SIDE_BY_SIDE, "cpvr", python, *args, "--", *models]
+
+
+def cpvr_train_cap(remaining):
+    """Seconds of training this call can give every model: what is left once the
+    fairseq-train overhead, the evaluation and the report are set aside."""
+    return int(remaining - CPVR_TRAIN_OVERHEAD_S - CPVR_EVALUATE_ESTIMATE_S - CPVR_REPORT_ESTIMATE_S)
+
+
+def stage_cpvr(stage, python):
+    """Data (reused when complete), the three models trained side by side under one cap
+    (continuing an earlier call's runs on the same machine), evaluated side by side, the
+    report copied into OUT."""
+    smoke = stage.smoke
+    env = step_env(stage, python, {"OMP_NUM_THREADS": "1" if smoke else str(CPVR_THREADS),
+                                   "MKL_NUM_THREADS": "1" if smoke else str(CPVR_THREADS)})
+    data = os.path.join(stage.work, "cpvr-data-smoke" if smoke else "cpvr-data")
+    work = os.path.join(stage.work, "cpvr-runs")
+    hops_py = os.path.join(REPO, "scripts", "cpvr", "hops.py")
+    budget_path = os.path.join(work, "budget.json")
+    train_log = os.path.join(stage.work, "cpvr-fairseq-train.log")
+    open(train_log, "w").close()
+    stage.extra_logs["fairseq-train.log"] = train_log
+    for name in ("fairseq-train.log", "hops.md", "accuracy.png", "depth.png"):
+        stage.add_out_file(name)
+
+    earlier = None
+    if os.path.exists(budget_path):
+        with open(budget_path) as handle:
+            earlier = json.load(handle)
+    calls = (earlier["calls"] if earlier else 0) + 1
+    common = ["--data-dir", data, "--work-dir", work, "--config", "gpu", "--seeds", "1"]
+    if smoke:
+        common += ["--cpu", "--hops", SMOKE_CPVR_HOPS]
+
+    # data: generated once per machine (a later call reuses it)
+    if all(os.path.exists(os.path.join(data, n)) for n in ("stats.json", "baselines.json",
+                                                          os.path.join("bin", "dict.src.txt"))):
+        stage.say(f"== cpvr data: {data} is complete (reused)")
+        data_ok = True
+    else:
+        argv = [python, "data-prep/cpvr/generate.py", "--config", "small", "--out", data, "--binarize",
+                "--no-progress", *(["--overwrite"] if os.path.isdir(data) else []),
+                *(SMOKE_CPVR_DATA_ARGS if smoke else [])]
+        data_ok = stage.run("cpvr data: generate", argv, env=env,
+                            estimate=CPVR_GENERATE_ESTIMATE_S)["status"] == PASSED
+
+    # training: this call's cap on top of what the earlier calls granted (fairseq-train's
+    # --stop-time-hours counts the training time of the checkpoint it resumes)
+    cap_s = cpvr_train_cap(stage.remaining())
+    granted_s = (earlier["granted_s"] if earlier else 0) + max(cap_s, 0)
+    max_update = SMOKE_MAX_UPDATE * calls if smoke else None
+    stage.budget = {"deadline_s": SMOKE_DEADLINE_S if smoke else STAGE_DEADLINE_S, "call": calls,
+                    "train_cap_s": cap_s, "granted_train_s": granted_s, "max_update": max_update,
+                    "generate_estimate_s": CPVR_GENERATE_ESTIMATE_S,
+                    "train_overhead_s": CPVR_TRAIN_OVERHEAD_S, "min_train_s": CPVR_MIN_TRAIN_S,
+                    "evaluate_estimate_s": CPVR_EVALUATE_ESTIMATE_S,
+                    "report_estimate_s": CPVR_REPORT_ESTIMATE_S, "threads_per_model": 1 if smoke else CPVR_THREADS,
+                    "note": "estimates, not measurements: correct them from this summary's measured times"}
+    stage.say(f"== plan: call {calls} on this machine; {', '.join(CPVR_MODELS)} side by side, "
+              f"{cap_s} s of training each this call ({granted_s} s in all); {stage.remaining():.0f} s left")
+    if not data_ok:
+        stage.skip("cpvr: train", "no data")
+    elif cap_s < CPVR_MIN_TRAIN_S and not smoke:
+        stage.skip("cpvr: train", f"{cap_s} s of training left, less than {CPVR_MIN_TRAIN_S} s")
+    else:
+        if earlier:
+            stage.say(f"== cpvr: continuing the runs of {calls - 1} earlier call(s) in {work} "
+                      f"(delete it to start over)")
+        for model in CPVR_MODELS:  # what the train and evaluate stages skip when present
+            for name in ("train.json", "result.json"):
+                path = os.path.join(work, model, "seed1", name)
+                if os.path.exists(path):
+                    os.unlink(path)
+        train_args = common + ["--stage", "train", "--stop-stage", "train",
+                               "--stop-time-hours", f"{granted_s / 3600:.6f}"]
+        if smoke:
+            train_args += ["--max-update", str(max_update), "--train-args", SMOKE_CPVR_TRAIN_ARGS]
+        stage.run("cpvr: train", side_by_side(python, [hops_py, *train_args], CPVR_MODELS),
+                  env=env, estimate=(cap_s + CPVR_TRAIN_OVERHEAD_S) if not smoke else 60,
+                  timeout=stage.remaining() - CPVR_EVALUATE_ESTIMATE_S - CPVR_REPORT_ESTIMATE_S)
+        os.makedirs(work, exist_ok=True)
+        write_atomic(budget_path, json.dumps({"calls": calls, "granted_s": granted_s}) + "\n")
+    trained = [m for m in CPVR_MODELS if os.path.exists(os.path.join(work, m, "seed1", "train.json"))]
+    if trained:
+        stage.run("cpvr: evaluate",
+                  side_by_side(python, [hops_py, *common, "--stage", "evaluate", "--stop-stage", "evaluate"],
+                               trained),
+                  env=env, estimate=CPVR_EVALUATE_ESTIMATE_S,
+                  timeout=stage.remaining() - CPVR_REPORT_ESTIMATE_S)
+    else:
+        stage.skip("cpvr: evaluate", "no model was trained")
+    evaluated = [m for m in CPVR_MODELS if os.path.exists(os.path.join(work, m, "seed1", "result.json"))]
+    if evaluated:
+        stage.run("cpvr: report", [python, os.path.join(REPO, "scripts", "cpvr", "summarize.py"), work,
+                                   "--data-dir", data],
+                  env=env, estimate=CPVR_REPORT_ESTIMATE_S, timeout=max(stage.remaining(), 30), overrun=True)
+        for name in ("hops.md", "accuracy.png", "depth.png"):
+            path = os.path.join(work, name)
+            if os.path.exists(path):
+                with open(path, "rb") as handle:
+                    write_atomic(os.path.join(stage.out, name), handle.read())
+        if os.path.exists(os.path.join(work, "hops.json")):
+            with open(os.path.join(work, "hops.json")) as handle:
+                stage.results["hops"] = json.load(handle)
+    else:
+        stage.skip("cpvr: report", "no model was evaluated")
+    runs = {}
+    for model in CPVR_MODELS:
+        status = "evaluated" if model in evaluated else "trained" if model in trained else "not trained"
+        run_dir = os.path.join(work, model, "seed1")
+        runs[model] = collect_run(stage, model, "C-PVR", run_dir, {"status": status, "seconds": 0.0}, train_log)
+        if model in evaluated:
+            with open(os.path.join(run_dir, "result.json")) as handle:
+                runs[model]["encoder_depth"] = json.load(handle).get("encoder_depth")
+    stage.results["runs"] = runs
+    cpvr_sections(stage, runs, work)
+
+
+def cpvr_sections(stage, runs, work):
+    b = stage.budget
+    text = [f"Call {b['call']} on this machine: {b['train_cap_s']} s of training per model this call, "
+            f"{b['granted_train_s']} s in all (fairseq-train --stop-time-hours counts the time of the "
+            f"checkpoint it resumes){'; smoke: --max-update ' + str(b['max_update']) if b['max_update'] else ''}. "
+            f"Estimates (seconds): generate {b['generate_estimate_s']}, fairseq-train overhead "
+            f"{b['train_overhead_s']}, evaluation {b['evaluate_estimate_s']}, report "
+            f"{b['report_estimate_s']}; {b['threads_per_model']} CPU threads per model."]
+    rows = ["| model | status | updates | updates/s | stop | params |", "|---|---|---:|---:|---|---:|"]
+    for model, r in runs.items():
+        rows.append(f"| {model} | {r['status']} | {r.get('updates') if r.get('updates') is not None else ''} | "
+                    f"{r.get('updates_per_s') if r.get('updates_per_s') is not None else ''} | "
+                    f"{(r.get('stop_reason') or '')[:50]} | {r['params']:,} |" if r.get("params") else
+                    f"| {model} | {r['status']} | | | | |")
+    stage.extra_sections.append(("Time budget", "\n".join(text)))
+    hops_md = os.path.join(work, "hops.md")
+    report = ""
+    if os.path.exists(hops_md):
+        with open(hops_md) as handle:
+            report = "\n\n" + handle.read()
+    stage.extra_sections.append(("Results", "\n".join(rows) + report))
+
+
 # --------------------------------------------------------------------------- main
 
 def parse_args(argv):
@@ -1145,7 +1334,7 @@ def check_out(out, stage_name):
         raise UsageError(f"OUT {out} exists and is not a directory")
     os.makedirs(out, exist_ok=True)
     ours = {"summary.md", "results.json", f"{stage_name}.log", "fairseq-train.log", "table5.md",
-            "table5.json", "figure4.png"}
+            "table5.json", "figure4.png", "hops.md", "accuracy.png", "depth.png"}
     others = [n for n in os.listdir(out) if n not in ours]
     if others:
         raise UsageError(f"OUT {out} holds other files ({', '.join(sorted(others)[:4])}): use an empty directory")
@@ -1182,6 +1371,8 @@ def main(argv=None):
                 stage_tests(stage, python)
             elif name == "bench":
                 stage_bench(stage, python)
+            elif name == "cpvr":
+                stage_cpvr(stage, python)
             else:
                 stage_logic(stage, python)
     except Exception as err:  # a bug here must still leave a summary

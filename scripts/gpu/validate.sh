@@ -1,6 +1,6 @@
 #!/bin/sh
 # Staged GPU validation: scripts/gpu/validate.sh STAGE OUT [--smoke]
-# (STAGE: tests, bench, logic-sut, logic-baselines; see docs/gpu.md and validate.py).
+# (STAGE: tests, bench, logic-sut, logic-baselines, cpvr; see docs/gpu.md and validate.py).
 # A thin wrapper: validate.py uses the standard library only, so any python3 runs it; it
 # finds (or installs) the Python with torch, fairseq and sut_fairseq for the steps itself.
 here=$(cd "$(dirname "$0")" && pwd)
