@@ -262,6 +262,29 @@ def test_expert_report(trained, tmp_path, capsys):
     assert json.loads(path.read_text())["routers"]["decoder FFD"]["num_experts"] == 4
 
 
+def test_expected_depth_is_the_halting_distribution_mean(trained):
+    """Each position's recorded expected depth is Σ_l l · w_l of its recorded weights (the
+    stick-breaking rule of sut_tiny), and halting_depth's mean_expected_depth is the mean
+    over sentences of their positions' mean, computed here by hand."""
+    from sut_fairseq.analysis.halting_analysis import analyse, load
+    from sut_fairseq.analysis.halting_depth import depth_summary
+
+    data_bin, ckpt, _ = trained
+    model, task = load(data_bin, ckpt, subset="test")
+    assert model.encoder.halting.rule != "act"
+    analysis = analyse(model, task, "test", threshold=0.999)
+    for s in analysis["sentences"]:
+        for side in ("encoder", "decoder"):
+            assert len(s[f"{side}_expected"]) == len(s[f"{side}_weights"])
+            for depth, weights in zip(s[f"{side}_expected"], s[f"{side}_weights"]):
+                assert abs(sum(weights) - 1.0) < 1e-5
+                assert depth == pytest.approx(sum((l + 1) * w for l, w in enumerate(weights)), abs=1e-5)
+    summary = depth_summary(analysis, {"encoder": 3, "decoder": 3})
+    by_hand = [sum(s["encoder_expected"]) / len(s["encoder_expected"]) for s in analysis["sentences"]]
+    assert summary["encoder"]["mean_expected_depth"] == pytest.approx(sum(by_hand) / len(by_hand))
+    assert 1.0 <= summary["encoder"]["mean_expected_depth"] <= 3.0
+
+
 def test_macs_on_real_data(trained, capsys):
     from sut_fairseq.analysis import macs
 

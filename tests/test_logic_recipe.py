@@ -244,21 +244,25 @@ def test_evaluate_dry_run_threshold_and_analysis(tmp_path):
     assert not (tmp_path / "e").exists()
 
 
-def fake_result(work, model, protocol, seed, accuracy, depth=None, config="reduced", params=1000):
+def fake_result(work, model, protocol, seed, accuracy, depth=None, config="reduced", params=1000,
+                expected=None):
     run_dir = work / model / protocol / f"seed{seed}"
     run_dir.mkdir(parents=True)
     result = {"model": model, "protocol": protocol, "seed": seed, "config": config, "params": params,
               "accuracy": {k: {"accuracy": v, "correct": 0, "total": 1} for k, v in accuracy.items()},
               "halting_depth": None if depth is None else
-              {k: {"encoder": {"mean_depth": d}, "decoder": {"mean_depth": 1.0}} for k, d in depth.items()}}
+              {k: {"encoder": {"mean_depth": d, **({"mean_expected_depth": expected[k]} if expected else {})},
+                   "decoder": {"mean_depth": 1.0}} for k, d in depth.items()}}
     (run_dir / "result.json").write_text(json.dumps(result))
 
 
 def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     summarize = load_script("summarize")
     buckets = [str(k) for k in range(13)]
-    fake_result(tmp_path, "sut", "standard", 1, {k: 90.0 for k in buckets}, {k: 5.0 + int(k) / 4 for k in buckets})
-    fake_result(tmp_path, "sut", "standard", 2, {k: 80.0 for k in buckets}, {k: 6.0 + int(k) / 4 for k in buckets})
+    fake_result(tmp_path, "sut", "standard", 1, {k: 90.0 for k in buckets}, {k: 5.0 + int(k) / 4 for k in buckets},
+                expected={k: 4.0 for k in buckets})
+    fake_result(tmp_path, "sut", "standard", 2, {k: 80.0 for k in buckets}, {k: 6.0 + int(k) / 4 for k in buckets},
+                expected={k: 5.0 for k in buckets})
     for letter, acc in (("A", 70.0), ("B", 60.0), ("C", 50.0)):
         fake_result(tmp_path, "sut", letter, 1, {letter: acc})
     fake_result(tmp_path, "transformer", "standard", 1, {"7": 42.0, "12": 10.0}, params=2000)
@@ -270,6 +274,10 @@ def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     assert "In-distribution buckets" in text and "| SUT (ours, reduced) | 85.0 (n=2) |" in text
     summary = json.load(open(tmp_path / "table5.json"))
     assert summary["halting_depth"]["sut"]["12"]["encoder"] == pytest.approx(8.5)
+    # the expected depth (seeds averaged) where every result has it; none for the UT's older one
+    assert summary["halting_depth"]["sut"]["12"]["encoder_expected"] == pytest.approx(4.5)
+    assert summary["halting_depth"]["ut-no-halting"]["7"]["encoder_expected"] is None
+    assert "Expected depth of the encoder" in text and "| SUT | 4.50 |" in text
     assert summary["rows"]["ut-no-halting"]["halting"] is False and summary["rows"]["sut"]["halting"] is True
     assert (tmp_path / "figure4.png").read_bytes()[:4] == b"\x89PNG"
     # no model with halting: no figure, still a table
@@ -389,6 +397,7 @@ def test_smoke_trains_the_reduced_sut_and_scores_every_line_of_buckets_7_to_12(s
         assert (run_dir / f"generate-test{k}.txt").exists() and (run_dir / f"score-test{k}.json").exists()
         depth = result["halting_depth"][str(k)]
         assert depth["sentences"] == n and 1 <= depth["encoder"]["mean_depth"] <= 3
+        assert 1 <= depth["encoder"]["mean_expected_depth"] <= depth["encoder"]["mean_depth"] + 1e-6
         assert depth["encoder"]["max_steps"] == 3
 
 

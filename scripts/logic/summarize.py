@@ -49,7 +49,7 @@ def _order(models):
 def summarize_results(results: List[Dict]) -> Dict:
     """The numbers behind the tables and the figure (the content of table5.json)."""
     acc = defaultdict(lambda: defaultdict(list))      # model -> key -> [accuracy per seed]
-    depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [(enc, dec)]
+    depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [(enc, dec, enc expected)]
     meta = defaultdict(lambda: {"configs": set(), "params": set(), "seeds": set()})
     for r in results:
         model = r["model"]
@@ -61,7 +61,8 @@ def summarize_results(results: List[Dict]) -> Dict:
             acc[model][key].append(float(scored["accuracy"]))
         if r["protocol"] == "standard" and r.get("halting_depth"):
             for key, d in r["halting_depth"].items():
-                depth[model][key].append((d["encoder"]["mean_depth"], d["decoder"]["mean_depth"]))
+                depth[model][key].append((d["encoder"]["mean_depth"], d["decoder"]["mean_depth"],
+                                          d["encoder"].get("mean_expected_depth")))
     rows = {}
     for model in _order(set(acc) | set(meta)):
         cells = {key: {"accuracy": statistics.mean(v), "n": len(v)} for key, v in acc[model].items()}
@@ -72,8 +73,12 @@ def summarize_results(results: List[Dict]) -> Dict:
                        "seeds": sorted(meta[model]["seeds"]), "cells": cells}
     depths = {}
     for model in _order(depth):
-        depths[model] = {key: {"encoder": statistics.mean(e for e, _ in v),
-                               "decoder": statistics.mean(d for _, d in v), "n": len(v)}
+        depths[model] = {key: {"encoder": statistics.mean(e for e, _, _ in v),
+                               "decoder": statistics.mean(d for _, d, _ in v),
+                               # None when a result predates the expected depth
+                               "encoder_expected": (None if any(x is None for _, _, x in v)
+                                                    else statistics.mean(x for _, _, x in v)),
+                               "n": len(v)}
                          for key, v in sorted(depth[model].items(), key=lambda kv: int(kv[0]))}
     return {"runs": len(results), "columns": TABLE_KEYS, "rows": rows, "halting_depth": depths,
             "paper": {name: {str(k): v for k, v in row.items()}
@@ -118,6 +123,15 @@ def format_tables(summary: Dict) -> str:
                   "executed steps per position; teacher-forced; standard protocol)", markdown_table(
                       ["Model", *keys], [[recipe.label(model)] + [f"{d[k]['encoder']:.2f}" if k in d else "–"
                                                                   for k in keys] for model, d in depths.items()])]
+        expected = {m: d for m, d in depths.items() if any(c["encoder_expected"] is not None for c in d.values())}
+        if expected:
+            parts += ["Expected depth of the encoder (mean over sentences of the positions' "
+                      "Σ_l l · w_l, the ACT loss's summand: where the halting weights put the depth, "
+                      "also when every step runs)", markdown_table(
+                          ["Model", *keys], [[recipe.label(model)] + [
+                              "–" if d.get(k, {}).get("encoder_expected") is None
+                              else f"{d[k]['encoder_expected']:.2f}" for k in keys]
+                              for model, d in expected.items()])]
     return "\n\n".join(parts)
 
 
@@ -131,6 +145,10 @@ def plot_figure4(summary: Dict, path: str) -> bool:
     for model, d in lines.items():
         keys = sorted(d, key=int)
         series[recipe.label(model)] = ([int(k) for k in keys], [d[k]["encoder"] for k in keys])
+        with_expected = [k for k in keys if d[k].get("encoder_expected") is not None]
+        if with_expected:
+            series[f"{recipe.label(model)}, expected"] = (
+                [int(k) for k in with_expected], [d[k]["encoder_expected"] for k in with_expected])
     line_plot(path, series, "number of operators", "average halting depth",
               "Average encoder halting depth (logical inference)",
               xticks=sorted({int(k) for d in lines.values() for k in d}))

@@ -8,8 +8,10 @@ per sentence, and the halting weights behind them.
 The JSON holds, per side, ``executed_fraction`` (executed (position, step) pairs / (L ×
 real positions)), ``positions_per_step`` (how many positions ran step l = 1..L) and
 ``mean_steps``; and per sentence the source/target strings, the executed steps of every
-position and the halting weights (positions × L). The sweep and plotting tools consume
-it (``analyse`` is the same as a Python function).
+position, the halting weights (positions × L) and each position's expected depth (the
+L_ACT summand the ACT loss averages: Σ_l l · w_l, or N + R for ``act``; it moves while
+the threshold is never reached and the executed steps stay at L). The sweep and
+plotting tools consume it (``analyse`` is the same as a Python function).
 """
 import argparse
 import json
@@ -58,6 +60,8 @@ def analyse(model, task, subset: str, threshold: Optional[float] = None,
                 "decoder_steps": dec.steps[i][tgt_real].tolist(),
                 "encoder_weights": enc.weights[i][src_real].tolist(),
                 "decoder_weights": dec.weights[i][tgt_real].tolist(),
+                "encoder_expected": enc.expected_depth[i][src_real].tolist(),
+                "decoder_expected": dec.expected_depth[i][tgt_real].tolist(),
             })
         if max_sentences is not None and len(sentences) >= max_sentences:
             sentences = sentences[:max_sentences]

@@ -13,6 +13,9 @@ side (``encoder``, ``decoder``):
 * ``mean_max_depth`` -- the mean over sentences of the deepest position's steps;
 * ``position_mean_steps`` / ``executed_fraction`` -- ``analyse``'s pooled figures
   (executed (position, step) pairs over all positions, over L x positions);
+* ``mean_expected_depth`` -- the same mean over sentences of the positions' expected
+  depth (the ACT loss's summand, Σ_l l · w_l, N + R for ``act``): where the halting weights
+  put the depth, also when no position reaches the threshold and every step runs;
 
 and ``sentences``, ``max_steps`` and the threshold used. The JSON is written atomically.
 The analysis runs on the CPU, one forward pass per pair.
@@ -32,8 +35,10 @@ def depth_summary(analysis: Dict, max_steps: Dict[str, int]) -> Dict:
     summary = {"sentences": len(analysis["sentences"]), "threshold": analysis["threshold"]}
     for side in ("encoder", "decoder"):
         per_sentence = [s[f"{side}_steps"] for s in analysis["sentences"] if s[f"{side}_steps"]]
+        expected = [s[f"{side}_expected"] for s in analysis["sentences"] if s[f"{side}_expected"]]
         summary[side] = {
             "mean_depth": _mean([sum(steps) / len(steps) for steps in per_sentence]),
+            "mean_expected_depth": _mean([sum(depths) / len(depths) for depths in expected]),
             "mean_max_depth": _mean([max(steps) for steps in per_sentence]),
             "position_mean_steps": analysis[side]["mean_steps"],
             "executed_fraction": analysis[side]["executed_fraction"],
@@ -58,7 +63,8 @@ def split_depths(data: str, path: str, subsets: List[str], keys: List[str],
         summary["subset"] = subset
         result["splits"][key] = summary
         print(f"{subset}: {summary['sentences']} sentences, mean encoder depth "
-              f"{summary['encoder']['mean_depth']:.3f} of {max_steps['encoder']}, decoder "
+              f"{summary['encoder']['mean_depth']:.3f} of {max_steps['encoder']} (expected "
+              f"{summary['encoder']['mean_expected_depth']:.3f}), decoder "
               f"{summary['decoder']['mean_depth']:.3f} of {max_steps['decoder']}", flush=True)
     result["seconds"] = round(time.time() - start, 1)
     return result
