@@ -10,12 +10,13 @@ A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed
 * Table 5: accuracy (%) per operator count 7..12 (standard protocol) and on the
   compositional splits A/B/C, one row per model, the paper's SUT, LSTM and Transformer rows beneath;
 * the in-distribution buckets 0..6 when they were evaluated;
-* the average encoder halting depth per operator count (teacher-forced, standard protocol).
+* the average encoder halting depth per operator count (teacher-forced, standard protocol),
+  and the expected depth (the ACT loss's summand) where the results have it.
 
 Written into ``--out-dir`` (default WORK_DIR), each atomically: ``table5.md`` (the printed
 text), ``table5.json`` (the same numbers) and ``figure4.png`` (paper Figure 4: x = number
-of operators, y = average halting depth of the encoder, one line per model with halting;
-matplotlib's Agg backend).
+of operators, y = average halting depth of the encoder, one line per model with halting,
+and one per model for its expected depth; matplotlib's Agg backend).
 """
 import argparse
 import os
