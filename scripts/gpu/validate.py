@@ -1092,7 +1092,7 @@ def collect_run(stage, model, protocol, run_dir, step, train_log):
                 data = json.load(handle)
             train = data.get("train", data)
             run.update({"updates": data.get("updates"), "params": data.get("params"),
-                        "stop_reason": data.get("stop_reason"),
+                        "stop_reason": data.get("stop_reason", train.get("stop_reason")),
                         "train_seconds": train.get("seconds_this_call")})
             if "accuracy" in data:
                 run["accuracy"] = {k: v.get("accuracy") if isinstance(v, dict) else v  # logic / C-PVR
@@ -1100,11 +1100,9 @@ def collect_run(stage, model, protocol, run_dir, step, train_log):
                 depth = data.get("halting_depth") or {}
                 run["encoder_mean_depth"] = {k: (v.get("encoder") or {}).get("mean_depth")
                                              for k, v in depth.items()} or None
+            if "encoder_depth" in data:  # C-PVR: {hop: mean executed encoder steps}
+                run["encoder_depth"] = data["encoder_depth"]
             break
-    train_json = os.path.join(run_dir, "train.json")
-    if run.get("stop_reason") is None and os.path.exists(train_json):
-        with open(train_json) as handle:
-            run["stop_reason"] = json.load(handle).get("stop_reason")
     return run
 
 
@@ -1185,6 +1183,10 @@ def stage_cpvr(stage, python):
     data = os.path.join(stage.work, "cpvr-data-smoke" if smoke else "cpvr-data")
     work = os.path.join(stage.work, "cpvr-runs")
     hops_py = os.path.join(REPO, "scripts", "cpvr", "hops.py")
+
+    def has(model, name):  # a file of the model's run (hops.py: WORK/MODEL/seed1/)
+        return os.path.exists(os.path.join(work, model, "seed1", name))
+
     budget_path = os.path.join(work, "budget.json")
     train_log = os.path.join(stage.work, "cpvr-fairseq-train.log")
     open(train_log, "w").close()
@@ -1237,9 +1239,8 @@ def stage_cpvr(stage, python):
                       f"(delete it to start over)")
         for model in CPVR_MODELS:  # what the train and evaluate stages skip when present
             for name in ("train.json", "result.json"):
-                path = os.path.join(work, model, "seed1", name)
-                if os.path.exists(path):
-                    os.unlink(path)
+                if has(model, name):
+                    os.unlink(os.path.join(work, model, "seed1", name))
         train_args = common + ["--stage", "train", "--stop-stage", "train",
                                "--stop-time-hours", f"{granted_s / 3600:.6f}"]
         if smoke:
@@ -1249,7 +1250,7 @@ def stage_cpvr(stage, python):
                   timeout=stage.remaining() - CPVR_EVALUATE_ESTIMATE_S - CPVR_REPORT_ESTIMATE_S)
         os.makedirs(work, exist_ok=True)
         write_atomic(budget_path, json.dumps({"calls": calls, "granted_s": granted_s}) + "\n")
-    trained = [m for m in CPVR_MODELS if os.path.exists(os.path.join(work, m, "seed1", "train.json"))]
+    trained = [m for m in CPVR_MODELS if has(m, "train.json")]
     if trained:
         stage.run("cpvr: evaluate",
                   side_by_side(python, [hops_py, *common, "--stage", "evaluate", "--stop-stage", "evaluate"],
@@ -1258,7 +1259,7 @@ def stage_cpvr(stage, python):
                   timeout=stage.remaining() - CPVR_REPORT_ESTIMATE_S)
     else:
         stage.skip("cpvr: evaluate", "no model was trained")
-    evaluated = [m for m in CPVR_MODELS if os.path.exists(os.path.join(work, m, "seed1", "result.json"))]
+    evaluated = [m for m in CPVR_MODELS if has(m, "result.json")]
     if evaluated:
         stage.run("cpvr: report", [python, os.path.join(REPO, "scripts", "cpvr", "summarize.py"), work,
                                    "--data-dir", data],
@@ -1276,11 +1277,8 @@ def stage_cpvr(stage, python):
     runs = {}
     for model in CPVR_MODELS:
         status = "evaluated" if model in evaluated else "trained" if model in trained else "not trained"
-        run_dir = os.path.join(work, model, "seed1")
-        runs[model] = collect_run(stage, model, "C-PVR", run_dir, {"status": status, "seconds": 0.0}, train_log)
-        if model in evaluated:
-            with open(os.path.join(run_dir, "result.json")) as handle:
-                runs[model]["encoder_depth"] = json.load(handle).get("encoder_depth")
+        runs[model] = collect_run(stage, model, "C-PVR", os.path.join(work, model, "seed1"),
+                                  {"status": status, "seconds": 0.0}, train_log)
     stage.results["runs"] = runs
     cpvr_sections(stage, runs, work)
 

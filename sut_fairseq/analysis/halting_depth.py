@@ -30,15 +30,20 @@ def _mean(values: Sequence[float]) -> Optional[float]:
     return sum(values) / len(values) if values else None
 
 
+def _mean_of_sentence_means(lists: Sequence[Sequence[float]]) -> Optional[float]:
+    """The mean over sentences of each sentence's mean over its positions."""
+    return _mean([sum(values) / len(values) for values in lists if values])
+
+
 def depth_summary(analysis: Dict, max_steps: Dict[str, int]) -> Dict:
     """Per side: mean / max depth over sentences, from ``analyse``'s output."""
     summary = {"sentences": len(analysis["sentences"]), "threshold": analysis["threshold"]}
     for side in ("encoder", "decoder"):
         per_sentence = [s[f"{side}_steps"] for s in analysis["sentences"] if s[f"{side}_steps"]]
-        expected = [s[f"{side}_expected"] for s in analysis["sentences"] if s[f"{side}_expected"]]
         summary[side] = {
-            "mean_depth": _mean([sum(steps) / len(steps) for steps in per_sentence]),
-            "mean_expected_depth": _mean([sum(depths) / len(depths) for depths in expected]),
+            "mean_depth": _mean_of_sentence_means(per_sentence),
+            "mean_expected_depth": _mean_of_sentence_means(
+                [s[f"{side}_expected"] for s in analysis["sentences"]]),
             "mean_max_depth": _mean([max(steps) for steps in per_sentence]),
             "position_mean_steps": analysis[side]["mean_steps"],
             "executed_fraction": analysis[side]["executed_fraction"],
