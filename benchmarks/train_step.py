@@ -15,6 +15,14 @@ of them alike while each timed step runs in its model's steady state.
 
     python benchmarks/train_step.py [--batch 128] [--len 32] [--repeats 3] [--arch ...]
         [--device cuda --bf16]    # on a GPU: the Triton expert kernels, peak memory per model
+        [--profile 25]            # then one profiled step per model: where the time goes
+
+``--profile N`` runs, after the timing, one more step of each model under
+``torch.profiler`` and prints its wall time, the number of kernel launches and of aten
+operator calls (nested ones included), how long the
+device was busy (the sum of the kernels' own times; a step whose device is busy for a small
+part of its wall time is bound by the host, i.e. by launches and Python) and the N
+operations with the most self time on the device (on a CPU: on the host).
 
 ``--arch ... transformer_wmt_en_de+fused-ce`` adds fairseq's transformer trained with the
 plugin's label-smoothed CE op (``sut_fairseq.ops.label_smoothed_ce``, which the SUT/UT
@@ -249,6 +257,37 @@ def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.
     return {arch: statistics.median(t) for arch, t in times.items()}
 
 
+def profile_step(arch: str, sample, vocab: int, rows: int, device: torch.device = torch.device("cpu"),
+                 dtype: torch.dtype = torch.float32) -> dict:
+    """One warm step of ``arch`` under ``torch.profiler``; prints where its time goes and
+    returns {"wall_ms", "launches", "ops", "device_ms"} (device_ms: the kernels' self time;
+    None on CPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    step = make_step(arch, sample, vocab, device=device, dtype=dtype)
+    step()
+    if cuda:
+        torch.cuda.synchronize()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        start = time.perf_counter()
+        step()
+        if cuda:
+            torch.cuda.synchronize()
+        wall_ms = 1e3 * (time.perf_counter() - start)
+    events = prof.key_averages()
+    launches = sum(e.count for e in events if e.key.startswith(("cudaLaunch", "cuLaunch")))
+    ops = sum(e.count for e in events if e.key.startswith("aten::"))   # nested calls included
+    device_ms = sum(e.self_device_time_total for e in events) / 1e3 if cuda else None
+    busy = f", device busy {device_ms:.1f} ms ({100 * device_ms / wall_ms:.0f}%)" if cuda else ""
+    print(f"== profile {arch}: {wall_ms:.1f} ms wall under the profiler, {launches} kernel launches, "
+          f"{ops} aten operator calls{busy}")
+    print(events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=rows),
+          flush=True)
+    return {"wall_ms": wall_ms, "launches": launches, "ops": ops, "device_ms": device_ms}
+
+
 #: halting bias at which no position halts (â = sigmoid(-30)): every encoder step runs, as
 #: in the recipe's training, whose halting units start at â = 0.047 and run 11.9-12 of 12
 FULL_DEPTH_BIAS = -30.0
@@ -328,7 +367,12 @@ def main():
                         help="wmt: where to run (cuda: the Triton expert kernels)")
     parser.add_argument("--bf16", action="store_true",
                         help="wmt: parameters and activations in bfloat16 (fairseq's --bf16)")
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="wmt: after the timing, profile one step per model and print its N "
+                             "most expensive operations (0: no profile)")
     args = parser.parse_args()
+    if args.profile < 0:
+        parser.error(f"--profile {args.profile}: the number of rows must be >= 0")
     if args.preset == "logic":
         return main_logic(args)
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -355,6 +399,9 @@ def main():
     fused = "transformer_wmt_en_de" + FUSED_CE
     if {"sut_base", fused} <= speed.keys():
         print(f"sut_base / {fused} tokens/s: {speed['sut_base'] / speed[fused]:.2f}")
+    if args.profile:
+        for arch in args.arch:
+            profile_step(arch, sample, args.vocab, args.profile, device=device, dtype=dtype)
 
 
 if __name__ == "__main__":

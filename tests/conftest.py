@@ -50,3 +50,14 @@ def run_incremental(model, enc, prev, reorder=None):
         outs.append(out)
         steps.append(extra["halting_decoder"].steps)
     return torch.cat(outs, 1), torch.cat(steps, 1), prev
+
+
+def pytest_runtest_logreport(report):
+    """With SUT_TEST_FAILURES_AT_ONCE=1, print each failure's traceback as soon as the test
+    fails, not in the summary at the end: a run killed at a time limit (the GPU node's
+    10-minute commands) still shows why the tests before the kill failed."""
+    import os
+
+    if report.failed and os.environ.get("SUT_TEST_FAILURES_AT_ONCE") == "1":
+        lines = report.longreprtext.splitlines()
+        print(f"\nFAILED {report.nodeid} ({report.when}):\n" + "\n".join(lines[-40:]), flush=True)

@@ -18,13 +18,19 @@ def run(script, *args):
 def test_train_step_prints_tokens_per_second_and_both_ratios():
     out = run("train_step.py", "--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1",
               "--arch", "sut_base", "ut_base", "transformer_wmt_en_de",
-              "transformer_wmt_en_de+fused-ce")
+              "transformer_wmt_en_de+fused-ce", "--profile", "3")
     for arch in ("sut_base", "ut_base", "transformer_wmt_en_de"):
         assert re.search(rf"^{arch}\s+\d+ ms/step\s+\d+ tokens/s$", out, re.M), out
     assert re.search(r"^sut_base / ut_base tokens/s: \d+\.\d\d \(goal >= 2\.0\)$", out, re.M), out
     assert re.search(r"^sut_base / transformer_wmt_en_de tokens/s: \d+\.\d\d \(goal >= 0\.6\)$",
                      out, re.M), out
     assert re.search(r"^sut_base / transformer_wmt_en_de\+fused-ce tokens/s: \d+\.\d\d$", out, re.M), out
+    # --profile: one profiled step per model, its counts, then its 3 most expensive operations
+    for arch in ("sut_base", "ut_base", "transformer_wmt_en_de"):
+        m = re.search(rf"^== profile {re.escape(arch)}: \d+\.\d ms wall under the profiler, 0 kernel launches, "
+                      r"(\d+) aten operator calls\n(.*?)\nSelf CPU time total", out, re.M | re.S)
+        assert m and int(m.group(1)) > 0, out
+        assert len(re.findall(r"^\s+aten::\S+\s+\d", m.group(2), re.M)) >= 1, m.group(2)
 
 
 def test_train_step_logic_prints_the_ratio_and_its_mac_bound():

@@ -20,7 +20,7 @@ SCRIPT = os.path.join(REPO, "scripts", "gpu", "validate.py")
 #: variables of the caller that would change what a stage does
 CLEARED = ("PYTEST_ADDOPTS", "SUT_LOGIC_MODELS", "SUT_LOGIC_PROTOCOLS", "SUT_LOGIC_TRAIN_ARGS",
            "SUT_GPU_WORK", "SUT_GPU_VENV", "SUT_GPU_FORCE_INSTALL", "SUT_BASE_PYTHON", "WHEELHOUSE",
-           "TRITON_INTERPRET", "SUT_KERNELS", "NODE_HAS")
+           "TRITON_INTERPRET", "SUT_KERNELS", "NODE_HAS", "SUT_GPU_DEADLINE_S")
 
 
 def load_validate():
@@ -141,6 +141,39 @@ def test_a_python_that_cannot_import_the_package_fails_the_install(tmp_path):
 
 # --------------------------------------------------------------------------- the time plan
 
+def test_lower_deadline_chains_stages(monkeypatch, tmp_path):
+    """SUT_GPU_DEADLINE_S lowers a stage's deadline (to chain two stages in one device call);
+    a value that is not a whole number of seconds within the default is a usage error."""
+    v = load_validate()
+    monkeypatch.delenv("SUT_GPU_DEADLINE_S", raising=False)
+    assert v.deadline_s(False) == v.STAGE_DEADLINE_S and v.deadline_s(True) == v.SMOKE_DEADLINE_S
+    monkeypatch.setenv("SUT_GPU_DEADLINE_S", "200")
+    assert v.deadline_s(False) == 200
+    for bad in ("0", "-5", str(v.STAGE_DEADLINE_S + 1), "soon"):
+        proc = run_stage("bench", tmp_path / "out", SUT_GPU_DEADLINE_S=bad)
+        assert proc.returncode == 2, (bad, proc.stdout, proc.stderr)
+        assert f"SUT_GPU_DEADLINE_S='{bad}'" in proc.stderr and f"1..{v.STAGE_DEADLINE_S}" in proc.stderr
+        assert not (tmp_path / "out").exists()
+
+
+def test_failures_print_at_once(tmp_path):
+    """SUT_TEST_FAILURES_AT_ONCE=1 (set by the tests stage): a failing test's traceback is
+    printed before the tests after it run, so a run killed at a time limit still shows it."""
+    import shutil
+
+    shutil.copy(os.path.join(REPO, "tests", "conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_two.py").write_text(
+        "def test_fails():\n    assert 1 + 1 == 3, 'arithmetic is off'\n\n"
+        "def test_after():\n    print('SECOND TEST RUNS')\n")
+    env = {k: v for k, v in os.environ.items() if k not in CLEARED}
+    env["SUT_TEST_FAILURES_AT_ONCE"] = "1"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider", "test_two.py"],
+                          capture_output=True, text=True, env=env, cwd=tmp_path, timeout=120)
+    out = proc.stdout
+    assert "FAILED test_two.py::test_fails (call)" in out, out
+    assert out.index("arithmetic is off") < out.index("SECOND TEST RUNS"), out
+
+
 def test_gpu_time_plan_fits_the_stage_deadline():
     v = load_validate()
     assert v.STAGE_DEADLINE_S <= 9 * 60
@@ -186,6 +219,10 @@ def test_smoke_bench_stage(tmp_path):
     assert all(m["tokens_per_s"] >= 0 and m["ms_per_step"] > 0 for m in models.values())
     assert "sut_base / ut_base" in results["results"]["train_step"]["ratios"]
     assert "| transformer_wmt_en_de |" in summary
+    profiles = results["results"]["train_step"]["profiles"]   # --profile: the CPU's counts
+    assert set(profiles) == set(models) and all(p["aten_calls"] > 0 for p in profiles.values())
+    assert profiles["sut_base"]["launches"] == 0 and profiles["sut_base"]["device_busy_ms"] is None
+    assert re.search(r"^\| sut_base \| [\d.]+ \| 0 \| \d+ \|  \| \|$", summary, re.M), summary
 
 
 def check_logic(proc, out, stage, runs):

@@ -72,6 +72,21 @@ def test_launches_cover_every_use():
         assert names == [f"{use}.{p}" for use in aot.USES for p in ("fwd", "dx", "dw")]
 
 
+def test_every_dot_dimension_is_at_least_16():
+    """Triton before 3.7 refuses a ``tl.dot`` with a dimension below 16, also on FMA units
+    (the GPU node's Triton 3.6 failed the fp32 launches on an 8-deep tile that this
+    machine's Triton compiles); the builds above use this machine's Triton only. The gemm
+    multiplies BLOCK_M x BLOCK_K by BLOCK_K x BLOCK_N, the weight gradient
+    BLOCK_K x BLOCK_M by BLOCK_M x BLOCK_N."""
+    from sut_fairseq.kernels import grouped_gemm as gg
+
+    for kernel in gg.KERNELS:
+        for precision in ("tf32", "ieee"):
+            for config in gg.shipped_configs(kernel, precision):
+                small = {k: v for k, v in config.kwargs.items() if k.startswith("BLOCK_") and v < 16}
+                assert not small, (kernel.__name__, precision, config)
+
+
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", DEFAULT_DTYPES)

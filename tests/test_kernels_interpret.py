@@ -224,6 +224,38 @@ def test_shipped_configs_interpreted(precision, index, monkeypatch):
         _assert_match(got, want, 2e-5)
 
 
+def test_autotuning_leaves_no_stale_gate_gradient_partials(monkeypatch):
+    """On a GPU the first launch of each shape tries several configurations on the same
+    buffers. The gate-gradient partials hold one row per column tile (cdiv(N, BLOCK_N)) and
+    the backward sums every row it allocated: a 16-wide trial followed by a chosen 32-wide
+    run must not leave the 16-wide trial's third row in the sum. Replays the autotuner
+    (Triton's own, timing made up so the wider configuration wins) on the interpreter."""
+    import triton
+
+    import sut_fairseq.kernels.grouped_gemm as gg
+    import sut_fairseq.kernels.routed_linear_function as rlf
+
+    narrow, wide = (triton.Config({"BLOCK_M": 16, "BLOCK_N": n, "BLOCK_K": 16, "GROUP_M": 2}) for n in (16, 32))
+    timings = iter([2.0, 1.0] * 4)   # every tuning launch: narrow tried first, wide faster
+
+    def fake_bench(fn, quantiles=None, **kwargs):
+        fn()
+        t = next(timings)
+        return [t, t, t] if quantiles else t
+
+    tuned = {kernel: gg.autotuned(kernel, fn=gg.interpreted(kernel), configs=configs, do_bench=fake_bench)
+             for kernel, configs in ((gg.routed_gemm_kernel, [narrow, wide]),
+                                     (gg.routed_wgrad_kernel, [gg.INTERPRET_CONFIGS[gg.routed_wgrad_kernel]]))}
+    monkeypatch.setattr(rlf, "_launch", lambda kernel, grid_fn, args, device: tuned[kernel][grid_fn](**args))
+    assert gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"] == 16   # partials sized for 16
+    for use in sorted(GATED):
+        x, w, b, routing, kwargs, gates, _ = _problem("multi_tile", use, out_dim=40)   # 3 vs 2 tiles
+        got = _run(_triton, x, w, b, routing, kwargs, gates)
+        want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+        _assert_match(got, want, 2e-5)
+    assert tuned[gg.routed_gemm_kernel].best_config is wide
+
+
 def test_rejects_bad_shapes():
     from sut_fairseq.kernels import triton_routed_linear
 

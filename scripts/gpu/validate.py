@@ -105,25 +105,45 @@ REFRESH_S = 20
 STAGE_DEADLINE_S = 540
 #: --smoke on a (loaded) 2-core CPU machine: a safety net only.
 SMOKE_DEADLINE_S = 600
+
+
+def deadline_s(smoke):
+    """The stage's deadline in seconds from its start: STAGE_DEADLINE_S (SMOKE_DEADLINE_S
+    with --smoke), or less where SUT_GPU_DEADLINE_S says so. Lowering it lets one device
+    call chain two stages (e.g. `tests` then `bench` with what the first one left)."""
+    default = SMOKE_DEADLINE_S if smoke else STAGE_DEADLINE_S
+    text = os.environ.get("SUT_GPU_DEADLINE_S")
+    if not text:
+        return default
+    try:
+        value = int(float(text))
+    except ValueError:
+        value = None
+    if value is None or not 0 < value <= default:
+        raise UsageError(f"SUT_GPU_DEADLINE_S={text!r} is not a whole number of seconds in 1..{default}")
+    return value
 #: make install-offline on a fresh node: fairseq-fixed is built from its sdist (its C++,
 #: Cython and torch extensions took about 2 of the 4.5 minutes of a fresh `make install`
 #: on the 2-core machine; the build is mostly serial, the node's cores are faster), then
 #: wheels from the local wheelhouse. 0 when the venv of an earlier stage on the same
-#: (still warm) machine is found.
-INSTALL_ESTIMATE_S = 120
-#: versions and device query (imports torch, fairseq and sut_fairseq once)
-ENV_ESTIMATE_S = 15
+#: (still warm) machine is found. Measured on an H200 node (2026-11-26): 122.5 and 124.5 s.
+INSTALL_ESTIMATE_S = 125
+#: versions and device query (imports torch, fairseq and sut_fairseq once); measured 6-7 s.
+ENV_ESTIMATE_S = 10
 
 #: tests stage: the CUDA tests (Triton kernels vs the reference, fairseq-train of sut_tiny
 #: in fp32/fp16/bf16, incremental decoding, host syncs; Triton compiles included), then
-#: the selftest.
-TESTS_PYTEST_ESTIMATE_S = 240
-TESTS_SELFTEST_ESTIMATE_S = 120
+#: the selftest. Measured on an H200 node: the first 47 of the 73 CUDA tests (the kernel
+#: parity tests, whose first launches autotune and compile) took 115 s; the selftest 45 and
+#: 62 s.
+TESTS_PYTEST_ESTIMATE_S = 300
+TESTS_SELFTEST_ESTIMATE_S = 75
 
 #: bench stage: moe_gpu.py (Triton autotuning, then 3 sizes x 2 passes x 3 implementations
 #: x 23 runs) and train_step.py (three WMT-size models, 3 rounds of 2 steps each).
-BENCH_MOE_ESTIMATE_S = 150
-BENCH_TRAIN_STEP_ESTIMATE_S = 150
+#: Measured on an H200 node: 17.6 s and 51.4 s.
+BENCH_MOE_ESTIMATE_S = 40
+BENCH_TRAIN_STEP_ESTIMATE_S = 75
 
 #: logic stages. generate.py --pairs 500000: about 8 s measured on the 2-core machine.
 LOGIC_GENERATE_ESTIMATE_S = 15
@@ -209,9 +229,12 @@ SMOKE_CPVR_HOPS = "1,9"
 SMOKE_CPVR_TRAIN_ARGS = "--encoder-layers 2 --decoder-layers 2 --max-tokens 256"
 SMOKE_MOE_ARGS = ["--device", "cpu", "--tokens", "32", "--dim", "16", "--hidden", "16",
                   "--experts", "4", "--topk", "2", "--repeats", "1", "--dtype", "bf16"]
-SMOKE_TRAIN_STEP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1"]
+SMOKE_TRAIN_STEP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1", "--profile", "5"]
 GPU_MOE_ARGS = ["--tokens", "4096", "8192", "16384", "--dtype", "bf16"]
-GPU_TRAIN_STEP_ARGS = ["--device", "cuda", "--bf16"]
+GPU_TRAIN_STEP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25"]
+#: "== profile ARCH: W ms wall under the profiler, L kernel launches, O aten operator calls[, device busy D ms (P%)]"
+PROFILE_ROW = re.compile(r"^== profile (\S+): ([\d.]+) ms wall under the profiler, (\d+) kernel launches, "
+                         r"(\d+) aten operator calls(?:, device busy ([\d.]+) ms)?")
 
 PASSED, FAILED, SKIPPED = "PASSED", "FAILED", "SKIPPED"
 
@@ -264,7 +287,7 @@ class Stage:
     def __init__(self, name, out, smoke):
         self.name, self.out, self.smoke = name, os.path.abspath(out), smoke
         self.start = time.time()
-        self.deadline = self.start + (SMOKE_DEADLINE_S if smoke else STAGE_DEADLINE_S)
+        self.deadline = self.start + deadline_s(smoke)
         self.steps = []
         self.info = {}            # environment: device, versions
         self.install = {"status": "not checked"}
@@ -471,7 +494,7 @@ class Stage:
             "exit_status": (0 if self.ok() else 1) if final else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.start)),
             "seconds": round(self.elapsed(), 1),
-            "deadline_s": SMOKE_DEADLINE_S if self.smoke else STAGE_DEADLINE_S,
+            "deadline_s": deadline_s(self.smoke),
             "python": self.python, "environment": self.info, "install": self.install,
             "steps": [{k: v for k, v in s.items() if k not in ("argv", "log_offset", "log_end", "pid")}
                       for s in self.steps],
@@ -488,7 +511,7 @@ class Stage:
                  + (f"; failed or not run: {', '.join(s['name'] for s in self.failed_steps())}"
                     if self.failed_steps() else "")
                  + f"; {self.elapsed():.0f} s of the stage's "
-                 f"{SMOKE_DEADLINE_S if self.smoke else STAGE_DEADLINE_S} s"
+                 f"{deadline_s(self.smoke)} s"
                  + ("" if final else " (in progress: this file is rewritten after every step)"),
                  "",
                  f"- started: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(self.start))}",
@@ -505,7 +528,7 @@ class Stage:
                  f"- install: {self.install.get('summary', self.install.get('status'))}",
                  f"- work directory (not brought back): {self.work}",
                  (f"- time plan: the required steps are estimated at {self.estimate} s with a "
-                  f"fresh install, against the stage's deadline of {STAGE_DEADLINE_S} s "
+                  f"fresh install, against the stage's deadline of {deadline_s(self.smoke)} s "
                   "(estimates in validate.py, to be corrected from the measured times below)"
                   if self.estimate else "- time plan: --smoke (no GPU estimates)"),
                  "", "## Steps", "",
@@ -756,8 +779,10 @@ def stage_tests(stage, python):
             return "no test passed on the GPU node"
         return None
 
-    step = stage.run("pytest -m gpu", [python, "-m", "pytest", "-m", "gpu", "-q", "tests/test_gpu.py"],
-                     env=env, estimate=TESTS_PYTEST_ESTIMATE_S,
+    # Failures printed as they happen (tests/conftest.py), and the slowest tests' times.
+    step = stage.run("pytest -m gpu", [python, "-m", "pytest", "-m", "gpu", "-q", "--durations=15",
+                                       "tests/test_gpu.py"],
+                     env={**env, "SUT_TEST_FAILURES_AT_ONCE": "1"}, estimate=TESTS_PYTEST_ESTIMATE_S,
                      timeout=stage.remaining() - TESTS_SELFTEST_ESTIMATE_S, check=pytest_check)
     stage.results["pytest"] = {"counts": counts, "status": step["status"],
                                "summary_line": last_matching(stage, step, PYTEST_COUNTS)}
@@ -804,7 +829,7 @@ def stage_bench(stage, python):
     moe_args = SMOKE_MOE_ARGS if stage.smoke else GPU_MOE_ARGS
     tokens = [int(t) for t in itertools.takewhile(lambda a: not a.startswith("--"),
                                                   moe_args[moe_args.index("--tokens") + 1:])]
-    moe_rows, train_rows, ratios, header = [], {}, {}, {}
+    moe_rows, train_rows, ratios, profiles, header = [], {}, {}, {}, {}
 
     def moe_check(step):
         lines = log_lines_of(stage, step)
@@ -843,11 +868,19 @@ def stage_bench(stage, python):
             m = RATIO_ROW.match(line)
             if m:
                 ratios[m.group(1)] = float(m.group(2))
+            m = PROFILE_ROW.match(line)
+            if m:
+                profiles[m.group(1)] = {"wall_ms": float(m.group(2)), "launches": int(m.group(3)),
+                                        "aten_calls": int(m.group(4)),
+                                        "device_busy_ms": float(m.group(5)) if m.group(5) else None}
         missing = [a for a in ("sut_base", "ut_base", "transformer_wmt_en_de") if a not in train_rows]
         if missing:
             return f"no rows for {missing} in the output"
         if not stage.smoke and any(r["peak_gib"] is None for r in train_rows.values()):
             return "no peak memory in the output"
+        unprofiled = [a for a in train_rows if a not in profiles]
+        if unprofiled:
+            return f"no profile of {unprofiled} in the output"
         return None
 
     stage.run("train_step.py", [python, "benchmarks/train_step.py",
@@ -855,7 +888,7 @@ def stage_bench(stage, python):
               env=env, estimate=BENCH_TRAIN_STEP_ESTIMATE_S, check=train_check)
     stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows},
                           "train_step": {"header": header.get("train_step"), "models": train_rows,
-                                         "ratios": ratios}})
+                                         "ratios": ratios, "profiles": profiles}})
     text = []
     if moe_rows:
         text += [f"MoE-FFD expert GEMMs ({header.get('moe') or ''}):", "",
@@ -870,6 +903,15 @@ def stage_bench(stage, python):
         text += [f"| {a} | {r['ms_per_step']} | {r['tokens_per_s']} | "
                  f"{'' if r['peak_gib'] is None else r['peak_gib']} |" for a, r in train_rows.items()]
         text += [""] + [f"- {k} tokens/s: {v:.2f}" for k, v in ratios.items()]
+    if profiles:
+        text += ["", "One profiled step per model (`train_step.py --profile`; the operations are in "
+                 f"`{stage.name}.log`):", "",
+                 "| model | wall ms | kernel launches | aten calls | device busy ms | busy % |",
+                 "|---|---:|---:|---:|---:|---:|"]
+        for a, r in profiles.items():
+            busy, wall = r["device_busy_ms"], r["wall_ms"]
+            busy_cells = " | |" if busy is None else f"{busy:.1f} | {100 * busy / wall:.0f} |"
+            text.append(f"| {a} | {wall:.1f} | {r['launches']} | {r['aten_calls']} | {busy_cells}")
     if stage.smoke and text:
         text.insert(0, "(--smoke: CPU and Triton's interpreter; the numbers check the scripts and mean nothing)\n")
     if text:
@@ -959,7 +1001,7 @@ def stage_logic(stage, python):
     buckets = SMOKE_BUCKETS if smoke else LOGIC_BUCKETS
     cap_hours = SMOKE_STOP_TIME_HOURS if smoke else LOGIC_TRAIN_CAP_S / 3600
     stage.budget = {
-        "deadline_s": SMOKE_DEADLINE_S if smoke else STAGE_DEADLINE_S,
+        "deadline_s": deadline_s(smoke),
         "install_estimate_s": INSTALL_ESTIMATE_S, "generate_estimate_s": LOGIC_GENERATE_ESTIMATE_S,
         "prepare_estimate_s": LOGIC_PREPARE_ESTIMATE_S, "train_cap_s": None if smoke else LOGIC_TRAIN_CAP_S,
         "train_overhead_s": LOGIC_TRAIN_OVERHEAD_S, "generate_call_s": LOGIC_GENERATE_CALL_S,
@@ -1220,7 +1262,7 @@ def stage_cpvr(stage, python):
     cap_s = cpvr_train_cap(stage.remaining())
     granted_s = (earlier["granted_s"] if earlier else 0) + max(cap_s, 0)
     max_update = SMOKE_MAX_UPDATE * calls if smoke else None
-    stage.budget = {"deadline_s": SMOKE_DEADLINE_S if smoke else STAGE_DEADLINE_S, "call": calls,
+    stage.budget = {"deadline_s": deadline_s(smoke), "call": calls,
                     "train_cap_s": cap_s, "granted_train_s": granted_s, "max_update": max_update,
                     "generate_estimate_s": CPVR_GENERATE_ESTIMATE_S,
                     "train_overhead_s": CPVR_TRAIN_OVERHEAD_S, "min_train_s": CPVR_MIN_TRAIN_S,
@@ -1342,6 +1384,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         name, out, smoke = parse_args(argv)
+        deadline_s(smoke)
         if name.startswith("logic"):
             validate_logic_names(logic_plan(name, smoke))
         check_out(out, name)
@@ -1354,7 +1397,7 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: (stage.interrupt(signum), sys.exit(128 + signum)))
     stage.say(f"== stage {name}{' (--smoke: CPU, tiny sizes)' if smoke else ''}; OUT {stage.out}; "
-              f"work {stage.work}; deadline {SMOKE_DEADLINE_S if smoke else STAGE_DEADLINE_S} s")
+              f"work {stage.work}; deadline {deadline_s(smoke)} s")
     stage.flush()
     try:
         python = ensure_package(stage)

@@ -206,7 +206,9 @@ KERNELS = (routed_gemm_kernel, routed_wgrad_kernel)
 # and fp32 with TF32; BLOCK_K = 32 keeps 128-wide fp32 tiles in budget and 128-row tiles
 # use 8 warps (4 warps spill on sm_80). The *_IEEE lists serve fp32 when
 # ``torch.backends.cuda.matmul.allow_tf32`` is off: ``tl.dot`` then runs on FMA units and
-# needs small tiles.
+# needs small tiles. Every dimension of a ``tl.dot`` (BLOCK_M x BLOCK_K by BLOCK_K x BLOCK_N
+# in the GEMM, BLOCK_K x BLOCK_M by BLOCK_M x BLOCK_N in the weight gradient) is at least
+# 16: Triton before 3.7 refuses smaller ones ("K >= 16"), also on FMA units.
 GEMM_CONFIGS = [
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=3),
     triton.Config({"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=8, num_stages=4),
@@ -215,7 +217,7 @@ GEMM_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64, "GROUP_M": 8}, num_warps=4, num_stages=3),
 ]
 GEMM_CONFIGS_IEEE = [
-    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 8, "GROUP_M": 8}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 16, "GROUP_M": 8}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32, "GROUP_M": 8}, num_warps=4, num_stages=2),
 ]
 WGRAD_CONFIGS = [
@@ -224,7 +226,7 @@ WGRAD_CONFIGS = [
     triton.Config({"BLOCK_M": 64, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
 ]
 WGRAD_CONFIGS_IEEE = [
-    triton.Config({"BLOCK_M": 8, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
+    triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=4, num_stages=3),
     triton.Config({"BLOCK_M": 16, "BLOCK_N": 64, "BLOCK_K": 64}, num_warps=8, num_stages=2),
     triton.Config({"BLOCK_M": 32, "BLOCK_N": 32, "BLOCK_K": 32}, num_warps=4, num_stages=2),
 ]
@@ -254,16 +256,28 @@ def _prune_by_precision(kernel):
     return {"early_config_prune": prune}
 
 
-_GEMM_KEY = ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "INPUT_PRECISION"]
-_WGRAD_KEY = ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "INPUT_PRECISION"]
-AUTOTUNED = {
-    routed_gemm_kernel: triton.autotune(
-        configs=GEMM_CONFIGS + GEMM_CONFIGS_IEEE, key=_GEMM_KEY,
-        prune_configs_by=_prune_by_precision(routed_gemm_kernel))(routed_gemm_kernel),
-    routed_wgrad_kernel: triton.autotune(
-        configs=WGRAD_CONFIGS + WGRAD_CONFIGS_IEEE, key=_WGRAD_KEY,
-        prune_configs_by=_prune_by_precision(routed_wgrad_kernel))(routed_wgrad_kernel),
+_KEYS = {
+    routed_gemm_kernel: ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "INPUT_PRECISION"],
+    routed_wgrad_kernel: ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "INPUT_PRECISION"],
 }
+# Arguments the autotuner zeroes before every trial run and before the chosen run. The
+# gemm's gate-gradient partials DG hold one row per column tile, cdiv(N, BLOCK_N) of them,
+# and the caller sums all rows it allocated (for the smallest BLOCK_N): a trial with a
+# narrower BLOCK_N would otherwise leave rows that the chosen, wider one does not rewrite.
+RESET_TO_ZERO = {routed_gemm_kernel: ["DG"], routed_wgrad_kernel: []}
+
+
+def autotuned(kernel, fn=None, configs=None, **options):
+    """``kernel`` (or ``fn``, e.g. its interpreted version) autotuned over ``configs``
+    (default: every shipped configuration, pruned to the launch's INPUT_PRECISION)."""
+    if configs is None:
+        configs = CONFIGS[kernel]["tf32"] + CONFIGS[kernel]["ieee"]
+        options["prune_configs_by"] = _prune_by_precision(kernel)
+    return triton.autotune(configs=configs, key=_KEYS[kernel], reset_to_zero=RESET_TO_ZERO[kernel] or None,
+                           **options)(fn or kernel)
+
+
+AUTOTUNED = {kernel: autotuned(kernel) for kernel in KERNELS}
 
 
 @functools.lru_cache(maxsize=None)
