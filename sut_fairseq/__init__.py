@@ -1,9 +1,9 @@
 """sut-fairseq: Sparse Universal Transformer (SUT) and Universal Transformer (UT) for fairseq.
 
 Importing the package (fairseq does so for ``--user-dir``) registers the model
-``sut_transformer`` with its presets and the criterion
-``sut_label_smoothed_cross_entropy``, and allow-lists the classes fairseq checkpoints
-pickle so that ``torch.load(weights_only=True)`` (torch >= 2.6) can read them, and makes
+``sut_transformer`` with its presets, the criterion ``sut_label_smoothed_cross_entropy``
+and the learning-rate schedule ``inverse_sqrt_cooldown``, and allow-lists the classes
+fairseq checkpoints pickle so that ``torch.load(weights_only=True)`` (torch >= 2.6) can read them, and makes
 ``fairseq-train --help`` list the chosen architecture's and criterion's options.
 """
 import logging
@@ -13,7 +13,7 @@ import logging
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.WARNING)
 
 from . import checkpoint_safety  # noqa: F401  (must run before fairseq loads a checkpoint)
-from . import cli_help, criterions, models, tasks  # noqa: F401  (registration)
+from . import cli_help, criterions, models, optim, tasks  # noqa: F401  (registration)
 
 cli_help.install()
 
