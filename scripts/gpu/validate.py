@@ -122,6 +122,8 @@ def deadline_s(smoke):
     if value is None or not 0 < value <= default:
         raise UsageError(f"SUT_GPU_DEADLINE_S={text!r} is not a whole number of seconds in 1..{default}")
     return value
+
+
 #: make install-offline on a fresh node: fairseq-fixed is built from its sdist (its C++,
 #: Cython and torch extensions took about 2 of the 4.5 minutes of a fresh `make install`
 #: on the 2-core machine; the build is mostly serial, the node's cores are faster), then
