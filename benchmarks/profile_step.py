@@ -28,7 +28,6 @@ import os
 import sys
 
 import torch
-from torch.profiler import ProfilerActivity, profile
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402
@@ -54,9 +53,7 @@ def profile_step(step) -> list:
     """The profiler's per-operator averages of one call of ``step`` (after two untimed calls)."""
     step()
     step()
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        step()
-    return prof.key_averages()
+    return train_step.profiled(step)[0]
 
 
 def summarise(name: str, events, top: int) -> float:

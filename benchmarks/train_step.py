@@ -230,15 +230,17 @@ def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_lo
 
 def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.0, steps_log=None,
                device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
-               peak_memory=None):
+               peak_memory=None, steps=None):
     """Median seconds per step of each arch over ``repeats`` rounds. In every round each
     arch runs one untimed step (back in its steady state: caches and allocator warm with
     its own buffers, as in training) and then one timed step; the archs take turns within
     a round, so that a slow phase of a shared machine hits all of them alike. On a GPU,
-    ``peak_memory[arch]`` receives the largest allocated memory of a timed step (bytes)."""
-    steps = {arch: make_step(arch, sample, vocab, halting_bias,
-                             steps_log if arch.startswith(("sut", "ut")) else None, device, dtype)
-             for arch in archs}
+    ``peak_memory[arch]`` receives the largest allocated memory of a timed step (bytes).
+    ``steps[arch]``, when a dict is given, receives each arch's (warm) step closure."""
+    steps = {} if steps is None else steps
+    steps.update({arch: make_step(arch, sample, vocab, halting_bias,
+                                  steps_log if arch.startswith(("sut", "ut")) else None, device, dtype)
+                  for arch in archs})
     cuda = device.type == "cuda"
     times = {arch: [] for arch in archs}
     for _ in range(repeats):
@@ -257,16 +259,11 @@ def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.
     return {arch: statistics.median(t) for arch, t in times.items()}
 
 
-def profile_step(arch: str, sample, vocab: int, rows: int, device: torch.device = torch.device("cpu"),
-                 dtype: torch.dtype = torch.float32) -> dict:
-    """One warm step of ``arch`` under ``torch.profiler``; prints where its time goes and
-    returns {"wall_ms", "launches", "ops", "device_ms"} (device_ms: the kernels' self time;
-    None on CPU)."""
+def profiled(step, cuda: bool = False):
+    """(the profiler's per-operator averages, wall ms) of one call of ``step`` under
+    ``torch.profiler``; on a GPU with the CUDA activity too, synchronised on both sides."""
     from torch.profiler import ProfilerActivity, profile
 
-    cuda = device.type == "cuda"
-    step = make_step(arch, sample, vocab, device=device, dtype=dtype)
-    step()
     if cuda:
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
@@ -276,16 +273,23 @@ def profile_step(arch: str, sample, vocab: int, rows: int, device: torch.device 
         if cuda:
             torch.cuda.synchronize()
         wall_ms = 1e3 * (time.perf_counter() - start)
-    events = prof.key_averages()
+    return prof.key_averages(), wall_ms
+
+
+def print_profile(arch: str, step, rows: int, cuda: bool) -> None:
+    """Profile one call of ``arch``'s (warm) ``step``; print its wall time, kernel launches,
+    aten calls, device busy time (GPU) and its ``rows`` most expensive operations."""
+    events, wall_ms = profiled(step, cuda)
     launches = sum(e.count for e in events if e.key.startswith(("cudaLaunch", "cuLaunch")))
     ops = sum(e.count for e in events if e.key.startswith("aten::"))   # nested calls included
-    device_ms = sum(e.self_device_time_total for e in events) / 1e3 if cuda else None
-    busy = f", device busy {device_ms:.1f} ms ({100 * device_ms / wall_ms:.0f}%)" if cuda else ""
+    busy = ""
+    if cuda:
+        device_ms = sum(e.self_device_time_total for e in events) / 1e3
+        busy = f", device busy {device_ms:.1f} ms ({100 * device_ms / wall_ms:.0f}%)"
     print(f"== profile {arch}: {wall_ms:.1f} ms wall under the profiler, {launches} kernel launches, "
           f"{ops} aten operator calls{busy}")
     print(events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=rows),
           flush=True)
-    return {"wall_ms": wall_ms, "launches": launches, "ops": ops, "device_ms": device_ms}
 
 
 #: halting bias at which no position halts (â = sigmoid(-30)): every encoder step runs, as
@@ -385,9 +389,9 @@ def main():
              else f"cpu, {torch.get_num_threads()} threads")
     print(f"torch {torch.__version__}, {where}, {'bf16' if args.bf16 else 'fp32'}; batch "
           f"{args.batch} x {args.len} = {tokens} target tokens")
-    speed, peak = {}, {}
+    speed, peak, steps = {}, {}, {}
     for arch, t in time_steps(args.arch, sample, args.vocab, args.repeats, device=device,
-                              dtype=dtype, peak_memory=peak).items():
+                              dtype=dtype, peak_memory=peak, steps=steps).items():
         speed[arch] = tokens / t
         memory = f" {peak[arch] / 2 ** 30:7.2f} GiB peak" if arch in peak else ""
         print(f"{arch:24s} {1e3 * t:9.0f} ms/step {speed[arch]:9.0f} tokens/s{memory}", flush=True)
@@ -399,9 +403,9 @@ def main():
     fused = "transformer_wmt_en_de" + FUSED_CE
     if {"sut_base", fused} <= speed.keys():
         print(f"sut_base / {fused} tokens/s: {speed['sut_base'] / speed[fused]:.2f}")
-    if args.profile:
-        for arch in args.arch:
-            profile_step(arch, sample, args.vocab, args.profile, device=device, dtype=dtype)
+    if args.profile:  # the timed models themselves, already warm
+        for arch, step in steps.items():
+            print_profile(arch, step, args.profile, cuda=device.type == "cuda")
 
 
 if __name__ == "__main__":

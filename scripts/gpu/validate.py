@@ -289,7 +289,8 @@ class Stage:
     def __init__(self, name, out, smoke):
         self.name, self.out, self.smoke = name, os.path.abspath(out), smoke
         self.start = time.time()
-        self.deadline = self.start + deadline_s(smoke)
+        self.deadline_s = deadline_s(smoke)   # read from the environment once
+        self.deadline = self.start + self.deadline_s
         self.steps = []
         self.info = {}            # environment: device, versions
         self.install = {"status": "not checked"}
@@ -496,7 +497,7 @@ class Stage:
             "exit_status": (0 if self.ok() else 1) if final else None,
             "started": time.strftime("%Y-%m-%dT%H:%M:%S%z", time.localtime(self.start)),
             "seconds": round(self.elapsed(), 1),
-            "deadline_s": deadline_s(self.smoke),
+            "deadline_s": self.deadline_s,
             "python": self.python, "environment": self.info, "install": self.install,
             "steps": [{k: v for k, v in s.items() if k not in ("argv", "log_offset", "log_end", "pid")}
                       for s in self.steps],
@@ -513,7 +514,7 @@ class Stage:
                  + (f"; failed or not run: {', '.join(s['name'] for s in self.failed_steps())}"
                     if self.failed_steps() else "")
                  + f"; {self.elapsed():.0f} s of the stage's "
-                 f"{deadline_s(self.smoke)} s"
+                 f"{self.deadline_s} s"
                  + ("" if final else " (in progress: this file is rewritten after every step)"),
                  "",
                  f"- started: {time.strftime('%Y-%m-%d %H:%M:%S %Z', time.localtime(self.start))}",
@@ -530,7 +531,7 @@ class Stage:
                  f"- install: {self.install.get('summary', self.install.get('status'))}",
                  f"- work directory (not brought back): {self.work}",
                  (f"- time plan: the required steps are estimated at {self.estimate} s with a "
-                  f"fresh install, against the stage's deadline of {deadline_s(self.smoke)} s "
+                  f"fresh install, against the stage's deadline of {self.deadline_s} s "
                   "(estimates in validate.py, to be corrected from the measured times below)"
                   if self.estimate else "- time plan: --smoke (no GPU estimates)"),
                  "", "## Steps", "",
@@ -1003,7 +1004,7 @@ def stage_logic(stage, python):
     buckets = SMOKE_BUCKETS if smoke else LOGIC_BUCKETS
     cap_hours = SMOKE_STOP_TIME_HOURS if smoke else LOGIC_TRAIN_CAP_S / 3600
     stage.budget = {
-        "deadline_s": deadline_s(smoke),
+        "deadline_s": stage.deadline_s,
         "install_estimate_s": INSTALL_ESTIMATE_S, "generate_estimate_s": LOGIC_GENERATE_ESTIMATE_S,
         "prepare_estimate_s": LOGIC_PREPARE_ESTIMATE_S, "train_cap_s": None if smoke else LOGIC_TRAIN_CAP_S,
         "train_overhead_s": LOGIC_TRAIN_OVERHEAD_S, "generate_call_s": LOGIC_GENERATE_CALL_S,
@@ -1264,7 +1265,7 @@ def stage_cpvr(stage, python):
     cap_s = cpvr_train_cap(stage.remaining())
     granted_s = (earlier["granted_s"] if earlier else 0) + max(cap_s, 0)
     max_update = SMOKE_MAX_UPDATE * calls if smoke else None
-    stage.budget = {"deadline_s": deadline_s(smoke), "call": calls,
+    stage.budget = {"deadline_s": stage.deadline_s, "call": calls,
                     "train_cap_s": cap_s, "granted_train_s": granted_s, "max_update": max_update,
                     "generate_estimate_s": CPVR_GENERATE_ESTIMATE_S,
                     "train_overhead_s": CPVR_TRAIN_OVERHEAD_S, "min_train_s": CPVR_MIN_TRAIN_S,
@@ -1386,7 +1387,7 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
     try:
         name, out, smoke = parse_args(argv)
-        deadline_s(smoke)
+        deadline_s(smoke)   # a bad SUT_GPU_DEADLINE_S is a usage error, before OUT is made
         if name.startswith("logic"):
             validate_logic_names(logic_plan(name, smoke))
         check_out(out, name)
@@ -1399,7 +1400,7 @@ def main(argv=None):
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, frame: (stage.interrupt(signum), sys.exit(128 + signum)))
     stage.say(f"== stage {name}{' (--smoke: CPU, tiny sizes)' if smoke else ''}; OUT {stage.out}; "
-              f"work {stage.work}; deadline {deadline_s(smoke)} s")
+              f"work {stage.work}; deadline {stage.deadline_s} s")
     stage.flush()
     try:
         python = ensure_package(stage)
