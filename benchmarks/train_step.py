@@ -44,6 +44,17 @@ run, the regime of the recipe's training (its halting units start at â = 0.047 
 11.9-12 of 12 encoder steps): the most R can be there at equal MAC throughput.
 
     python benchmarks/train_step.py --preset logic [--threads 1 2] [--repeats 5]
+
+``--preset cpvr``: the three models of the C-PVR recipe (``configs/cpvr``: ``ut_cpvr`` the
+dense UT, ``sut_cpvr`` the SUT of the same active size, ``hyper_ut_cpvr`` Hyper-UT), pre-LN
+with shared embeddings and the recipe's losses (no label smoothing, ACT 0.01), on one batch
+of C-PVR sequences of the recipe's ``small`` data (modulus, L 16, K 100, hops 1-4 in turn;
+about ``--logic-tokens`` source tokens; generated, no data files needed). Every model's
+halting units get the same forcing (``--halting-bias``; the mean executed encoder steps
+are printed). Prints ``hyper_ut_cpvr / ut_cpvr tokens/s`` and ``sut_cpvr / ut_cpvr``
+per thread count.
+
+    python benchmarks/train_step.py --preset cpvr [--threads 1] [--repeats 5]
 """
 import argparse
 import logging
@@ -67,14 +78,23 @@ from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import (  # noqa: E
 from sut_fairseq.ops.label_smoothed_ce import label_smoothed_cross_entropy  # noqa: E402
 from sut_fairseq.models.standalone import build_model  # noqa: E402
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "scripts", "logic"))
+_SCRIPTS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "scripts")
+sys.path.insert(0, os.path.join(_SCRIPTS, "logic"))
+sys.path.insert(0, os.path.join(_SCRIPTS, "cpvr"))
+import cpvr_recipe  # noqa: E402
 import logic_recipe  # noqa: E402
 
 MODELS = ["sut_base", "ut_base", "transformer_wmt_en_de"]
 LOGIC_MODELS = ["sut_logic", "transformer"]
-#: benchmark arch -> the logic recipe's model (configs/logic/MODEL.json over common.json)
-LOGIC_RECIPE = {"sut_logic": "sut", "transformer": "transformer"}
+CPVR_MODELS = ["ut_cpvr", "sut_cpvr", "hyper_ut_cpvr"]
+#: benchmark arch -> (the recipe's model grid, its model: configs/TASK/MODEL.json over common.json)
+RECIPE_MODELS = {"sut_logic": (logic_recipe.GRID, "sut"),
+                 "transformer": (logic_recipe.GRID, "transformer"),
+                 "ut_cpvr": (cpvr_recipe.GRID, "ut"),
+                 "sut_cpvr": (cpvr_recipe.GRID, "sut"),
+                 "hyper_ut_cpvr": (cpvr_recipe.GRID, "hyper-ut")}
+#: benchmark archs whose halting units ``--halting-bias`` forces
+FORCED_HALTING = {"sut_logic", *CPVR_MODELS}
 FUSED_CE = "+fused-ce"  # suffix: fairseq's transformer with the plugin's CE op as its loss
 
 
@@ -141,6 +161,34 @@ def make_logic_batch(source_tokens: int, seed: int):
     return sample, len(d), total
 
 
+def make_cpvr_batch(source_tokens: int, seed: int):
+    """C-PVR sequences of the recipe's ``small`` data (modulus, L 16, K 100), hops 1-4 in
+    turn, as fairseq batches them: sources of L numbers + </s>, target = label + </s>,
+    ``source_tokens // (L + 1)`` sequences. Returns the sample, the vocabulary size and
+    the source tokens."""
+    from fairseq.data import Dictionary
+
+    from sut_fairseq.data.cpvr import HopSampler, iter_split, make_config, to_seq2seq
+
+    config = make_config("small")
+    sampler = HopSampler(config.length, config.max_value)
+    B = max(1, source_tokens // (config.length + 1))
+    examples = iter_split(sampler, "benchmark", config.train_hops,
+                          -(-B // len(config.train_hops)), seed, set())
+    pairs = [to_seq2seq(e) for _, e in zip(range(B), examples)]
+    d = Dictionary()
+    for value in range(1, config.max_value + 1):
+        d.add_symbol(str(value))
+    src_tokens = torch.tensor([[d.index(w) for w in src.split()] + [d.eos()] for src, _ in pairs])
+    label = torch.tensor([d.index(tgt) for _, tgt in pairs])
+    sample = {"net_input": {"src_tokens": src_tokens,
+                            "src_lengths": torch.full((B,), src_tokens.size(1)),
+                            "prev_output_tokens": torch.stack([torch.full((B,), d.eos()), label], 1)},
+              "target": torch.stack([label, torch.full((B,), d.eos())], 1),
+              "ntokens": 2 * B, "nsentences": B}
+    return sample, len(d), src_tokens.numel()
+
+
 def _option_values(flags):
     """fairseq options -> keyword arguments: ``["--a-b", "1", "--c"]`` -> {a_b: 1, c: True}."""
     def value(text):
@@ -155,14 +203,17 @@ def _option_values(flags):
             for opt, vals in logic_recipe.parse_flags(flags).items()}
 
 
-def logic_recipe_model(model: str):
-    """(arch, build_model keyword arguments, criterion options) of a logic recipe model,
-    read from configs/logic: its architecture options with common.json's pre-LN and shared
-    embeddings, and its loss options (e.g. MIM 0.01, ACT 0 for the SUT)."""
-    kwargs = _option_values(logic_recipe.model_arch_flags(model))
-    arch = kwargs.pop("arch")
-    loss = _option_values(logic_recipe.load_model(model)["loss_flags"])
-    return arch, kwargs, loss
+def recipe_model(arch: str):
+    """(fairseq arch, build_model keyword arguments, criterion options) of a benchmark
+    arch of ``RECIPE_MODELS``, read from its recipe's configs: the architecture options
+    with common.json's pre-LN and shared embeddings, and the loss options (e.g. MIM 0.01,
+    ACT 0 for the logic SUT) with common.json's label smoothing."""
+    grid, model = RECIPE_MODELS[arch]
+    kwargs = _option_values(grid.model_arch_flags(model))
+    recipe_arch = kwargs.pop("arch")
+    loss = _option_values(grid.model(model)["loss_flags"])
+    loss.setdefault("label_smoothing", _option_values(grid.common()["flags"]).get("label_smoothing", 0.0))
+    return recipe_arch, kwargs, loss
 
 
 def force_halting(model, bias: float, seed: int = 0) -> None:
@@ -182,18 +233,20 @@ def build(arch: str, vocab: int, halting_bias: float):
     torch.manual_seed(0)
     fused = arch.endswith(FUSED_CE)
     name = arch[: -len(FUSED_CE)] if fused else arch
-    if arch in LOGIC_RECIPE:
-        recipe_arch, kwargs, loss = logic_recipe_model(LOGIC_RECIPE[arch])
+    loss = None
+    if arch in RECIPE_MODELS:
+        recipe_arch, kwargs, loss = recipe_model(arch)
         model = build_model(recipe_arch, dict_size=vocab, **kwargs)
-        if arch == "sut_logic":
+        if arch in FORCED_HALTING:
             force_halting(model, halting_bias)
     else:
         model = build_model(name, dict_size=vocab, share_all_embeddings=True)
     model.train()
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
-    if arch == "sut_logic":  # the logic recipe's losses
+    if loss is not None and loss["criterion"] == "sut_label_smoothed_cross_entropy":  # the recipe's losses
         criterion = SUTLabelSmoothedCrossEntropyCriterion(
-            task, False, 0.1, mim_weight=loss["mim_weight"], act_weight=loss["act_weight"])
+            task, False, loss["label_smoothing"], mim_weight=loss["mim_weight"],
+            act_weight=loss["act_weight"])
     elif arch.startswith(("sut", "ut")):
         criterion = SUTLabelSmoothedCrossEntropyCriterion(task, False, 0.1, mim_weight=0.1, act_weight=0.01)
     elif fused:
@@ -238,9 +291,10 @@ def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.
     ``peak_memory[arch]`` receives the largest allocated memory of a timed step (bytes).
     ``steps[arch]``, when a dict is given, receives each arch's (warm) step closure."""
     steps = {} if steps is None else steps
-    steps.update({arch: make_step(arch, sample, vocab, halting_bias,
-                                  steps_log if arch.startswith(("sut", "ut")) else None, device, dtype)
-                  for arch in archs})
+    for arch in archs:  # steps_log: one list for every SUT/UT, or a dict of one list per arch
+        log = (steps_log.setdefault(arch, []) if isinstance(steps_log, dict) else
+               steps_log if arch.startswith(("sut", "ut")) else None)
+        steps[arch] = make_step(arch, sample, vocab, halting_bias, log, device, dtype)
     cuda = device.type == "cuda"
     times = {arch: [] for arch in archs}
     for _ in range(repeats):
@@ -351,22 +405,45 @@ def main_logic(args):
                   f"sut_logic's MACs/s = {ratio / mac_ratio:.2f}x the transformer's)")
 
 
+def main_cpvr(args):
+    sample, vocab, src_tokens = make_cpvr_batch(args.logic_tokens, args.seed)
+    archs = args.arch or CPVR_MODELS
+    print(f"torch {torch.__version__}; C-PVR batch: {sample['nsentences']} sequences, {src_tokens} "
+          f"source tokens, {sample['ntokens']} target tokens; vocabulary {vocab}; halting bias "
+          f"{args.halting_bias}")
+    for threads in args.threads:
+        torch.set_num_threads(threads)
+        tag = f"[{threads} thread{'s' if threads > 1 else ''}]"
+        steps_log, speed = {}, {}
+        for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
+                                  steps_log).items():
+            speed[arch] = src_tokens / t
+            depth = (f", {statistics.mean(steps_log[arch]):.2f} encoder steps of 16"
+                     if steps_log.get(arch) else "")
+            print(f"{tag} {arch:14s} {1e3 * t:8.1f} ms/step {speed[arch]:9.0f} source tokens/s{depth}",
+                  flush=True)
+        for arch in ("hyper_ut_cpvr", "sut_cpvr"):
+            if {arch, "ut_cpvr"} <= speed.keys():
+                print(f"{tag} {arch} / ut_cpvr tokens/s: {speed[arch] / speed['ut_cpvr']:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", choices=["wmt", "logic"], default="wmt")
+    parser.add_argument("--preset", choices=["wmt", "logic", "cpvr"], default="wmt")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--len", type=int, default=32)
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", nargs="*", default=None,
-                        help=f"models (wmt: {' '.join(MODELS)}; logic: {' '.join(LOGIC_MODELS)})")
+                        help=f"models (wmt: {' '.join(MODELS)}; logic: {' '.join(LOGIC_MODELS)}; "
+                             f"cpvr: {' '.join(CPVR_MODELS)})")
     parser.add_argument("--logic-tokens", type=int, default=2048,
-                        help="logic: source tokens per batch (the recipe's --max-tokens)")
+                        help="logic, cpvr: source tokens per batch (the recipe's --max-tokens)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
-                        help="logic: torch thread counts to run at")
+                        help="logic, cpvr: torch thread counts to run at")
     parser.add_argument("--halting-bias", type=float, default=0.5,
-                        help="logic: bias of the SUT's halting units (sets the mean depth)")
+                        help="logic, cpvr: bias of the halting units (sets the mean depth)")
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="wmt: where to run (cuda: the Triton expert kernels)")
     parser.add_argument("--bf16", action="store_true",
@@ -379,6 +456,8 @@ def main():
         parser.error(f"--profile {args.profile}: the number of rows must be >= 0")
     if args.preset == "logic":
         return main_logic(args)
+    if args.preset == "cpvr":
+        return main_cpvr(args)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("train_step.py: --device cuda needs a CUDA device")
     device, dtype = torch.device(args.device), torch.bfloat16 if args.bf16 else torch.float32

@@ -52,6 +52,39 @@ def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
     assert re.search(r"^\[1 thread\] sut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
 
 
+def test_train_step_cpvr_prints_every_model_and_both_ratios():
+    out = run("train_step.py", "--preset", "cpvr", "--logic-tokens", "170", "--repeats", "1",
+              "--threads", "1")
+    assert re.search(r"^torch .*; C-PVR batch: 10 sequences, 170 source tokens, 20 target tokens; "
+                     r"vocabulary \d+; halting bias 0\.5$", out, re.M), out
+    for arch in ("ut_cpvr", "sut_cpvr", "hyper_ut_cpvr"):
+        assert re.search(rf"^\[1 thread\] {arch}\s+\d+\.\d ms/step\s+\d+ source tokens/s, "
+                         r"\d+\.\d\d encoder steps of 16$", out, re.M), out
+    for arch in ("hyper_ut_cpvr", "sut_cpvr"):
+        assert re.search(rf"^\[1 thread\] {arch} / ut_cpvr tokens/s: \d+\.\d\d$", out, re.M), out
+
+
+def test_train_step_builds_the_cpvr_models_from_the_recipe():
+    """The benchmark's C-PVR models are the recipe's: architecture, experts, hyper-modules,
+    pre-LN, and losses (no label smoothing, ACT 0.01, MIM 0.01 for the SUT only)."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train_step
+
+    arch, kwargs, loss = train_step.recipe_model("sut_cpvr")
+    assert arch == "ut_cpvr" and kwargs["att_experts"] == 8 and kwargs["ffd_topk"] == 2
+    assert kwargs["encoder_normalize_before"] and kwargs["share_all_embeddings"]
+    assert loss == {"criterion": "sut_label_smoothed_cross_entropy", "mim_weight": 0.01,
+                    "act_weight": 0.01, "label_smoothing": 0}
+    arch, kwargs, loss = train_step.recipe_model("hyper_ut_cpvr")
+    assert arch == "hyper_ut_cpvr" and loss["mim_weight"] == 0 and loss["label_smoothing"] == 0
+    model, criterion = train_step.build("hyper_ut_cpvr", 104, 0.5)
+    from sut_fairseq.modules.hyper_module import HyperLinear
+    assert sum(isinstance(m, HyperLinear) for m in model.modules()) == 12  # q k v out fc1 fc2, per side
+    assert criterion.eps == 0 and criterion.act_weight == 0.01
+    _, _, loss = train_step.recipe_model("sut_logic")  # the logic recipe: label smoothing 0.1
+    assert loss["label_smoothing"] == 0.1 and loss["act_weight"] == 0
+
+
 def test_cpu_parallel_runs_the_recipe_both_ways_and_prints_the_ratio():
     out = run("cpu_parallel.py", "--model", "ut-halting", "--updates", "20", "--warmup", "5",
               "--max-tokens", "256")

@@ -69,21 +69,37 @@ def _loop_reference(layer, x, z):
     return y
 
 
-def test_output_is_the_mixture_of_module_outputs_per_example():
-    layer = _layer(M=5)
-    x, z = torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(3, 6, dtype=torch.float64)
+def _assert_same_gradients(y, ref, wrt):
+    w = torch.randn_like(y)
+    for g, g_ref in zip(torch.autograd.grad((y * w).sum(), wrt, retain_graph=True),
+                        torch.autograd.grad((ref * w).sum(), wrt, retain_graph=True)):
+        torch.testing.assert_close(g, g_ref, atol=1e-10, rtol=1e-8)
+
+
+@pytest.mark.parametrize("M, basis", [(3, "modules"), (5, "generator")])  # d_e = 4
+def test_output_is_the_mixture_of_module_outputs_per_example(M, basis):
+    layer = _layer(M=M)
+    assert layer.basis == basis  # the factoring of W with min(M, d_e) terms
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(3, 6, dtype=torch.float64, requires_grad=True)
+    y, ref = layer(x, z), _loop_reference(layer, x, z[:, None, :].expand(3, 4, 6))
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    _assert_same_gradients(y, ref, [x, z, *layer.parameters()])
     with torch.no_grad():
-        ref = _loop_reference(layer, x, z[:, None, :].expand(3, 4, 6))
-        torch.testing.assert_close(layer(x, z), ref, atol=1e-5, rtol=1e-5)
         assert not torch.allclose(layer.scores(z)[0], layer.scores(z)[1])  # the mix differs
 
 
-def test_output_is_the_mixture_of_module_outputs_per_token():
-    layer = _layer(M=5)
-    x, z = torch.randn(3, 4, 5, dtype=torch.float64), torch.randn(3, 4, 6, dtype=torch.float64)
-    with torch.no_grad():
-        torch.testing.assert_close(layer(x, z), _loop_reference(layer, x, z), atol=1e-5, rtol=1e-5)
-    layer32 = _layer(M=5).float()
+@pytest.mark.parametrize("M, basis", [(3, "modules"), (5, "generator")])  # d_e = 4
+def test_output_is_the_mixture_of_module_outputs_per_token(M, basis):
+    layer = _layer(M=M)
+    assert layer.basis == basis  # the factoring of W with min(M, d_e) terms
+    x = torch.randn(3, 4, 5, dtype=torch.float64, requires_grad=True)
+    z = torch.randn(3, 4, 6, dtype=torch.float64, requires_grad=True)
+    y, ref = layer(x, z), _loop_reference(layer, x, z)
+    torch.testing.assert_close(y, ref, atol=1e-5, rtol=1e-5)
+    _assert_same_gradients(y, ref, [x, z, *layer.parameters()])  # every input and parameter
+    x, z = x.detach(), z.detach()
+    layer32 = _layer(M=M).float()
     with torch.no_grad():
         torch.testing.assert_close(layer32(x.float(), z.float()),
                                    _loop_reference(layer32, x.float(), z.float()), atol=1e-5, rtol=1e-5)
@@ -268,39 +284,58 @@ def _router(layer, rows):
 def test_macs_of_a_hyper_linear_match_a_hand_count():
     from sut_fairseq.analysis.macs import count_call
 
-    layer = HyperLinear(5, 7, 6, num_modules=3, embed_dim=4, key_dim=2).eval()
-    x, z = torch.randn(2, 9, 5), torch.randn(2, 6)
+    x, z, zt = torch.randn(2, 9, 5), torch.randn(2, 6), torch.randn(2, 9, 6)
+    # M 5 >= d_e 4: the generator basis, coefficients e = s V
+    layer = HyperLinear(5, 7, 6, num_modules=5, embed_dim=4, key_dim=2).eval()
+    assert layer.basis == "generator"
     c = count_call(layer, lambda: layer(x, z))
-    # router: LN 6 + W_r 6·2 + keys 3·2 + values 3·4 = 36 per z
-    assert c.parts["router"] == 2 * 36
+    # router: LN 6 + W_r 6·2 + keys 5·2 + values 5·4 = 48 per z
+    assert c.parts["router"] == 2 * 48
     assert c.parts["hyper"] == 2 * (4 * 7 * 5 + 7 * 5)  # generator + g, per sentence
     assert c.other == 18 * (35 + 7)  # x Wᵀ + b per token (category of a standalone layer)
-    assert c.total == 2 * 36 + 2 * 175 + 18 * (35 + 7)
-    zt = torch.randn(2, 9, 6)
+    assert c.total == 2 * 48 + 2 * 175 + 18 * (35 + 7)
     c = count_call(layer, lambda: layer(x, zt))
-    assert c.parts["router"] == 18 * 36
+    assert c.parts["router"] == 18 * 48
     assert c.parts["hyper"] == 18 * (5 * 4 * 7 + 4 * 7)  # d_e-fold projection + contraction
-    assert c.total == 18 * 36 + 18 * (140 + 28) + 18 * (35 + 7)
+    assert c.total == 18 * 48 + 18 * (140 + 28) + 18 * (35 + 7)
+    # M 3 < d_e 4: the module basis, W^(m) = G V_m composed once per call (3·4·7·5 = 420),
+    # coefficients s: the router computes no e = s V
+    layer = HyperLinear(5, 7, 6, num_modules=3, embed_dim=4, key_dim=2).eval()
+    assert layer.basis == "modules"
+    c = count_call(layer, lambda: layer(x, z))
+    assert c.parts["router"] == 2 * (6 + 12 + 6)
+    assert c.parts["hyper"] == 420 + 2 * (3 * 7 * 5 + 7 * 5)  # W^(m); Σ_m s_m W^(m) + g, per sentence
+    assert c.total == 2 * 24 + 420 + 2 * 140 + 18 * (35 + 7)
+    c = count_call(layer, lambda: layer(x, zt))
+    assert c.parts["router"] == 18 * (6 + 12 + 6)
+    assert c.parts["hyper"] == 420 + 18 * (5 * 3 * 7 + 3 * 7)  # W^(m); 3-fold projection + contraction
+    assert c.total == 18 * 24 + 420 + 18 * 126 + 18 * (35 + 7)
 
 
-def test_macs_of_the_hyper_encoder_and_decoder_match_a_hand_count():
+@pytest.mark.parametrize("d_e", [2, 5])  # M = 3: the generator basis, the module basis
+def test_macs_of_the_hyper_encoder_and_decoder_match_a_hand_count(d_e):
     from sut_fairseq.analysis.macs import count_call
 
     torch.manual_seed(0)
     model = make_model("hyper_ut_cpvr", dict_size=40, encoder_embed_dim=8, decoder_embed_dim=8,
                        att_heads=2, att_head_dim=3, ffd_hidden_dim=10, encoder_layers=2,
-                       decoder_layers=3, hyper_modules=3, hyper_embed_dim=2, hyper_key_dim=5,
+                       decoder_layers=3, hyper_modules=3, hyper_embed_dim=d_e, hyper_key_dim=5,
                        encoder_halting="none", decoder_halting="none")
-    S, T, d, inner, D_ff, H, Dh, Le, Ld, d_e = 4, 3, 8, 6, 10, 2, 3, 2, 3, 2
+    S, T, d, inner, D_ff, H, Dh, Le, Ld, M = 4, 3, 8, 6, 10, 2, 3, 2, 3, 3
     src = torch.randint(4, 40, (1, S))
     prev = torch.randint(4, 40, (1, T))
     maps = [(d, inner), (d, inner), (d, inner), (inner, d), (d, D_ff), (D_ff, d)]  # q k v o fc1 fc2
-    router = d + d * 5 + 3 * 5 + 3 * d_e  # LN, W_r, keys, values per example embedding
+    modules = M < d_e
+    r = M if modules else d_e  # terms of W's factoring
+    # per example embedding: LN, W_r, keys (and the mixture e = s V in the generator basis)
+    router = d + d * 5 + M * 5 + (0 if modules else M * d_e)
+    # per call: the module matrices W^(m) = G V_m (module basis only)
+    compose = sum(M * d_e * d_o * d_i for d_i, d_o in maps) if modules else 0
     per_token = [(d_i * d_o + d_o) for d_i, d_o in maps]
 
     enc = count_call(model, lambda: model.encoder(src))
     assert enc.parts["router"] == Le * 6 * router
-    assert enc.parts["hyper"] == Le * sum(d_e * d_o * d_i + d_o * d_i for d_i, d_o in maps)
+    assert enc.parts["hyper"] == Le * (compose + sum(r * d_o * d_i + d_o * d_i for d_i, d_o in maps))
     assert enc.parts["att_proj"] == Le * S * (per_token[0] + per_token[3])
     assert enc.parts["kv"] == Le * S * (per_token[1] + per_token[2])
     assert enc.parts["ffd"] == Le * S * (per_token[4] + per_token[5])
@@ -312,7 +347,7 @@ def test_macs_of_the_hyper_encoder_and_decoder_match_a_hand_count():
         enc_out = model.encoder(src)
     dec = count_call(model, lambda: model.decoder(prev, enc_out))
     assert dec.parts["router"] == Ld * 6 * T * router
-    assert dec.parts["hyper"] == Ld * T * sum(d_i * d_e * d_o + d_e * d_o for d_i, d_o in maps)
+    assert dec.parts["hyper"] == Ld * (compose + T * sum(d_i * r * d_o + r * d_o for d_i, d_o in maps))
     assert dec.parts["ffd"] == Ld * T * (per_token[4] + per_token[5])
 
 

@@ -37,14 +37,17 @@ LayerNorm 1 per element, activations, dropout and residual adds 0):
   their LayerNorms as all LayerNorms below. A static count turns exits off, and a model
   whose rule never exits (P = 0 or S = 0) evaluates no off-ramp;
 * hyper-modules (``--hyper-modules``, docs/hyper_ut.md), per call of a component
-  d_in -> d_out with M modules, embeddings d_e, keys d_k, over rows of width d: the router
-  per example embedding z (LN d + W_r d·d_k + logits M·d_k + mixture M·d_e, category
-  ``router``); per example (encoder: one z per sentence and step) the generator
-  d_e·d_out·d_in + d_out·d_in (category ``hyper``) and per token x Wᵀ + b, d_in·d_out +
-  d_out (under the component's category: ``att_proj`` for q and out, ``kv`` for k and v,
-  ``ffd`` for the FFN maps); per token (decoder: one z per token and step) the d_e-fold
-  projection d_in·d_e·d_out and the contraction with e, d_e·d_out (``hyper``), plus
-  g x + b, d_in·d_out + d_out (component's category). Every row runs (halted and padding
+  d_in -> d_out with M modules, embeddings d_e, keys d_k, over rows of width d, in the
+  basis of r = min(M, d_e) matrices the layer uses: with M < d_e the M module matrices,
+  composed once per call, M·d_e·d_out·d_in (category ``hyper``), and coefficients s;
+  otherwise the d_e generator matrices and coefficients e = s V. The router per example
+  embedding z (LN d + W_r d·d_k + logits M·d_k, + mixture M·d_e for the generator basis,
+  category ``router``); per example (encoder: one z per sentence and step) the composition
+  r·d_out·d_in + d_out·d_in (``hyper``) and per token x Wᵀ + b, d_in·d_out + d_out (under
+  the component's category: ``att_proj`` for q and out, ``kv`` for k and v, ``ffd`` for the
+  FFN maps); per token (decoder: one z per token and step) the r-fold projection
+  d_in·r·d_out and the contraction r·d_out (``hyper``), plus g x + b, d_in·d_out + d_out
+  (component's category). Every row runs (halted and padding
   rows too, their outputs discarded), so dynamic counts count them all. The hyper
   self-attention's core as MoMHA's with k = 1 over all its query rows;
 * chunk-wise recurrence (``--encoder-chunk-size`` / ``--decoder-chunk-size``,
@@ -95,7 +98,7 @@ CATEGORY_NAMES = {"ffd": "FFD experts", "att_proj": "attention q/o projections",
                   "kv": "attention K/V", "att_core": "attention logits/softmax/sum + relative",
                   "router": "routers", "halting": "halting unit",
                   "offramp": "early-exit off-ramp projections",
-                  "hyper": "hyper-module weight composition (generator / d_e-fold projection)",
+                  "hyper": "hyper-module weight composition (generator / r-fold projection, r = min(M, d_e))",
                   "memory": "chunk memory: read attention, update blocks",
                   "other":
                   "other (dense linear layers, output projection, LayerNorm)"}
@@ -224,24 +227,28 @@ def offramp_hook(module, inputs, output) -> None:
     _add(module, "offramp", (x.numel() // x.size(-1)) * weight.numel())
 
 
-def hyper_router_macs(layer, rows: int) -> int:
-    """Router of a HyperLinear on ``rows`` example embeddings: LN + W_r + logits + mixture."""
+def hyper_router_macs(layer, rows: int, mixture: bool = True) -> int:
+    """Router of a HyperLinear on ``rows`` example embeddings: LN + W_r + logits, and the
+    mixture e = s V unless the layer contracts with s itself (``mixture=False``)."""
     router = layer.router
     ctx, d_k = router.query.in_features, router.query.out_features
     M, d_e = layer.num_modules, layer.embed_dim
-    return rows * (ctx + ctx * d_k + M * d_k + M * d_e)
+    return rows * (ctx + ctx * d_k + M * d_k + (M * d_e if mixture else 0))
 
 
 def hyper_linear_macs(layer, x_shape, z_shape) -> Dict[str, int]:
     """MACs of one HyperLinear call, by category (see the module docstring)."""
-    d_in, d_out, d_e = layer.in_dim, layer.out_dim, layer.embed_dim
+    d_in, d_out, d_e, M = layer.in_dim, layer.out_dim, layer.embed_dim, layer.num_modules
     rows = math.prod(x_shape[:-1])
     contexts = math.prod(z_shape[:-1])
-    out = {"router": hyper_router_macs(layer, contexts)}
+    modules = layer.basis == "modules"  # W^(m) = G V_m composed once, coefficients s (no e)
+    r = M if modules else d_e
+    out = {"router": hyper_router_macs(layer, contexts, mixture=not modules),
+           "hyper": M * d_e * d_out * d_in if modules else 0}
     if len(z_shape) == len(x_shape) - 1:  # per example: compose (B, d_out, d_in), then x Wᵀ + b
-        out["hyper"] = contexts * (d_e * d_out * d_in + d_out * d_in)
-    else:  # per token: x [G^(1) .. G^(d_e)], contraction with e; then g x + b
-        out["hyper"] = rows * (d_in * d_e * d_out + d_e * d_out)
+        out["hyper"] += contexts * (r * d_out * d_in + d_out * d_in)
+    else:  # per token: x [B_1 .. B_r], contraction with the coefficients; then g x + b
+        out["hyper"] += rows * (d_in * r * d_out + r * d_out)
     out[layer.category] = out.get(layer.category, 0) + rows * (d_in * d_out + d_out)
     return out
 

@@ -15,11 +15,17 @@ reshaped (d_out, d_in), i.e. G^(j); g_c as ``generator_bias`` (d_out, d_in).
 
 Two applications:
 
+W has two exact factorings, ``Σ_m s_m W^(m) + g_c`` over the M module matrices and
+``Σ_j e_j G^(j) + g_c`` over the d_e generator matrices; every application takes the one
+with fewer terms, r = min(M, d_e) (``basis``): ``"modules"`` when M < d_e (the M module
+matrices composed once per call, coefficients s, no mixture e), else ``"generator"``
+(coefficients e = s V).
+
 * per example (encoder), z (B, d): one weight set per sentence, materialised as
-  (B, d_out, d_in); x (B, T, d_in) -> (B, T, d_out).
+  (B, d_out, d_in) from the r basis matrices; x (B, T, d_in) -> (B, T, d_out).
 * per token (decoder), z (..., d) one per row of x (..., d_in): no per-token matrix;
-  ``y = Σ_j e_j (G^(j) x) + g_c x + b_c``, one GEMM of x with [G^(1); ..; G^(d_e)]
-  (d_e·d_out rows) and a contraction with e.
+  ``y = Σ_i c_i (B_i x) + g_c x + b_c`` over the basis B_1..B_r with coefficients c, one
+  GEMM of x with [B_1; ..; B_r] (r·d_out rows) and a contraction with c.
 """
 import math
 
@@ -57,7 +63,8 @@ class HyperRouter(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         scale = 1.0 / (self.temperature * math.sqrt(self.keys.size(1)))  # 1 / (τ √d_k)
         logits = F.linear(self.query(self.norm(z)), self.keys) * scale
-        return logits.float().softmax(-1).to(z.dtype)
+        # at least fp32 (fp64 stays fp64)
+        return logits.softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(z.dtype)
 
 
 class HyperLinear(nn.Module):
@@ -101,24 +108,48 @@ class HyperLinear(nn.Module):
         """W^(m) = reshape(G V_m), (M, d_out, d_in) (for tests and analysis)."""
         return torch.einsum("me,eoi->moi", self.values, self.generator)
 
+    @property
+    def basis(self) -> str:
+        """``"modules"`` when M < d_e, else ``"generator"``: the factoring of W with
+        r = min(M, d_e) terms (module docstring)."""
+        return "modules" if self.num_modules < self.embed_dim else "generator"
+
+    def coefficients_and_basis(self, z: torch.Tensor):
+        """(c (N, r), basis (r, d_out, d_in)) with W = Σ_i c_i basis_i + g for each row of
+        z (N, d): (s, W^(1..M)) or (e, G^(1..d_e)), see ``basis``."""
+        if self.basis == "modules":
+            return self.scores(z), self.module_weights().to(z.dtype)
+        return self.mixture(z), self.generator
+
+    def compose_transposed(self, z: torch.Tensor) -> torch.Tensor:
+        """Per-example weights, transposed: Wᵀ = Σ_i c_i basis_iᵀ + gᵀ, z (B, d) ->
+        (B, d_in, d_out) contiguous, as one product [c, 1] · [basisᵀ; gᵀ] (g's term folded
+        in, and the transposes taken on the r + 1 small matrices: no extra pass over the
+        (B, d_in, d_out) weights for the addition, the layout or their gradients)."""
+        coeff, basis = self.coefficients_and_basis(z)
+        coeff = torch.cat([coeff, coeff.new_ones(coeff.size(0), 1)], 1)  # (B, r + 1)
+        basis = torch.cat([basis, self.generator_bias.to(basis.dtype)[None]])  # (r + 1, d_out, d_in)
+        return torch.mm(coeff, basis.transpose(1, 2).reshape(basis.size(0), -1)).view(
+            -1, self.in_dim, self.out_dim)
+
     def compose(self, z: torch.Tensor) -> torch.Tensor:
-        """Per-example weights W = reshape(G e + g): z (B, d) -> (B, d_out, d_in)."""
-        e = self.mixture(z)
-        W = torch.matmul(e, self.generator.view(self.embed_dim, -1))
-        return W.view(-1, self.out_dim, self.in_dim) + self.generator_bias
+        """Per-example weights W = Σ_i c_i basis_i + g: z (B, d) -> (B, d_out, d_in)."""
+        return self.compose_transposed(z).transpose(1, 2)
 
     def apply_per_example(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
         """x (B, T, d_in), z (B, d) -> x W_bᵀ + b (B, T, d_out), one W_b per row b."""
-        W = self.compose(z)
-        return torch.baddbmm(self.bias, x, W.transpose(1, 2))
+        return torch.baddbmm(self.bias, x, self.compose_transposed(z))
 
     def apply_per_token(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """x (..., d_in), z (..., d) -> (..., d_out): y = Σ_j e_j G^(j) x + g x + b."""
+        """x (..., d_in), z (..., d) -> (..., d_out): y = Σ_i c_i basis_i x + g x + b
+        (= Σ_m s_m W^(m) x + g x + b): the GEMM x (N, d_in) · basis (r·d_out, d_in)ᵀ ->
+        (N, r, d_out), then the contraction with the coefficients c (N, r)."""
         shape = x.shape[:-1]
         x2 = x.reshape(-1, self.in_dim)
-        e = self.mixture(z.reshape(-1, z.size(-1)))  # (N, d_e)
-        proj = F.linear(x2, self.generator.view(self.embed_dim * self.out_dim, self.in_dim))
-        y = torch.bmm(e.unsqueeze(1), proj.view(-1, self.embed_dim, self.out_dim)).squeeze(1)
+        coeff, basis = self.coefficients_and_basis(z.reshape(-1, z.size(-1)))
+        r = basis.size(0)
+        proj = F.linear(x2, basis.reshape(r * self.out_dim, self.in_dim))
+        y = torch.bmm(coeff.unsqueeze(1), proj.view(-1, r, self.out_dim)).squeeze(1)
         y = y + F.linear(x2, self.generator_bias, self.bias)
         return y.view(*shape, self.out_dim)
 
