@@ -43,7 +43,9 @@ relative to the transformer's. The same bound is printed for the SUT with every 
 run, the regime of the recipe's training (its halting units start at â = 0.047 and it runs
 11.9-12 of 12 encoder steps): the most R can be there at equal MAC throughput.
 
-    python benchmarks/train_step.py --preset logic [--threads 1 2] [--repeats 5]
+    python benchmarks/train_step.py --preset logic [--threads 1 2] [--repeats 5] [--bf16]
+
+(``--bf16``: both models with parameters and activations in bfloat16, as fairseq's --bf16.)
 
 ``--preset cpvr``: the three models of the C-PVR recipe (``configs/cpvr``: ``ut_cpvr`` the
 dense UT, ``sut_cpvr`` the SUT of the same active size, ``hyper_ut_cpvr`` Hyper-UT), pre-LN
@@ -383,15 +385,16 @@ def main_logic(args):
     archs = args.arch or LOGIC_MODELS
     print(f"torch {torch.__version__}; logic batch: {sample['nsentences']} pairs, {src_tokens} "
           f"source tokens (padded {tuple(sample['net_input']['src_tokens'].shape)}), "
-          f"{tokens} target tokens; vocabulary {vocab}")
+          f"{tokens} target tokens; vocabulary {vocab}; {'bf16' if args.bf16 else 'fp32'}")
     both = {"sut_logic", "transformer"} <= set(archs)
     mac_ratio = logic_mac_ratio(sample, vocab, args.halting_bias) if both else None
+    dtype = torch.bfloat16 if args.bf16 else torch.float32
     for threads in args.threads:
         torch.set_num_threads(threads)
         steps_log = []
         speed = {}
         for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
-                                  steps_log).items():
+                                  steps_log, dtype=dtype).items():
             speed[arch] = src_tokens / t
             print(f"[{threads} thread{'s' if threads > 1 else ''}] {arch:12s} {1e3 * t:8.1f} ms/step "
                   f"{speed[arch]:9.0f} source tokens/s", flush=True)
@@ -447,7 +450,7 @@ def main():
     parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
                         help="wmt: where to run (cuda: the Triton expert kernels)")
     parser.add_argument("--bf16", action="store_true",
-                        help="wmt: parameters and activations in bfloat16 (fairseq's --bf16)")
+                        help="wmt, logic: parameters and activations in bfloat16 (fairseq's --bf16)")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="wmt: after the timing, profile one step per model and print its N "
                              "most expensive operations (0: no profile)")

@@ -52,6 +52,13 @@ def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
     assert re.search(r"^\[1 thread\] sut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
 
 
+def test_train_step_logic_runs_in_bfloat16():
+    out = run("train_step.py", "--preset", "logic", "--logic-tokens", "120", "--repeats", "1",
+              "--threads", "1", "--bf16")
+    assert re.search(r"^torch .*; logic batch: .*; bf16$", out, re.M), out
+    assert re.search(r"^\[1 thread\] sut_logic / transformer tokens/s: \d+\.\d\d ", out, re.M), out
+
+
 def test_train_step_cpvr_prints_every_model_and_both_ratios():
     out = run("train_step.py", "--preset", "cpvr", "--logic-tokens", "170", "--repeats", "1",
               "--threads", "1")
