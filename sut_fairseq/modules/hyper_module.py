@@ -13,16 +13,15 @@ Since G_c is linear, ``W = Σ_m s_m W^(m) + g_c`` with ``W^(m) = reshape(G_c V_c
 G_c is stored as ``generator`` (d_e, d_out, d_in): ``generator[j]`` is column j of G_c
 reshaped (d_out, d_in), i.e. G^(j); g_c as ``generator_bias`` (d_out, d_in).
 
-Two applications:
-
 W has two exact factorings, ``Σ_m s_m W^(m) + g_c`` over the M module matrices and
 ``Σ_j e_j G^(j) + g_c`` over the d_e generator matrices; every application takes the one
 with fewer terms, r = min(M, d_e) (``basis``): ``"modules"`` when M < d_e (the M module
 matrices composed once per call, coefficients s, no mixture e), else ``"generator"``
-(coefficients e = s V).
+(coefficients e = s V). Two applications:
 
-* per example (encoder), z (B, d): one weight set per sentence, materialised as
-  (B, d_out, d_in) from the r basis matrices; x (B, T, d_in) -> (B, T, d_out).
+* per example (encoder), z (B, d): one weight set per sentence, materialised (transposed,
+  (B, d_in, d_out)) from the r basis matrices and g in one product; x (B, T, d_in) ->
+  (B, T, d_out) with one batched GEMM.
 * per token (decoder), z (..., d) one per row of x (..., d_in): no per-token matrix;
   ``y = Σ_i c_i (B_i x) + g_c x + b_c`` over the basis B_1..B_r with coefficients c, one
   GEMM of x with [B_1; ..; B_r] (r·d_out rows) and a contraction with c.
@@ -105,7 +104,7 @@ class HyperLinear(nn.Module):
         return torch.matmul(self.scores(z), self.values.to(z.dtype))
 
     def module_weights(self) -> torch.Tensor:
-        """W^(m) = reshape(G V_m), (M, d_out, d_in) (for tests and analysis)."""
+        """W^(m) = reshape(G V_m), (M, d_out, d_in): the module basis."""
         return torch.einsum("me,eoi->moi", self.values, self.generator)
 
     @property
