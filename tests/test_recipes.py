@@ -13,7 +13,7 @@ from sut_fairseq.recipes import (RecipeError, add_stage_arguments, flag_value, f
                                  load_json, load_results, merge_flags, run, run_stages,
                                  selected_stages, write_json_atomic)
 from sut_fairseq.recipes import scoring
-from sut_fairseq.recipes.runs import RunDir
+from sut_fairseq.recipes.runs import RunDir, resume_command
 from sut_fairseq.recipes.summary import format_mean_std, line_plot, markdown_table, mean_std
 from sut_fairseq.recipes.train_log import best_valid, parse_train_log
 
@@ -144,6 +144,28 @@ def test_run_dir_skips_what_is_done_and_resumes(tmp_path, capsys):
     assert not run_dir.needs_evaluation() and run_dir.needs_evaluation(force=True)
     assert run_dir.train(command, force=True) is not None  # --force: the run from scratch
     assert not os.path.exists(run_dir.result) and open(run_dir.train_log).read() == "trained\n"
+
+
+def test_a_resumed_run_continues_from_its_own_checkpoint(tmp_path, capsys):
+    """A first call that starts from another run's checkpoint (--restore-file X and the
+    resets) must not restart from X when the same command is run again: fairseq would load
+    X in place of the run's own checkpoint_last.pt."""
+    command = [sys.executable, "-c", "import sys; print(' '.join(sys.argv[1:]))",
+               "--lr", "2e-4", "--restore-file", "other/checkpoint_last.pt", "--reset-optimizer",
+               "--reset-lr-scheduler", "--finetune-from-model=x.pt", "--reset-dataloader",
+               "--reset-meters", "--max-update", "20"]
+    run_dir = RunDir(str(tmp_path / "run"), "== run")
+    assert run_dir.train(command) is not None  # first call: everything passed on
+    assert open(run_dir.train_log).read().split() == command[3:]
+    os.makedirs(run_dir.save_dir)
+    open(os.path.join(run_dir.save_dir, "checkpoint_last.pt"), "wb").close()
+    assert run_dir.train(command) is not None  # resumed: the first call's options dropped
+    assert open(run_dir.train_log).read().splitlines()[-1].split() == ["--lr", "2e-4", "--max-update", "20"]
+    out = capsys.readouterr().out
+    assert ("resuming from checkpoints/checkpoint_last.pt (dropped --restore-file "
+            "other/checkpoint_last.pt --reset-optimizer --reset-lr-scheduler "
+            "--finetune-from-model=x.pt --reset-dataloader --reset-meters") in out
+    assert resume_command(["a", "--reset-meters-x", "b"]) == (["a", "--reset-meters-x", "b"], [])
 
 
 def test_results_and_summary_helpers(tmp_path):

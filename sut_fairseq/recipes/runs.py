@@ -44,7 +44,10 @@ class RunDir:
             return None
         os.makedirs(self.dir, exist_ok=True)
         if os.path.exists(os.path.join(self.save_dir, "checkpoint_last.pt")):
-            print("   resuming from checkpoints/checkpoint_last.pt", flush=True)
+            command, dropped = resume_command(command)
+            print("   resuming from checkpoints/checkpoint_last.pt"
+                  + (f" (dropped {' '.join(dropped)}: they set up the first call)" if dropped else ""),
+                  flush=True)
         start = time.time()
         run(command, self.train_log, append=True)
         return time.time() - start
@@ -84,6 +87,37 @@ class RunDir:
         if cleanup:
             self.cleanup()
         print(f"   -> {self.result}", flush=True)
+
+
+# fairseq-train options that start a run from someone else's checkpoint: right on the first
+# call, wrong on a resumed one (fairseq loads --restore-file X in place of the run's own
+# checkpoint_last.pt, and the resets would restart the schedule and the data order).
+_FIRST_CALL_VALUED = ("--restore-file", "--finetune-from-model")
+_FIRST_CALL_FLAGS = ("--reset-optimizer", "--reset-lr-scheduler", "--reset-dataloader",
+                     "--reset-meters")
+
+
+def resume_command(command: Sequence[str]):
+    """``command`` without the options that only belong to a run's first call
+    (``--restore-file X``, ``--finetune-from-model X``, ``--reset-*``), so that a resumed
+    fairseq-train continues from the run's own ``checkpoint_last.pt``. Returns (the command,
+    the dropped words)."""
+    kept, dropped, words = [], [], list(command)
+    i = 0
+    while i < len(words):
+        word = words[i]
+        name = word.split("=", 1)[0]
+        if name in _FIRST_CALL_VALUED:
+            takes_next = "=" not in word and i + 1 < len(words)
+            dropped += words[i:i + 1 + takes_next]
+            i += 1 + takes_next
+            continue
+        if word in _FIRST_CALL_FLAGS:
+            dropped.append(word)
+        else:
+            kept.append(word)
+        i += 1
+    return kept, dropped
 
 
 def train_grid_run(grid, args, model: str, seed: int, run_dir: RunDir) -> None:
