@@ -76,13 +76,15 @@ def test_spearman_on_exact_examples():
     assert summarize.spearman([1], [2.0]) is None
 
 
-def _result(work, model, label, seed, accuracy, depth):
+def _result(work, model, label, seed, accuracy, depth, decoder_depth=None):
     path = work / model / f"seed{seed}"
     path.mkdir(parents=True)
-    (path / "result.json").write_text(json.dumps({
-        "model": model, "label": label, "seed": seed, "params": 1000, "updates": 50, "max_steps": 16,
-        "accuracy": {str(n): a for n, a in enumerate(accuracy, 1)},
-        "encoder_depth": {str(n): d for n, d in enumerate(depth, 1)}}))
+    result = {"model": model, "label": label, "seed": seed, "params": 1000, "updates": 50, "max_steps": 16,
+              "accuracy": {str(n): a for n, a in enumerate(accuracy, 1)},
+              "encoder_depth": {str(n): d for n, d in enumerate(depth, 1)}}
+    if decoder_depth is not None:
+        result["decoder_depth"] = {str(n): d for n, d in enumerate(decoder_depth, 1)}
+    (path / "result.json").write_text(json.dumps(result))
 
 
 def test_report_averages_seeds_and_sets_models_beside_the_baselines(tmp_path):
@@ -92,9 +94,11 @@ def test_report_averages_seeds_and_sets_models_beside_the_baselines(tmp_path):
                      "capped_4": 1.0 if n <= 4 else 0.01} for n in range(1, 10)}
     (data / "baselines.json").write_text(json.dumps({"majority_label": 17, "capped_hops": 4, "hops": hops}))
     rising = [2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 7.5, 8.0, 8.0]
-    _result(work, "hyper-ut", "Hyper-UT", 1, [100.0] * 4 + [40.0] * 5, rising)
-    _result(work, "hyper-ut", "Hyper-UT", 2, [98.0] * 4 + [20.0] * 5, rising)
-    _result(work, "ut", "UT", 1, [90.0] * 9, [16.0] * 9)
+    # the decoder's depth as Hyper-UT's at 10,000 updates: rising to hop 5, falling after
+    decoder = [1.15, 2.28, 2.94, 3.25, 3.27, 3.17, 3.10, 3.04, 3.00]
+    _result(work, "hyper-ut", "Hyper-UT", 1, [100.0] * 4 + [40.0] * 5, rising, decoder)
+    _result(work, "hyper-ut", "Hyper-UT", 2, [98.0] * 4 + [20.0] * 5, rising, decoder)
+    _result(work, "ut", "UT", 1, [90.0] * 9, [16.0] * 9)  # no decoder depth: no decoder row
     text = summarize.summarize(str(work), str(data))
     lines = text.splitlines()
     assert lines.index(next(l for l in lines if l.startswith("| UT |"))) < \
@@ -102,9 +106,17 @@ def test_report_averages_seeds_and_sets_models_beside_the_baselines(tmp_path):
     assert "| Hyper-UT | 1,000 | 50/50 | 99.0 | 99.0 | 99.0 | 99.0 | 30.0 | 30.0 |" in text
     assert "| *solver capped at 4 hops* | – | – | *100.0* | *100.0* | *100.0* | *100.0* | *1.0* |" in text
     assert "| *copy a[0]* | – | – | *100.0* | *10.0* |" in text
-    assert "| Hyper-UT | 16 | 2.00 | 3.00 |" in text and text.splitlines()[-1].endswith("| 1.00 |")
+    assert "| Hyper-UT | encoder | 16 | 2.00 | 3.00 |" in text
+    depth_rows = [l for l in lines if l.startswith(("| UT |", "| Hyper-UT |")) and "| 16 |" in l]
+    assert [l.split(" | ")[1] for l in depth_rows] == ["encoder", "encoder", "decoder"]
+    assert depth_rows[1].endswith("| 1.00 |")
+    # decoder ranks 1 2 3 5 6 4 over hops 1-6: rho = 1 - 6 * (1 + 1 + 4) / (6 * 35) = 0.829
+    assert depth_rows[2].startswith("| Hyper-UT | decoder | 16 | 1.15 | 2.28 |") and depth_rows[2].endswith("| 0.83 |")
     summary = json.load(open(work / "hops.json"))
-    assert summary["models"]["ut"]["depth_spearman_1_6"] is None  # constant depth
+    assert summary["models"]["ut"]["encoder_depth_spearman_1_6"] is None  # constant depth
+    assert summary["models"]["ut"]["decoder_depth_spearman_1_6"] is None  # not reported
+    assert summary["models"]["hyper-ut"]["decoder_depth_spearman_1_6"] == pytest.approx(1 - 36 / 210)
+    assert summary["models"]["hyper-ut"]["decoder_depth"]["3"][0] == pytest.approx(2.94)
     assert summary["models"]["hyper-ut"]["accuracy"]["5"][:2] == [30.0, pytest.approx(14.142, abs=1e-3)]
     for name in ("accuracy.png", "depth.png"):
         assert (work / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -8,8 +8,10 @@ Reads ``WORK/MODEL/seedN/result.json`` (``hops.py``'s evaluate stage) and
 ``DATA/baselines.json`` (``data-prep/cpvr/generate.py``); writes, atomically,
 ``WORK/hops.md`` (the table), ``WORK/hops.json`` (the same numbers),
 ``WORK/accuracy.png`` (accuracy per hop, with the capped solver and the first-or-last shortcut) and ``WORK/depth.png``
-(mean executed encoder steps per hop). Seeds are averaged. Spearman's rho between the hop
-count and the mean depth over hops 1-6 says whether the depth rises with the hops.
+(mean executed encoder and decoder steps per hop). Seeds are averaged. Spearman's rho between
+the hop count and the mean depth over hops 1-6, per side, says whether the depth rises with
+the hops (the decoder's counts too: a model may do its retrieval in the decoder's
+cross-attention, its encoder halting after one step).
 """
 import os
 import sys
@@ -49,9 +51,14 @@ def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
     return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
 
 
+#: The two halting sides a result.json reports a mean depth per hop for.
+SIDES = ("encoder", "decoder")
+
+
 def collect(work_dir: str) -> "OrderedDict[str, Dict]":
-    """Per model (in the grid's order): label, seeds, params, updates and the seed means
-    of accuracy and encoder depth per hop."""
+    """Per model (in the grid's order): label, seeds, params, updates, the seed means of
+    accuracy and of each side's depth per hop (``encoder_depth``, ``decoder_depth``), and
+    each side's Spearman rho over hops 1-6 (``encoder_depth_spearman_1_6``, ...)."""
     results = load_results(work_dir, ["model", "accuracy", "encoder_depth"],
                            pattern=os.path.join("*", "seed*", "result.json"))
     models: "OrderedDict[str, Dict]" = OrderedDict()
@@ -66,12 +73,14 @@ def collect(work_dir: str) -> "OrderedDict[str, Dict]":
             "max_steps": runs[0].get("max_steps"),
             "accuracy": {n: mean_std([r["accuracy"][str(n)] for r in runs if str(n) in r["accuracy"]])
                          for n in hops},
-            "depth": {n: mean_std([r["encoder_depth"][str(n)] for r in runs
-                                   if r["encoder_depth"].get(str(n)) is not None]) for n in hops},
         }
-        depth_hops = [n for n in recipe.DEPTH_HOPS if models[name]["depth"].get(n)]
-        models[name]["depth_spearman_1_6"] = spearman(
-            depth_hops, [models[name]["depth"][n][0] for n in depth_hops])
+        for side in SIDES:
+            key = f"{side}_depth"
+            depth = {n: mean_std([r[key][str(n)] for r in runs
+                                  if r.get(key, {}).get(str(n)) is not None]) for n in hops}
+            depth_hops = [n for n in recipe.DEPTH_HOPS if depth.get(n)]
+            models[name][key] = depth
+            models[name][f"{key}_spearman_1_6"] = spearman(depth_hops, [depth[n][0] for n in depth_hops])
     return models
 
 
@@ -101,21 +110,24 @@ def summarize(work_dir: str, data_dir: str) -> str:
     accuracy_table = markdown_table(header, rows)
 
     depth_rows = []
-    for m in models.values():
-        rho = m["depth_spearman_1_6"]
-        depth_rows.append([m["label"], str(m["max_steps"] or "–")]
-                          + [("–" if m["depth"].get(n) is None else f"{m['depth'][n][0]:.2f}") for n in hops]
-                          + ["–" if rho is None else f"{rho:.2f}"])
-    depth_table = markdown_table(["model", "L"] + [f"hop {n}" for n in hops] + ["Spearman ρ (hops 1–6)"],
-                                 depth_rows)
+    for side in SIDES:
+        for m in models.values():
+            depth, rho = m[f"{side}_depth"], m[f"{side}_depth_spearman_1_6"]
+            if not any(depth.values()):
+                continue
+            depth_rows.append([m["label"], side, str(m["max_steps"] or "–")]
+                              + [("–" if depth.get(n) is None else f"{depth[n][0]:.2f}") for n in hops]
+                              + ["–" if rho is None else f"{rho:.2f}"])
+    depth_table = markdown_table(["model", "side", "L"] + [f"hop {n}" for n in hops]
+                                 + ["Spearman ρ (hops 1–6)"], depth_rows)
     text = ("Accuracy (%, exact label) per hop; trained on hops 1–4:\n\n" + accuracy_table
-            + "\n\nMean executed encoder steps per position, per hop (teacher-forced):\n\n"
-            + depth_table + "\n")
+            + "\n\nMean executed steps per position (encoder) and per target token (decoder), "
+            "per hop (teacher-forced):\n\n" + depth_table + "\n")
 
     write_text_atomic(os.path.join(work_dir, "hops.md"), text)
     write_json_atomic(os.path.join(work_dir, "hops.json"), {
-        "models": {name: {**m, "accuracy": {str(n): v for n, v in m["accuracy"].items()},
-                          "depth": {str(n): v for n, v in m["depth"].items()}}
+        "models": {name: {**m, **{key: {str(n): v for n, v in m[key].items()}
+                                  for key in ("accuracy", "encoder_depth", "decoder_depth")}}
                    for name, m in models.items()},
         "baselines": baselines})
     series = OrderedDict((m["label"], (list(m["accuracy"]), [v[0] for v in m["accuracy"].values()]))
@@ -126,10 +138,11 @@ def summarize(work_dir: str, data_dir: str) -> str:
     line_plot(os.path.join(work_dir, "accuracy.png"), series, "hops", "accuracy (%)",
               "C-PVR accuracy per hop (trained on 1–4)", xticks=hops)
     line_plot(os.path.join(work_dir, "depth.png"),
-              OrderedDict((m["label"], ([n for n in hops if m["depth"].get(n)],
-                                        [m["depth"][n][0] for n in hops if m["depth"].get(n)]))
-                          for m in models.values()),
-              "hops", "mean executed encoder steps", "C-PVR halting depth per hop", xticks=hops)
+              OrderedDict((f"{m['label']} ({side})",
+                           ([n for n in hops if m[f"{side}_depth"].get(n)],
+                            [m[f"{side}_depth"][n][0] for n in hops if m[f"{side}_depth"].get(n)]))
+                          for side in SIDES for m in models.values() if any(m[f"{side}_depth"].values())),
+              "hops", "mean executed steps", "C-PVR halting depth per hop", xticks=hops)
     return text
 
 
