@@ -66,16 +66,6 @@ def test_stage_range_and_unknown_model(tmp_path):
     assert proc.returncode == 2 and "invalid choice: 'lstm'" in proc.stderr
 
 
-def test_spearman_on_exact_examples():
-    assert summarize.ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
-    assert summarize.spearman([1, 2, 3, 4], [1.0, 5.0, 7.0, 9.0]) == pytest.approx(1.0)
-    assert summarize.spearman([1, 2, 3, 4], [9.0, 5.0, 2.0, 1.0]) == pytest.approx(-1.0)
-    # ranks (1, 2, 3) against (1, 3, 2): 1 - 6 * 2 / (3 * 8) = 0.5
-    assert summarize.spearman([1, 2, 3], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
-    assert summarize.spearman([1, 2, 3], [2.0, 2.0, 2.0]) is None
-    assert summarize.spearman([1], [2.0]) is None
-
-
 def _result(work, model, label, seed, accuracy, depth, decoder_depth=None):
     path = work / model / f"seed{seed}"
     path.mkdir(parents=True)

@@ -277,7 +277,18 @@ def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     # the expected depth (seeds averaged) where every result has it; none for the UT's older one
     assert summary["halting_depth"]["sut"]["12"]["encoder_expected"] == pytest.approx(4.5)
     assert summary["halting_depth"]["ut-no-halting"]["7"]["encoder_expected"] is None
-    assert "Expected depth of the encoder" in text and "| SUT | 4.50 |" in text
+    assert "| SUT | encoder, expected | 4.50 |" in text
+    # the rows of Figure 4 with Spearman's rho over buckets 1..12: the executed encoder depth
+    # rises (5.5 + k/4: 1.00), the expected is constant (undefined), the decoder's constant 1.0
+    # (undefined), and no decoder expected row (no result has it)
+    rows = {l.split(" | ")[1]: l for l in text.splitlines() if l.startswith("| SUT | ")}
+    assert rows["encoder, executed"].startswith("| SUT | encoder, executed | 5.50 | 5.75 |")
+    assert rows["encoder, executed"].endswith("| 8.50 | 1.00 |")
+    assert rows["encoder, expected"].endswith("| 4.50 | – |")
+    assert rows["decoder, executed"].endswith("| 1.00 | – |") and "decoder, expected" not in rows
+    assert summary["halting_depth_spearman"]["sut"] == {
+        "encoder": pytest.approx(1.0), "encoder_expected": None, "decoder": None, "decoder_expected": None}
+    assert summary["halting_depth"]["sut"]["3"]["decoder_expected"] is None
     assert summary["rows"]["ut-no-halting"]["halting"] is False and summary["rows"]["sut"]["halting"] is True
     assert (tmp_path / "figure4.png").read_bytes()[:4] == b"\x89PNG"
     # no model with halting: no figure, still a table

@@ -14,7 +14,8 @@ from sut_fairseq.recipes import (RecipeError, add_stage_arguments, flag_value, f
                                  selected_stages, write_json_atomic)
 from sut_fairseq.recipes import scoring
 from sut_fairseq.recipes.runs import RunDir, resume_command
-from sut_fairseq.recipes.summary import format_mean_std, line_plot, markdown_table, mean_std
+from sut_fairseq.recipes.summary import (format_mean_std, line_plot, markdown_table, mean_std, ranks,
+                                         spearman)
 from sut_fairseq.recipes.train_log import best_valid, parse_train_log
 
 
@@ -191,3 +192,13 @@ def test_results_and_summary_helpers(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and oct(png.stat().st_mode & 0o777) != "0o600"
     assert not [p for p in os.listdir(png.parent) if p.endswith(".tmp") or p.startswith(".")]
     assert json.loads((tmp_path / "v" / "s" / "seed1" / "result.json").read_text())["score"] == 70.0
+
+
+def test_spearman_on_exact_examples():
+    assert ranks([3.0, 1.0, 2.0, 2.0]) == [4.0, 1.0, 2.5, 2.5]
+    assert spearman([1, 2, 3, 4], [1.0, 5.0, 7.0, 9.0]) == pytest.approx(1.0)
+    assert spearman([1, 2, 3, 4], [9.0, 5.0, 2.0, 1.0]) == pytest.approx(-1.0)
+    # ranks (1, 2, 3) against (1, 3, 2): 1 - 6 * 2 / (3 * 8) = 0.5
+    assert spearman([1, 2, 3], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
+    assert spearman([1, 2, 3], [2.0, 2.0, 2.0]) is None
+    assert spearman([1], [2.0]) is None

@@ -16,39 +16,13 @@ cross-attention, its encoder halting after one step).
 import os
 import sys
 from collections import OrderedDict
-from typing import Dict, List, Optional, Sequence
+from typing import Dict
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import cpvr_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_json, load_results, write_json_atomic, write_text_atomic  # noqa: E402
-from sut_fairseq.recipes.summary import line_plot, markdown_table, mean_std, summary_main  # noqa: E402
-
-
-def ranks(values: Sequence[float]) -> List[float]:
-    """1-based ranks, ties sharing their mean rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    out = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            out[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return out
-
-
-def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
-    """Spearman's rank correlation (Pearson's r of the ranks); None when undefined
-    (fewer than 2 points or a constant series)."""
-    if len(x) != len(y) or len(x) < 2:
-        return None
-    rx, ry = ranks(x), ranks(y)
-    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
-    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
-    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
-    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+from sut_fairseq.recipes.summary import (line_plot, markdown_table, mean_std, spearman,  # noqa: E402
+                                         summary_main)
 
 
 #: The two halting sides a result.json reports a mean depth per hop for.

@@ -1145,8 +1145,9 @@ def collect_run(stage, model, protocol, run_dir, step, train_log):
                 depth = data.get("halting_depth") or {}
                 run["encoder_mean_depth"] = {k: (v.get("encoder") or {}).get("mean_depth")
                                              for k, v in depth.items()} or None
-            if "encoder_depth" in data:  # C-PVR: {hop: mean executed encoder steps}
-                run["encoder_depth"] = data["encoder_depth"]
+            for side in ("encoder", "decoder"):  # C-PVR: {hop: mean executed steps}
+                if f"{side}_depth" in data:
+                    run[f"{side}_depth"] = data[f"{side}_depth"]
             break
     return run
 

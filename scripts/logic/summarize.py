@@ -10,13 +10,16 @@ A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed
 * Table 5: accuracy (%) per operator count 7..12 (standard protocol) and on the
   compositional splits A/B/C, one row per model, the paper's SUT, LSTM and Transformer rows beneath;
 * the in-distribution buckets 0..6 when they were evaluated;
-* the average encoder halting depth per operator count (teacher-forced, standard protocol),
-  and the expected depth (the ACT loss's summand) where the results have it.
+* the average halting depth per operator count (teacher-forced, standard protocol) of the
+  encoder and of the decoder: the executed steps, and the expected depth (the ACT loss's
+  summand) where the results have it, each row with Spearman's rho against the operator
+  count over 1..12 (bucket 0 holds a handful of pairs): whether the depth rises with the
+  operators, the paper's Figure 4.
 
 Written into ``--out-dir`` (default WORK_DIR), each atomically: ``table5.md`` (the printed
 text), ``table5.json`` (the same numbers) and ``figure4.png`` (paper Figure 4: x = number
-of operators, y = average halting depth of the encoder, one line per model with halting,
-and one per model for its expected depth; matplotlib's Agg backend).
+of operators, y = average halting depth: per model with halting, the executed steps of
+the encoder and of the decoder, and the encoder's expected depth; matplotlib's Agg backend).
 """
 import argparse
 import os
@@ -28,10 +31,17 @@ from typing import Dict, List
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_results as load_all  # noqa: E402
-from sut_fairseq.recipes.summary import line_plot, markdown_table  # noqa: E402
+from sut_fairseq.recipes.summary import line_plot, markdown_table, spearman  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
 IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
+#: the depth quantities of Figure 4: (key in table5.json, the side, result.json's field, row name)
+DEPTHS = (("encoder", "encoder", "mean_depth", "encoder, executed"),
+          ("encoder_expected", "encoder", "mean_expected_depth", "encoder, expected"),
+          ("decoder", "decoder", "mean_depth", "decoder, executed"),
+          ("decoder_expected", "decoder", "mean_expected_depth", "decoder, expected"))
+#: the operator counts Spearman's rho of the depth runs over (bucket 0: 6 test pairs)
+RHO_FROM = 1
 
 
 def load_results(work_dir: str) -> List[Dict]:
@@ -50,7 +60,7 @@ def _order(models):
 def summarize_results(results: List[Dict]) -> Dict:
     """The numbers behind the tables and the figure (the content of table5.json)."""
     acc = defaultdict(lambda: defaultdict(list))      # model -> key -> [accuracy per seed]
-    depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [(enc, dec, enc expected)]
+    depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [{DEPTHS key: value}]
     meta = defaultdict(lambda: {"configs": set(), "params": set(), "seeds": set()})
     for r in results:
         model = r["model"]
@@ -62,8 +72,7 @@ def summarize_results(results: List[Dict]) -> Dict:
             acc[model][key].append(float(scored["accuracy"]))
         if r["protocol"] == "standard" and r.get("halting_depth"):
             for key, d in r["halting_depth"].items():
-                depth[model][key].append((d["encoder"]["mean_depth"], d["decoder"]["mean_depth"],
-                                          d["encoder"].get("mean_expected_depth")))
+                depth[model][key].append({name: d[side].get(field) for name, side, field, _ in DEPTHS})
     rows = {}
     for model in _order(set(acc) | set(meta)):
         cells = {key: {"accuracy": statistics.mean(v), "n": len(v)} for key, v in acc[model].items()}
@@ -72,16 +81,20 @@ def summarize_results(results: List[Dict]) -> Dict:
                        "configs": sorted(meta[model]["configs"]),
                        "params": params[0] if len(params) == 1 else (params or None),
                        "seeds": sorted(meta[model]["seeds"]), "cells": cells}
-    depths = {}
+    depths, rho = {}, {}
     for model in _order(depth):
-        depths[model] = {key: {"encoder": statistics.mean(e for e, _, _ in v),
-                               "decoder": statistics.mean(d for _, d, _ in v),
-                               # None when a result predates the expected depth
-                               "encoder_expected": (None if any(x is None for _, _, x in v)
-                                                    else statistics.mean(x for _, _, x in v)),
-                               "n": len(v)}
+        # a quantity is None in a bucket when one of its results predates it (expected depth)
+        depths[model] = {key: {**{name: (None if any(x[name] is None for x in v)
+                                          else statistics.mean(x[name] for x in v))
+                                  for name, _, _, _ in DEPTHS}, "n": len(v)}
                          for key, v in sorted(depth[model].items(), key=lambda kv: int(kv[0]))}
+        rho[model] = {}
+        for name, _, _, _ in DEPTHS:
+            points = [(int(k), c[name]) for k, c in depths[model].items()
+                      if int(k) >= RHO_FROM and c[name] is not None]
+            rho[model][name] = spearman([k for k, _ in points], [y for _, y in points])
     return {"runs": len(results), "columns": TABLE_KEYS, "rows": rows, "halting_depth": depths,
+            "halting_depth_spearman": rho,
             "paper": {name: {str(k): v for k, v in row.items()}
                       for name, row in recipe.PAPER_TABLE5.items()}}
 
@@ -120,19 +133,22 @@ def format_tables(summary: Dict) -> str:
     depths = summary["halting_depth"]
     if depths:
         keys = sorted({k for d in depths.values() for k in d}, key=int)
-        parts += ["Average halting depth of the encoder (mean over sentences of the mean "
-                  "executed steps per position; teacher-forced; standard protocol)", markdown_table(
-                      ["Model", *keys], [[recipe.label(model)] + [f"{d[k]['encoder']:.2f}" if k in d else "–"
-                                                                  for k in keys] for model, d in depths.items()])]
-        expected = {m: d for m, d in depths.items() if any(c["encoder_expected"] is not None for c in d.values())}
-        if expected:
-            parts += ["Expected depth of the encoder (mean over sentences of the positions' "
-                      "Σ_l l · w_l, the ACT loss's summand: where the halting weights put the depth, "
-                      "also when every step runs)", markdown_table(
-                          ["Model", *keys], [[recipe.label(model)] + [
-                              "–" if d.get(k, {}).get("encoder_expected") is None
-                              else f"{d[k]['encoder_expected']:.2f}" for k in keys]
-                              for model, d in expected.items()])]
+        table = []
+        for model, d in depths.items():
+            for name, _, _, row_name in DEPTHS:
+                if all(c[name] is None for c in d.values()):
+                    continue  # results that predate the quantity
+                rho = summary["halting_depth_spearman"][model][name]
+                table.append([recipe.label(model), row_name]
+                             + ["–" if d.get(k, {}).get(name) is None else f"{d[k][name]:.2f}" for k in keys]
+                             + ["–" if rho is None else f"{rho:.2f}"])
+        parts += ["Average halting depth per number of operators (teacher-forced, standard protocol; "
+                  "mean over sentences): executed steps per position (encoder) or target token "
+                  "(decoder), and the expected depth Σ_l l · w_l, the ACT loss's summand: where the "
+                  "halting weights put the depth, also when every step runs. ρ: Spearman's rank "
+                  f"correlation of the row with the operator count over buckets {RHO_FROM}..12 "
+                  "(Figure 4: > 0 when the depth rises with the operators)",
+                  markdown_table(["Model", "depth", *keys, "ρ"], table, numeric_from=2)]
     return "\n\n".join(parts)
 
 
@@ -144,14 +160,13 @@ def plot_figure4(summary: Dict, path: str) -> bool:
         return False
     series = {}
     for model, d in lines.items():
-        keys = sorted(d, key=int)
-        series[recipe.label(model)] = ([int(k) for k in keys], [d[k]["encoder"] for k in keys])
-        with_expected = [k for k in keys if d[k].get("encoder_expected") is not None]
-        if with_expected:
-            series[f"{recipe.label(model)}, expected"] = (
-                [int(k) for k in with_expected], [d[k]["encoder_expected"] for k in with_expected])
+        for name, _, _, row_name in DEPTHS[:3]:  # the decoder's expected depth: in the table
+            keys = [k for k in sorted(d, key=int) if d[k].get(name) is not None]
+            if keys:
+                series[f"{recipe.label(model)}, {row_name}"] = ([int(k) for k in keys],
+                                                                [d[k][name] for k in keys])
     line_plot(path, series, "number of operators", "average halting depth",
-              "Average encoder halting depth (logical inference)",
+              "Average halting depth (logical inference)",
               xticks=sorted({int(k) for d in lines.values() for k in d}))
     return True
 

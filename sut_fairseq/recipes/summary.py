@@ -24,6 +24,34 @@ def mean_std(values: Sequence[float]) -> Optional[MeanStd]:
     return statistics.mean(values), std, len(values)
 
 
+def ranks(values: Sequence[float]) -> List[float]:
+    """1-based ranks, ties sharing their mean rank."""
+    order = sorted(range(len(values)), key=lambda i: values[i])
+    out = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x: Sequence[float], y: Sequence[float]) -> Optional[float]:
+    """Spearman's rank correlation (Pearson's r of the ranks); None when undefined
+    (fewer than 2 points or a constant series). Says whether a halting depth rises with
+    a task's difficulty (operators, hops)."""
+    if len(x) != len(y) or len(x) < 2:
+        return None
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / (sxx * syy) ** 0.5 if sxx > 0 and syy > 0 else None
+
+
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
                    numeric_from: int = 1) -> str:
     """A markdown table; columns from ``numeric_from`` on are right-aligned."""
