@@ -281,7 +281,9 @@ def check_cpvr(proc, out, updates, generated=True):
     for model, run in runs.items():
         assert run["status"] == "evaluated" and run["updates"] == updates and run["params"] > 0, model
         assert set(run["accuracy"]) == {"1", "9"} and set(run["encoder_depth"]) == {"1", "9"}
+        assert set(run["decoder_depth"]) == {"1", "9"}
     assert set(results["results"]["hops"]["models"]) == {"ut", "sut", "hyper-ut"}
+    assert "| Hyper-UT | decoder |" in (out / "hops.md").read_text()
     train_log = (out / "fairseq-train.log").read_text()
     assert all(f"######## {m} / C-PVR:" in train_log for m in runs)
     # the three models side by side, in one command each for training and evaluation
