@@ -111,11 +111,13 @@ def summarize(work_dir: str, data_dir: str) -> str:
             series[names[key]] = (hops, [100 * baselines["hops"][str(n)][key] for n in hops])
     line_plot(os.path.join(work_dir, "accuracy.png"), series, "hops", "accuracy (%)",
               "C-PVR accuracy per hop (trained on 1–4)", xticks=hops)
-    line_plot(os.path.join(work_dir, "depth.png"),
-              OrderedDict((f"{m['label']} ({side})",
-                           ([n for n in hops if m[f"{side}_depth"].get(n)],
-                            [m[f"{side}_depth"][n][0] for n in hops if m[f"{side}_depth"].get(n)]))
-                          for side in SIDES for m in models.values() if any(m[f"{side}_depth"].values())),
+    depth_series = OrderedDict()
+    for side in SIDES:
+        for m in models.values():
+            measured = [n for n in hops if m[f"{side}_depth"].get(n)]
+            if measured:
+                depth_series[f"{m['label']} ({side})"] = (measured, [m[f"{side}_depth"][n][0] for n in measured])
+    line_plot(os.path.join(work_dir, "depth.png"), depth_series,
               "hops", "mean executed steps", "C-PVR halting depth per hop", xticks=hops)
     return text
 
