@@ -43,7 +43,7 @@ demo: install
 	$(PY) -m sut_fairseq.demo
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=30 tests
 
 test-all: install
 	$(PY) -m pytest -q -m "slow or not slow" tests

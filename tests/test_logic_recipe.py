@@ -245,22 +245,29 @@ def test_evaluate_dry_run_threshold_and_analysis(tmp_path):
 
 
 def fake_result(work, model, protocol, seed, accuracy, depth=None, config="reduced", params=1000,
-                expected=None):
+                expected=None, totals=None):
     run_dir = work / model / protocol / f"seed{seed}"
     run_dir.mkdir(parents=True)
     result = {"model": model, "protocol": protocol, "seed": seed, "config": config, "params": params,
-              "accuracy": {k: {"accuracy": v, "correct": 0, "total": 1} for k, v in accuracy.items()},
+              "accuracy": {k: {"accuracy": v, "correct": round(v * (totals or {}).get(k, 100) / 100),
+                               "total": (totals or {}).get(k, 100)} for k, v in accuracy.items()},
               "halting_depth": None if depth is None else
               {k: {"encoder": {"mean_depth": d, **({"mean_expected_depth": expected[k]} if expected else {})},
                    "decoder": {"mean_depth": 1.0}} for k, d in depth.items()}}
     (run_dir / "result.json").write_text(json.dumps(result))
 
 
+def summary_cell(work, model, key):
+    return json.load(open(work / "table5.json"))["rows"][model]["cells"][key]["accuracy"]
+
+
 def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     summarize = load_script("summarize")
     buckets = [str(k) for k in range(13)]
-    fake_result(tmp_path, "sut", "standard", 1, {k: 90.0 for k in buckets}, {k: 5.0 + int(k) / 4 for k in buckets},
-                expected={k: 4.0 for k in buckets})
+    # seed 1: bucket 0 (10 pairs) at 0 %, the other in-distribution buckets (100 each) at
+    # 90 %: pooled 540 / 610 = 88.52 %; seed 2: 80 % everywhere; the mean 84.26 %
+    fake_result(tmp_path, "sut", "standard", 1, {k: 0.0 if k == "0" else 90.0 for k in buckets},
+                {k: 5.0 + int(k) / 4 for k in buckets}, expected={k: 4.0 for k in buckets}, totals={"0": 10})
     fake_result(tmp_path, "sut", "standard", 2, {k: 80.0 for k in buckets}, {k: 6.0 + int(k) / 4 for k in buckets},
                 expected={k: 5.0 for k in buckets})
     for letter, acc in (("A", 70.0), ("B", 60.0), ("C", 50.0)):
@@ -271,7 +278,9 @@ def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     assert "| SUT (ours, reduced) | 1,000 | 85.0 (n=2) | 85.0 (n=2) | 85.0 (n=2) | 85.0 (n=2) | 85.0 (n=2) " \
            "| 85.0 (n=2) | 70.0 | 60.0 | 50.0 |" in text
     assert "| Transformer (ours, reduced) | 2,000 | 42.0 | – | – | – | – | 10.0 | – | – | – |" in text
-    assert "In-distribution buckets" in text and "| SUT (ours, reduced) | 85.0 (n=2) |" in text
+    assert "In-distribution buckets" in text and "| SUT (ours, reduced) | 40.0 (n=2) | 85.0 (n=2) |" in text
+    assert "| 85.0 (n=2) | 84.3 (n=2) |" in text  # bucket 6, then the pooled 0-6
+    assert summary_cell(tmp_path, "sut", "0-6") == pytest.approx((540 / 610 * 100 + 80) / 2)
     summary = json.load(open(tmp_path / "table5.json"))
     assert summary["halting_depth"]["sut"]["12"]["encoder"] == pytest.approx(8.5)
     # the expected depth (seeds averaged) where every result has it; none for the UT's older one

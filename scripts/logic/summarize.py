@@ -9,7 +9,9 @@ A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed
 
 * Table 5: accuracy (%) per operator count 7..12 (standard protocol) and on the
   compositional splits A/B/C, one row per model, the paper's SUT, LSTM and Transformer rows beneath;
-* the in-distribution buckets 0..6 when they were evaluated;
+* the in-distribution buckets 0..6 when they were evaluated, and their pooled accuracy
+  (``0-6``: correct over total pairs of the seven test files, the figure "in distribution"
+  refers to);
 * the average halting depth per operator count (teacher-forced, standard protocol) of the
   encoder and of the decoder: the executed steps, and the expected depth (the ACT loss's
   summand) where the results have it, each row with Spearman's rho against the operator
@@ -35,6 +37,8 @@ from sut_fairseq.recipes.summary import line_plot, markdown_table, spearman  # n
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
 IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
+#: the cell of the pooled in-distribution accuracy
+POOLED = "0-6"
 #: the depth quantities of Figure 4: (key in table5.json, the side, result.json's field, row name)
 DEPTHS = (("encoder", "encoder", "mean_depth", "encoder, executed"),
           ("encoder_expected", "encoder", "mean_expected_depth", "encoder, expected"),
@@ -70,6 +74,9 @@ def summarize_results(results: List[Dict]) -> Dict:
             meta[model]["params"].add(r["params"])
         for key, scored in r["accuracy"].items():
             acc[model][key].append(float(scored["accuracy"]))
+        pooled = pooled_accuracy(r["accuracy"], IN_DISTRIBUTION_KEYS)
+        if pooled is not None:
+            acc[model][POOLED].append(pooled)
         if r["protocol"] == "standard" and r.get("halting_depth"):
             for key, d in r["halting_depth"].items():
                 depth[model][key].append({name: d[side].get(field) for name, side, field, _ in DEPTHS})
@@ -99,6 +106,16 @@ def summarize_results(results: List[Dict]) -> Dict:
                       for name, row in recipe.PAPER_TABLE5.items()}}
 
 
+def pooled_accuracy(accuracy: Dict, keys: List[str]):
+    """100 · Σ correct / Σ total over ``keys`` of one result's ``accuracy``; None unless every
+    key was scored (with its counts)."""
+    scored = [accuracy.get(k) for k in keys]
+    if any(s is None or "correct" not in s or "total" not in s for s in scored):
+        return None
+    total = sum(int(s["total"]) for s in scored)
+    return 100.0 * sum(int(s["correct"]) for s in scored) / total if total else None
+
+
 def _halting(model):
     try:
         return recipe.has_halting(model)
@@ -125,9 +142,10 @@ def format_tables(summary: Dict) -> str:
               for name, paper in summary["paper"].items()]
     parts = ["Table 5: accuracy (%) per number of operators (trained on 0-6) and on the "
              "compositional splits A/B/C", markdown_table(["Model", "params", *TABLE_KEYS], table)]
-    seen = [k for k in IN_DISTRIBUTION_KEYS if any(k in r["cells"] for r in rows.values())]
+    seen = [k for k in IN_DISTRIBUTION_KEYS + [POOLED] if any(k in r["cells"] for r in rows.values())]
     if seen:
-        parts += ["In-distribution buckets (accuracy %, standard protocol)", markdown_table(
+        parts += ["In-distribution buckets (accuracy %, standard protocol; 0-6: all their test "
+                  "pairs pooled)", markdown_table(
             ["Model", *seen], [[_row_label(row)] + [_cell(row["cells"].get(k)) for k in seen]
                                for row in rows.values()])]
     depths = summary["halting_depth"]
