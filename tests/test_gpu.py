@@ -1,5 +1,6 @@
-"""Checks that need a CUDA device: the Triton kernels, the expert layers, fairseq-train in
-fp32 / fp16 / bf16, incremental decoding, and the absence of host syncs in the expert path.
+"""Checks that need a CUDA device: the Triton kernels, the expert layers, incremental
+decoding, and the absence of host syncs in the expert path (fairseq-train on CUDA is in
+``test_gpu_train.py``).
 
 Every test here is marked ``gpu`` and skipped when no CUDA device is present, so
 ``make test`` on a CPU machine only reports them as skipped. On a GPU machine:
@@ -14,22 +15,14 @@ Every test here is marked ``gpu`` and skipped when no CUDA device is present, so
    same bf16 values) and bf16 autocast.
 2. ``MoEFeedForward`` and ``MixtureOfMultiHeadAttention`` on the kernels vs the same module
    with ``SUT_KERNELS=reference``: outputs and every gradient.
-3. ``sut_tiny`` trained by fairseq-train on CUDA on the generated reversal task in fp32,
-   ``--fp16`` and ``--bf16``: finite losses that go down. (fairseq 0.12 makes ``--bf16``
-   imply ``--tpu``; the bf16 run undoes that, see ``BF16_ON_CUDA``.)
-4. Incremental decoding equals the full decoder on CUDA (as ``test_incremental.py``), and
+3. Incremental decoding equals the full decoder on CUDA (as ``test_incremental.py``), and
    a whole model's training step runs through the Triton op.
-5. No device-to-host synchronisation in the expert path of a training step
+4. No device-to-host synchronisation in the expert path of a training step
    (``torch.cuda.set_sync_debug_mode("error")``): the routed linear, and the expert layers
    after the router's forward (which does synchronise; recorded as an expected failure).
 """
 import contextlib
 import importlib
-import math
-import os
-import re
-import subprocess
-import sys
 
 import pytest
 import torch
@@ -274,100 +267,7 @@ def test_momha_kernels_match_reference(case, dtype, monkeypatch):
 
 
 # --------------------------------------------------------------------------------------
-# 3. fairseq-train on CUDA: fp32, --fp16, --bf16
-
-# fairseq 0.12's argument post-processing turns ``--bf16`` into ``--bf16 --tpu``
-# (fairseq/options.py: "if args.bf16: args.tpu = True"), and its Trainer then asks
-# torch_xla for a device instead of using the GPU. To train in bf16 on CUDA, fairseq-train's
-# own entry point is run with that one implication undone; nothing else changes.
-BF16_ON_CUDA = r"""
-import sys
-from fairseq import options
-
-_parse = options.parse_args_and_arch
-
-
-def _parse_without_tpu(*args, **kwargs):
-    parsed = _parse(*args, **kwargs)
-    (parsed[0] if isinstance(parsed, tuple) else parsed).tpu = False
-    return parsed
-
-
-options.parse_args_and_arch = _parse_without_tpu
-from fairseq_cli.train import cli_main
-
-sys.argv = ["fairseq-train"] + sys.argv[1:]
-cli_main()
-"""
-
-
-@pytest.fixture(scope="module")
-def reverse_bin(tmp_path_factory):
-    from sut_fairseq.data.reverse_task import write_reverse_task
-    from sut_fairseq.demo import fairseq_tool
-
-    root = tmp_path_factory.mktemp("gpu_train")
-    prefixes = write_reverse_task(str(root / "text"), seed=3,
-                                  sizes={"train": 1500, "valid": 80, "test": 20})
-    dest = str(root / "bin")
-    proc = subprocess.run(
-        [fairseq_tool("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
-         "--trainpref", prefixes["train"], "--validpref", prefixes["valid"],
-         "--testpref", prefixes["test"], "--destdir", dest, "--joined-dictionary", "--workers", "1"],
-        capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return dest
-
-
-def _train_losses(log: str):
-    """The training loss of every ``train_inner`` line (nan/inf kept as such)."""
-    return [float(m) for m in re.findall(r"train_inner\b.*?\bloss=([^,\s]+)", log)]
-
-
-def _fairseq_train(data_bin, save_dir, precision, updates=80, stock=True):
-    from sut_fairseq.demo import train_command
-
-    flags = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
-    command = train_command(data_bin, str(save_dir), updates, seed=1,
-                            extra=["--log-interval", "10", "--max-tokens", "1024",
-                                   "--warmup-updates", "20", *flags])
-    if not stock:
-        command = [sys.executable, "-c", BF16_ON_CUDA, *command[1:]]
-    env = {k: v for k, v in os.environ.items() if k != "SUT_KERNELS"}  # auto: Triton on CUDA
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
-    return proc.returncode, proc.stdout + proc.stderr
-
-
-@pytest.mark.parametrize("precision", ["fp32", "fp16", "bf16"])
-def test_fairseq_train_on_cuda(reverse_bin, tmp_path, precision):
-    """80 updates of sut_tiny on the GPU: every logged loss finite, the last one well
-    below the first."""
-    rc, log = _fairseq_train(reverse_bin, tmp_path, precision, stock=precision != "bf16")
-    assert rc == 0, f"fairseq-train failed:\n{log[-4000:]}"
-    assert "CUDA enviroments for all 1 workers" in log, "fairseq-train did not train on the GPU"
-    if precision != "fp32":
-        assert f"'{precision}': True" in log  # the configuration fairseq printed
-    losses = _train_losses(log)
-    assert len(losses) >= 5, log[-3000:]
-    assert all(math.isfinite(l) for l in losses), losses
-    assert losses[-1] < 0.85 * losses[0], losses
-
-
-def test_stock_fairseq_train_bf16_needs_torch_xla(reverse_bin, tmp_path):
-    """Why the bf16 run above undoes ``--tpu``: stock ``fairseq-train --bf16`` does not run
-    on a GPU without torch_xla. If this starts to pass, fairseq no longer implies --tpu
-    and ``BF16_ON_CUDA`` can go."""
-    try:
-        import torch_xla  # noqa: F401
-        pytest.skip("torch_xla is installed")
-    except ImportError:
-        pass
-    rc, log = _fairseq_train(reverse_bin, tmp_path, "bf16", updates=2)
-    assert rc != 0 and "get_tpu_device" in log, log[-3000:]
-
-
-# --------------------------------------------------------------------------------------
-# 4. Incremental decoding == full forward on CUDA
+# 3. Incremental decoding == full forward on CUDA
 
 
 def _cuda_setup(threshold, seed=0):
@@ -437,7 +337,7 @@ def test_model_forward_on_cuda_runs_the_kernels(monkeypatch):
 
 
 # --------------------------------------------------------------------------------------
-# 5. No device-to-host synchronisation in the expert path
+# 4. No device-to-host synchronisation in the expert path
 
 
 def _without_host_sync(fn):

@@ -96,7 +96,7 @@ def test_a_failing_step_is_reported_and_the_next_still_runs(tmp_path):
     """pytest refuses an unknown option from PYTEST_ADDOPTS: the pytest step fails, the
     selftest after it still runs and passes, the stage fails."""
     out = tmp_path / "out"
-    proc = run_stage("tests", out, "--smoke", PYTEST_ADDOPTS="--no-such-option")
+    proc = run_stage("tests-train", out, "--smoke", PYTEST_ADDOPTS="--no-such-option")
     assert proc.returncode == 1, proc.stdout[-3000:]
     summary = (out / "summary.md").read_text()
     assert "**FAILED**" in summary and "failed or not run: pytest -m gpu" in summary
@@ -105,7 +105,7 @@ def test_a_failing_step_is_reported_and_the_next_still_runs(tmp_path):
     assert results["status"] == "FAILED" and results["exit_status"] == 1
     failed = [s for s in results["steps"] if s["status"] == "FAILED"]
     assert [s["name"] for s in failed] == ["pytest -m gpu"] and failed[0]["reason"] == "exit status 4"
-    assert "--no-such-option" in (out / "tests.log").read_text()  # pytest's own complaint, logged
+    assert "--no-such-option" in (out / "tests-train.log").read_text()  # pytest's own complaint, logged
 
 
 def test_an_install_that_cannot_work_is_reported(tmp_path):
@@ -200,10 +200,21 @@ def test_gpu_time_plan_fits_the_stage_deadline():
 def test_smoke_tests_stage(tmp_path):
     out = tmp_path / "out"
     proc = run_stage("tests", out, "--smoke")
-    summary, results = check_passed(proc, out, "tests", ["environment", "pytest -m gpu", "selftest"])
+    summary, results = check_passed(proc, out, "tests", ["environment", "pytest -m gpu"])
     counts = results["results"]["pytest"]["counts"]
     assert counts.get("skipped", 0) > 0 and not counts.get("failed") and not counts.get("passed")
+    assert "pytest -m gpu tests/test_gpu.py:" in summary
     assert "every test skipped: no CUDA device" in summary  # recorded, not hidden
+    assert "selftest" not in results["results"]
+
+
+def test_smoke_tests_train_stage(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("tests-train", out, "--smoke")
+    summary, results = check_passed(proc, out, "tests-train", ["environment", "pytest -m gpu", "selftest"])
+    counts = results["results"]["pytest"]["counts"]
+    assert counts.get("skipped", 0) > 0 and not counts.get("failed") and not counts.get("passed")
+    assert "pytest -m gpu tests/test_gpu_train.py:" in summary
     assert "result      : PASS" in "\n".join(results["results"]["selftest"]["tail"])
 
 
