@@ -147,6 +147,9 @@ TESTS_PYTEST_ESTIMATE_S = 300
 #: more than 75 s on an H100 right after the kernel tests.
 TESTS_TRAIN_ESTIMATE_S = 190
 TESTS_SELFTEST_ESTIMATE_S = 90
+#: The two test stages: (test file, its pytest estimate, whether the selftest follows).
+TEST_STAGES = {"tests": ("tests/test_gpu.py", TESTS_PYTEST_ESTIMATE_S, False),
+               "tests-train": ("tests/test_gpu_train.py", TESTS_TRAIN_ESTIMATE_S, True)}
 
 #: bench stage: moe_gpu.py (Triton autotuning, then 3 sizes x 2 passes x 3 implementations
 #: x 23 runs) and train_step.py (three WMT-size models, 3 rounds of 2 steps each).
@@ -970,10 +973,9 @@ def run_estimate(model, protocol, smoke=False):
 def required_estimate(stage_name, install=True, environ=None):
     """Estimated seconds of a stage's required steps (with the install on a fresh node)."""
     total = (INSTALL_ESTIMATE_S if install else 0) + ENV_ESTIMATE_S
-    if stage_name == "tests":
-        return total + TESTS_PYTEST_ESTIMATE_S
-    if stage_name == "tests-train":
-        return total + TESTS_TRAIN_ESTIMATE_S + TESTS_SELFTEST_ESTIMATE_S
+    if stage_name in TEST_STAGES:
+        _, pytest_s, selftest = TEST_STAGES[stage_name]
+        return total + pytest_s + (TESTS_SELFTEST_ESTIMATE_S if selftest else 0)
     if stage_name == "bench":
         return total + BENCH_MOE_ESTIMATE_S + BENCH_TRAIN_STEP_ESTIMATE_S
     if stage_name == "cpvr":
@@ -1424,10 +1426,8 @@ def main(argv=None):
             collect_environment(stage, python)
             if stage.steps[-1]["status"] != PASSED:
                 stage.skip(name, "the environment check failed")
-            elif name == "tests":
-                stage_tests(stage, python, "tests/test_gpu.py", TESTS_PYTEST_ESTIMATE_S, selftest=False)
-            elif name == "tests-train":
-                stage_tests(stage, python, "tests/test_gpu_train.py", TESTS_TRAIN_ESTIMATE_S, selftest=True)
+            elif name in TEST_STAGES:
+                stage_tests(stage, python, *TEST_STAGES[name])
             elif name == "bench":
                 stage_bench(stage, python)
             elif name == "cpvr":
