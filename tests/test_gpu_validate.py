@@ -183,14 +183,16 @@ def test_gpu_time_plan_fits_the_stage_deadline():
     assert v.STAGE_DEADLINE_S <= 9 * 60
     for stage in v.STAGES:  # a fresh node: install included
         assert v.required_estimate(stage) <= v.STAGE_DEADLINE_S, stage
-    assert v.logic_plan("logic-sut", False, {}) == [("sut", "standard", True), ("sut", "A", True)]
+    assert v.logic_plan("logic-sut", False, {}) == [("sut", "standard", True), ("sut", "A", False)]
     baselines = v.logic_plan("logic-baselines", False, {})
     assert [(m, p) for m, p, r in baselines if r] == [("transformer", "standard"), ("ut-halting", "standard")]
     assert {m for m, _, _ in baselines} == {"transformer", "ut-halting", "ut-no-halting"}
-    # the same training cap for every model; a standard run evaluates 13 buckets
+    # the same training cap for every model; a standard run evaluates buckets 7 and 12
     assert v.run_estimate("transformer", "A") == v.run_estimate("sut", "A")
+    assert v.LOGIC_BUCKETS == "7,12"
     assert v.run_estimate("sut", "standard") == (v.LOGIC_TRAIN_OVERHEAD_S + v.LOGIC_TRAIN_CAP_S
-                                                 + 13 * v.LOGIC_GENERATE_CALL_S + v.LOGIC_ANALYSIS_ESTIMATE_S)
+                                                 + 2 * v.LOGIC_GENERATE_CALL_S + v.LOGIC_ANALYSIS_ESTIMATE_S)
+    assert [v.bucket_count(b) for b in ("all", "7..12", "7,12", "0,3..5", "12")] == [13, 6, 2, 4, 1]
     # explicit choices: every run they name is required
     plan = v.logic_plan("logic-baselines", False, {"SUT_LOGIC_PROTOCOLS": "A"})
     assert plan == [("transformer", "A", True), ("ut-halting", "A", True), ("ut-no-halting", "A", True)]
@@ -251,7 +253,8 @@ def check_logic(proc, out, stage, runs):
 
 def test_smoke_logic_sut_stage(tmp_path):
     out = tmp_path / "out"
-    proc = run_stage("logic-sut", out, "--smoke", timeout=600)
+    # split A is optional in the GPU plan (smoke runs only required runs): named, it is required
+    proc = run_stage("logic-sut", out, "--smoke", timeout=600, SUT_LOGIC_PROTOCOLS="standard A")
     summary, results = check_logic(proc, out, "logic-sut", [("sut", "standard"), ("sut", "A")])
     depth = results["results"]["figure4_halting_depth"]["sut"]
     assert set(depth) == {"0", "12"}

@@ -256,6 +256,26 @@ def test_autotuning_leaves_no_stale_gate_gradient_partials(monkeypatch):
     assert tuned[gg.routed_gemm_kernel].best_config is wide
 
 
+def test_autotuner_keeps_its_choices_on_disk(monkeypatch):
+    """Every process (each fairseq-train / fairseq-generate call) would otherwise time every
+    configuration of every key afresh: the shipped kernels ask Triton to cache the choice."""
+    import triton
+
+    import sut_fairseq.kernels.grouped_gemm as gg
+
+    assert gg.AUTOTUNE_CACHES_RESULTS  # the Triton the package installs with can
+    seen = {}
+
+    def record(**options):
+        seen.update(options)
+        return lambda fn: fn
+
+    monkeypatch.setattr(triton, "autotune", record)
+    gg.autotuned(gg.routed_gemm_kernel)
+    assert seen["cache_results"] is True
+    assert seen["key"] == gg._KEYS[gg.routed_gemm_kernel] and "prune_configs_by" in seen
+
+
 def test_rejects_bad_shapes():
     from sut_fairseq.kernels import triton_routed_linear
 

@@ -58,6 +58,17 @@ def test_blocks_cover_every_row(monkeypatch):
     torch.testing.assert_close(x.grad, y.grad)
 
 
+@pytest.mark.parametrize("device, blocks", [("cpu", 512), ("cuda", 8)])
+def test_block_size_follows_the_device(device, blocks):
+    """A WMT-size batch (4,096 rows x 32,768 logits): cache-sized blocks on a CPU, few large
+    ones on a GPU (each operation on a block is a kernel launch there); the slices are
+    contiguous, in order and cover every row once."""
+    slices = label_smoothed_ce._row_blocks(4096, 32768, torch.device(device))
+    assert len(slices) == blocks
+    assert [i for s in slices for i in range(s.start, s.stop)] == list(range(4096))
+    assert label_smoothed_ce._row_blocks(3, 1 << 25, torch.device(device)) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+
+
 def test_gradcheck():
     logits, target = case(n=6, v=5)
     fn = lambda z: label_smoothed_cross_entropy(z, target, 0.2, PAD)[0]  # noqa: E731

@@ -39,6 +39,7 @@ The kernels are built as plain ``JITFunction`` objects regardless of ``TRITON_IN
 ahead-of-time compilation and interpretation both work in one process.
 """
 import functools
+import inspect
 
 import triton
 import triton.language as tl
@@ -267,12 +268,23 @@ _KEYS = {
 RESET_TO_ZERO = {routed_gemm_kernel: ["DG"], routed_wgrad_kernel: []}
 
 
+#: Whether this Triton's autotuner can keep its choices on disk (``cache_results``, Triton
+#: 3.2 and later): the timings of each key are then measured once per machine, in Triton's
+#: cache directory, instead of once per process (every fairseq-train and fairseq-generate
+#: call). The cache key holds Triton's version, the GPU target, the kernel's source, the
+#: autotuning key and the configurations, so a change of any of them measures afresh.
+AUTOTUNE_CACHES_RESULTS = "cache_results" in inspect.signature(triton.autotune).parameters
+
+
 def autotuned(kernel, fn=None, configs=None, **options):
     """``kernel`` (or ``fn``, e.g. its interpreted version) autotuned over ``configs``
-    (default: every shipped configuration, pruned to the launch's INPUT_PRECISION)."""
+    (default: every shipped configuration, pruned to the launch's INPUT_PRECISION), its
+    choices cached on disk where Triton can."""
     if configs is None:
         configs = CONFIGS[kernel]["tf32"] + CONFIGS[kernel]["ieee"]
         options["prune_configs_by"] = _prune_by_precision(kernel)
+    if AUTOTUNE_CACHES_RESULTS:
+        options.setdefault("cache_results", True)
     return triton.autotune(configs=configs, key=_KEYS[kernel], reset_to_zero=RESET_TO_ZERO[kernel] or None,
                            **options)(fn or kernel)
 
