@@ -63,6 +63,7 @@ wheelhouse made with the same). Every step runs
 with the repository first on ``PYTHONPATH``, so the checkout's ``sut_fairseq`` is the one
 imported even where an installed copy exists.
 """
+import importlib.util
 import itertools
 import json
 import os
@@ -181,8 +182,9 @@ LOGIC_TRAIN_OVERHEAD_S = 35
 #: of a test bucket 256 pairs at a time). The standard protocol makes one call per bucket
 #: evaluated, a compositional split one.
 LOGIC_GENERATE_CALL_S = 20
-#: Teacher-forced halting analysis on the CPU (the recipe keeps it there) of all 13 test
-#: buckets (about 37,500 pairs); buckets 7-12 alone are about 13,500 pairs.
+#: Teacher-forced halting analysis on the CPU (the recipe keeps it there) of the buckets
+#: evaluated: a guess sized for all 13 (about 37,500 pairs; buckets 7-12 alone are about
+#: 13,500), not yet measured on a node.
 LOGIC_ANALYSIS_ESTIMATE_S = 30
 #: summarize.py (Table 5, table5.json, Figure 4 into OUT).
 LOGIC_SUMMARY_ESTIMATE_S = 10
@@ -968,15 +970,20 @@ def has_halting_analysis(model):
     return model != "transformer"
 
 
+def _recipe_numbers():
+    """sut_fairseq/recipes/numbers.py, the parser of table5.py's --buckets, loaded by path:
+    it needs only the standard library, while importing the package would import fairseq
+    and torch, which this driver runs without (before the install)."""
+    path = os.path.join(REPO, "sut_fairseq", "recipes", "numbers.py")
+    spec = importlib.util.spec_from_file_location("_sut_recipe_numbers", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def bucket_count(buckets):
     """How many buckets a table5.py --buckets value names ("all", "7..12", "7,12", "3")."""
-    if buckets == "all":
-        return 13
-    count = 0
-    for part in buckets.split(","):
-        first, _, last = part.partition("..")
-        count += int(last) - int(first) + 1 if last else 1
-    return count
+    return 13 if buckets == "all" else len(_recipe_numbers().parse_numbers(buckets))
 
 
 def run_estimate(model, protocol, smoke=False):
