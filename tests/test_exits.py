@@ -320,12 +320,22 @@ def test_exit_loss_errors_name_the_problem():
 
 
 def test_exit_loss_none_keeps_the_plain_objective():
+    """``--exit-loss none`` on an exit model is the label-smoothed CE (fairseq's
+    ``label_smoothed_nll_loss``, summed over the target tokens) of the main head of a model
+    without exits holding the same weights: all L steps run in training, the off-ramps
+    add nothing."""
     model = _train_model()
     sample = _sample(model)
     loss, _, log = _criterion(model, "none")(model, sample)
-    plain, _, _ = _criterion(model, "none")(model, sample)
+    plain = make_model(decoder_halting="none", decoder_layers=4, halting_threshold=0.7).train()
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "decoder.halting" not in k})
+    net = sample["net_input"]
+    logits, extra = plain(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
+    assert "decoder_exits" not in extra and (extra["halting_decoder"].steps[net["prev_output_tokens"].ne(1)] == 4).all()
+    lprobs = F.log_softmax(logits, -1).reshape(-1, V)
+    expected, _ = label_smoothed_nll_loss(lprobs, sample["target"].reshape(-1, 1), 0.1, ignore_index=1)
     assert not any(k.startswith("exit_loss_") for k in log)
-    torch.testing.assert_close(loss, plain)
+    torch.testing.assert_close(loss, expected, atol=1e-4, rtol=1e-5)
 
 
 # ---- MACs and options ----------------------------------------------------------------------------
@@ -360,6 +370,39 @@ def test_bad_exit_options_are_rejected_with_their_value(option, value, message):
     setattr(args, option, value)
     with pytest.raises(ValueError, match=message):
         validate_args(args)
+
+
+@pytest.mark.parametrize("options,message", [
+    (dict(decoder_halting="pabee", decoder_layers=1),
+     r"--decoder-halting='pabee' is invalid: the exit rules need --decoder-layers >= 2 \(got --decoder-layers 1"),
+    (dict(decoder_halting="entropy", decoder_layers=1, encoder_layers=3),
+     r"--decoder-halting='entropy' is invalid: the exit rules need --decoder-layers >= 2"),
+    (dict(decoder_halting="stick-breaking", exit_patience=2),
+     r"--exit-patience=2 is invalid: it is read only by --decoder-halting pabee\|entropy, "
+     r"and --decoder-halting is 'stick-breaking' \(leave --exit-patience at its default 3\)"),
+    (dict(decoder_halting="none", exit_entropy=0.5),
+     r"--exit-entropy=0.5 is invalid: .*--decoder-halting is 'none'"),
+    (dict(encoder_halting="act", exit_entropy=0.0),  # the decoder follows the encoder
+     r"--exit-entropy=0.0 is invalid: .*--decoder-halting is 'act'"),
+])
+def test_exit_options_that_would_be_ignored_are_refused_naming_both_options(options, message):
+    """Before these checks, one decoder step silently meant ``--decoder-halting none``
+    (and ``--exit-loss`` failed at the first update), and the exit options were ignored
+    under the other halting rules."""
+    with pytest.raises(ValueError, match=message):
+        make_model(**options)
+
+
+def test_the_other_exit_rules_option_is_kept_for_the_sweep():
+    """Both exit rules share the off-ramps: ``--exit-entropy`` under pabee (and
+    ``--exit-patience`` under entropy) is accepted, as the exit sweep's
+    ``--model-overrides "{'decoder_halting': 'entropy', 'exit_entropy': S}"`` on a pabee
+    checkpoint leaves the checkpoint's patience in its arguments; the value is then read
+    after the switch."""
+    model = make_model(decoder_halting="pabee", decoder_layers=3, exit_patience=2, exit_entropy=0.7)
+    assert (model.decoder.halting.patience, model.decoder.halting.entropy) == (2, 0.7)
+    model = make_model(decoder_halting="entropy", decoder_layers=3, exit_patience=1, exit_entropy=0.5)
+    assert (model.decoder.halting.rule, model.decoder.halting.patience) == ("entropy", 1)
 
 
 def test_exit_module_checks_its_own_arguments():

@@ -7,9 +7,21 @@ command line, from a preset, or from a checkpoint with ``--model-overrides``. Un
 ``fairseq-train`` the error ends fairseq's traceback as its last line, e.g.::
 
     ValueError: --att-topk=5 is invalid: must satisfy 1 <= k <= --att-experts (4)
+
+Besides single values, combinations that would be accepted and silently mean something
+else are refused (``_validate_exits``, ``_validate_chunks``): early exits with one decoder
+step, an exit option changed from its default under a rule that never reads it, and a
+chunked encoder that hands the decoder a memory it does not have. ``--exit-patience`` and
+``--exit-entropy`` under the *other* exit rule are meant: both rules share the off-ramps,
+and the exit sweep switches a checkpoint from one rule to the other with
+``--model-overrides`` while the first rule's value stays in its arguments.
+``--tlb-memory-reset`` is refused in training mode, at the first forward
+(``modules/chunked_recurrence.py``): a model cannot tell at build time whether it will be
+trained or evaluated.
 """
 import numbers
 
+from .architectures import BASE_DEFAULTS
 from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
 from ..modules.hyper_module import HYPER_COMPONENTS, parse_components
@@ -73,6 +85,7 @@ def validate_args(args) -> None:
              args.exit_patience, "must be an integer >= 0 (0 = never exit)")
     _require(_is_real(args.exit_entropy) and 0.0 <= args.exit_entropy < float("inf"),
              "--exit-entropy", args.exit_entropy, "must be a finite number >= 0 (nats; 0 = never exit)")
+    _validate_exits(args)
     for side in ("encoder_step_embedding", "decoder_step_embedding"):
         _require(getattr(args, side) in STEP_EMBEDDINGS, _flag(side), getattr(args, side),
                  f"choose from {STEP_EMBEDDINGS}")
@@ -90,6 +103,22 @@ def validate_args(args) -> None:
         _require(args.encoder_embed_dim == args.decoder_embed_dim, "--decoder-embed-dim",
                  args.decoder_embed_dim,
                  f"--share-all-embeddings needs it equal to --encoder-embed-dim ({args.encoder_embed_dim})")
+
+
+def _validate_exits(args) -> None:
+    """Early exits need a second decoder step to exit before; the exit options are read
+    only by the exit rules."""
+    rule = args.decoder_halting
+    if rule in EXIT_RULES:
+        _require(args.decoder_layers >= 2, "--decoder-halting", rule,
+                 f"the exit rules need --decoder-layers >= 2 (got --decoder-layers "
+                 f"{args.decoder_layers}: one step leaves nothing to exit before)")
+        return
+    for opt in ("exit_patience", "exit_entropy"):
+        value = getattr(args, opt)
+        _require(value == BASE_DEFAULTS[opt], _flag(opt), value,
+                 f"it is read only by --decoder-halting pabee|entropy, and --decoder-halting "
+                 f"is {rule!r} (leave {_flag(opt)} at its default {BASE_DEFAULTS[opt]!r})")
 
 
 def _validate_hyper(args) -> None:
@@ -158,6 +187,11 @@ def _validate_chunks(args) -> None:
                  "'memory' needs --encoder-chunk-size > 0 (without chunks there is no memory)")
         _require(args.encoder_memory_slots > 0, "--tlb-encoder-out", out,
                  "'memory' needs --encoder-memory-slots > 0")
+    if out == "both" and args.encoder_chunk_size > 0:
+        _require(args.encoder_memory_slots > 0, "--tlb-encoder-out", out,
+                 f"'both' needs --encoder-memory-slots > 0 (--encoder-chunk-size "
+                 f"{args.encoder_chunk_size} with --encoder-memory-slots 0 has no memory: the "
+                 "decoder would read the tokens only; say --tlb-encoder-out tokens)")
     if args.tlb_memory_reset:
         _require(any(getattr(args, f"{side}_memory_slots") > 0 for side in chunked),
                  "--tlb-memory-reset", True,
