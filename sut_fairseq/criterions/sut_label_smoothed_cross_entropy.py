@@ -36,6 +36,12 @@ being the label-smoothed CE of o_l summed over target tokens:
 * ``offramps`` (DeeBERT's second stage, from a trained model): ``loss = Σ_{l<L} CE_l``
   with the states h_l and W_out detached, so only the off-ramps' LayerNorms learn and
   everything else stays frozen (no gradient; the MIM / ACT / switch weights must be 0).
+  The freeze relies on the optimiser skipping parameters without a gradient, as fairseq's
+  fp32 optimisers and ``--memory-efficient-fp16`` / ``--memory-efficient-bf16`` / ``--amp``
+  do. ``--fp16`` / ``--bf16`` alone train through fairseq's ``FP16Optimizer``, which gives
+  every such parameter a zero gradient: weight decay (and Adam moments restored from the
+  first stage) would then move the "frozen" model, so that combination is refused
+  (``tests/test_offramps_freeze.py``).
 
 In training, ``exit_loss_1`` .. ``exit_loss_L`` log CE_l per target token (base 2, as
 ``loss``). At validation nothing changes: ``loss`` is the CE of what the model emits, the
@@ -52,6 +58,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
+from omegaconf import II
 
 from .losses import mim_loss, record_routing, switch_loss
 from ..ops.label_smoothed_ce import label_smoothed_cross_entropy
@@ -75,13 +82,21 @@ class SUTCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
         "help": "early-exit models (--decoder-halting pabee|entropy): weighted = "
                 "sum_l l*CE_l / sum_l l over the off-ramps and the main head (PABEE); "
                 "offramps = sum_{l<L} CE_l, off-ramps only, the rest frozen (DeeBERT stage 2)"})
+    # fairseq's precision options (interpolated from --fp16 etc., not options of their own):
+    # they choose the optimiser wrapper, which decides whether --exit-loss offramps freezes
+    fp16: bool = II("common.fp16")
+    bf16: bool = II("common.bf16")
+    memory_efficient_fp16: bool = II("common.memory_efficient_fp16")
+    memory_efficient_bf16: bool = II("common.memory_efficient_bf16")
+    amp: bool = II("common.amp")
 
 
 @register_criterion("sut_label_smoothed_cross_entropy", dataclass=SUTCriterionConfig)
 class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, ignore_prefix_size=0,
                  report_accuracy=False, mim_weight=0.0, act_weight=0.0, switch_weight=0.0,
-                 aux_loss_scale="per-token", exit_loss="none"):
+                 aux_loss_scale="per-token", exit_loss="none", fp16=False, bf16=False,
+                 memory_efficient_fp16=False, memory_efficient_bf16=False, amp=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
         self.aux_loss_scale = str(aux_loss_scale)
@@ -91,6 +106,14 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
                 "--exit-loss offramps trains the off-ramps only, with the rest of the model "
                 f"frozen; the auxiliary losses would train it: got --mim-weight {mim_weight}, "
                 f"--act-weight {act_weight}, --switch-weight {switch_weight} (set them to 0)")
+        flattened = (fp16 or bf16) and not (memory_efficient_fp16 or memory_efficient_bf16 or amp)
+        if self.exit_loss == "offramps" and flattened:
+            flag = "--bf16" if bf16 else "--fp16"
+            raise ValueError(
+                f"--exit-loss offramps cannot train with {flag}: fairseq's FP16Optimizer "
+                "gives the frozen parameters zero gradients, so --weight-decay (and Adam "
+                "moments restored from the first stage) would change the frozen model; use "
+                f"--memory-efficient-{flag[2:]} (it skips parameters without a gradient) or fp32")
 
     def forward(self, model, sample, reduce=True):
         with record_routing(model) as router_stats:
