@@ -3,6 +3,7 @@ on real tokens (padding and batch-mates change nothing), one chunk without memor
 unchunked model, incremental decoding across chunk boundaries with beam reordering,
 GUTLB's one decision per chunk and step cap, the memory-reset control, experts, the ACT
 loss per chunk, the accounting, MACs, option checks and fairseq-train end to end."""
+import math
 import os
 import re
 import subprocess
@@ -11,6 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(__file__))
 from conftest import make_model, randomise_halting, run_incremental  # noqa: E402
@@ -139,7 +141,7 @@ def test_one_chunk_without_memory_is_the_unchunked_model():
 
     plain = model()
     chunked = model(encoder_chunk_size=64, decoder_chunk_size=64, encoder_memory_slots=0,
-                    decoder_memory_slots=0)
+                    decoder_memory_slots=0, tlb_encoder_out="tokens")
     assert [n for n, _ in plain.named_parameters()] == [n for n, _ in chunked.named_parameters()]
     for (_, p), (_, q) in zip(plain.named_parameters(), chunked.named_parameters()):
         assert torch.equal(p, q)
@@ -180,11 +182,14 @@ def test_explicit_off_values_give_the_fixture_of_the_model_before_chunks():
 @pytest.mark.parametrize("name,reset", [("tlb", False), ("sut-experts", False), ("gutlb", False),
                                         ("gutlb", True)])
 def test_incremental_equals_teacher_forced_across_chunk_boundaries_with_beam_reordering(name, reset):
-    """11 target positions in chunks of 3: boundaries after 3, 6 and 9; the two beam
-    slots swap their histories before every step."""
+    """Targets of 11 and 9 real tokens (the second left-padded) in chunks of 3: boundaries
+    after 3, 6 and 9 real tokens; the two beam slots swap their histories before every
+    step. The rows' per-row counters (slot in the chunk, most steps in the chunk) differ
+    at every step (11 - 9 is not a multiple of 3), so a counter left out of the reorder
+    shows."""
     model = build(name, seed=1, tlb_memory_reset=reset)
     src = tokens(9, 7, seed=5)
-    prev = tokens(11, 11, seed=6, start=2)
+    prev = tokens(11, 9, seed=6, start=2)
     reorder = torch.tensor([1, 0])
     with torch.no_grad():
         enc = model.encoder(src)
@@ -193,9 +198,10 @@ def test_incremental_equals_teacher_forced_across_chunk_boundaries_with_beam_reo
         for _ in range(prev.size(1) - 1):
             order = order.index_select(0, reorder)
         full, extra = model.decoder(final_prev, model.encoder.reorder_encoder_out(enc, order))
-    torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+    real = final_prev.ne(PAD)
+    torch.testing.assert_close(inc[real], full[real], atol=1e-5, rtol=1e-5)
     assert torch.equal(inc_steps, extra["halting_decoder"].steps)
-    assert extra["halting_decoder"].chunk_real.sum() == 2 * 4
+    assert extra["halting_decoder"].chunk_real.sum() == 4 + 3
     if name != "tlb":
         assert (inc_steps < model.decoder.num_steps).any(), "the test needs early halting"
 
@@ -242,6 +248,147 @@ def test_gutlb_decides_once_per_chunk_caps_steps_and_follows_the_threshold():
     assert steps[0.5] < steps[0.999], steps
 
 
+def test_the_step_cap_applies_to_every_chunked_global_mean_side_and_only_to_those():
+    """docs/chunked.md: GUTLB's cap min(L, n_c + 1) applies whenever the rule is
+    ``global-mean`` on a chunked side, GUTLB's transition and gate or not (here the SUT's
+    experts with plain global-mean), and not to per-token stick-breaking. At α_thresh = 1 no
+    position halts by its cumulative probability, so the cap (or L) alone stops it."""
+    src = tokens(9, 6, seed=7)  # chunks of 4, 4, 1 and 4, 2 real tokens
+    L = 5
+    for halting, capped in (("global-mean", True), ("stick-breaking", False)):
+        model = make_model("sut_tiny", encoder_halting=halting, encoder_layers=L,
+                           encoder_chunk_size=4, encoder_memory_slots=2, halting_threshold=1.0)
+        assert not model.encoder.block.gate and not getattr(model.encoder.halting, "transition", False)
+        assert model.encoder.cap_steps is capped
+        with torch.no_grad():
+            h = model.encoder(src)["halting"][0]
+        for row, chunks in enumerate(_chunk_of_each_token(src, 4)):
+            for c, idx in chunks.items():
+                expected = min(L, len(idx) + 1) if capped else L
+                assert h.steps[row, idx].tolist() == [expected] * len(idx), (halting, row, c)
+
+
+# ---- the memory against a per-chunk loop ------------------------------------------------
+
+def _perturb(module, seed, scale=0.3):
+    """Every parameter moved by N(0, scale²): LayerNorm gains away from 1 and biases away
+    from 0, so that the query's and the memory's LayerNorms differ and every bias counts."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+
+def _layer_norm(x, norm):
+    return F.layer_norm(x, x.shape[-1:], norm.weight, norm.bias, norm.eps)
+
+
+def reference_memory_attention(attn, x, m):
+    """MHA(LN_q(x), LN_kv(m), LN_kv(m)) of one example, head by head: x (T, d) queries,
+    m (S, d) the rows read -> (T, d) (no residual)."""
+    H, D = attn.num_heads, attn.head_dim
+    q = _layer_norm(x, attn.q_norm) @ attn.q_proj.weight.T + attn.q_proj.bias
+    mm = _layer_norm(m, attn.kv_norm)
+    k = mm @ attn.k_proj.weight.T + attn.k_proj.bias
+    v = mm @ attn.v_proj.weight.T + attn.v_proj.bias
+    heads = []
+    for head in range(H):
+        cols = slice(head * D, (head + 1) * D)
+        weights = torch.softmax(q[:, cols] @ k[:, cols].T / math.sqrt(D), -1)
+        heads.append(weights @ v[:, cols])
+    return torch.cat(heads, -1) @ attn.out_proj.weight.T + attn.out_proj.bias
+
+
+def reference_write(memory, M, rows):
+    """M^{c+1} of one example from M^c (k, d) and the chunk's real final rows (n, d): U
+    pre-LN blocks, A_u = M_{u-1} + MHA(LN_q(M_{u-1}), LN_s(rows)), M_u = A_u +
+    W_2 GELU(W_1 LN(A_u) + b_1) + b_2; no row leaves M^c."""
+    if rows.size(0) == 0:
+        return M
+    for attn, ffn in zip(memory.write_attn, memory.write_ffn):
+        A = M + reference_memory_attention(attn, M, rows)
+        hidden = F.gelu(_layer_norm(A, ffn.norm) @ ffn.fc1.weight.T + ffn.fc1.bias)
+        M = A + hidden @ ffn.fc2.weight.T + ffn.fc2.bias
+    return M
+
+
+def test_memory_write_equals_a_per_example_loop():
+    """``ChunkMemory.update`` (k = 3 slots, U = 2 write blocks) against the loop, float64:
+    rows of different real counts, one row with none (its memory is kept)."""
+    from sut_fairseq.modules.memory import ChunkMemory
+
+    torch.manual_seed(0)
+    memory = ChunkMemory(16, 3, 2, num_heads=2, head_dim=4).double().eval()
+    _perturb(memory, seed=1)
+    g = torch.Generator().manual_seed(2)
+    M = torch.randn(3, 3, 16, generator=g, dtype=torch.float64)
+    S = torch.randn(3, 5, 16, generator=g, dtype=torch.float64)
+    real = torch.tensor([[True] * 5, [True, False, True, False, False], [False] * 5])
+    with torch.no_grad():
+        got = memory.update(M, S, real)
+        for b in range(3):
+            expected = reference_write(memory, M[b], S[b][real[b]])
+            torch.testing.assert_close(got[b], expected, atol=1e-10, rtol=1e-10)
+    assert torch.equal(got[2], M[2]) and not torch.allclose(got[0], M[0])
+
+
+def reference_chunked_encoder(model, src):
+    """The chunked encoder of a model without halting (S_l = h_l), example by example and
+    chunk by chunk: the chunk's real tokens with their slot positions, L steps of
+    [self-attention over the chunk (the block's sub-layer), the memory read
+    h ← h + MHA(LN_q(h), LN_m(M^c), LN_m(M^c)) (written out), the feed-forward sub-layer],
+    then M^{c+1} = ``reference_write``. Returns per example the token rows (n, d) and
+    LN_out(M^N) (k, d)."""
+    enc = model.encoder
+    block, memory, L = enc.block, enc.memory, enc.num_steps
+    out = []
+    for row in src:
+        real_tokens = row[row.ne(PAD)]
+        M = memory.initial
+        rows = []
+        for start in range(0, real_tokens.numel(), enc.chunk_size):
+            chunk = real_tokens[start:start + enc.chunk_size].unsqueeze(0)  # (1, n_c)
+            n = chunk.size(1)
+            slots = enc.embed_positions(torch.full((1, n), 4))  # positions 0 .. n_c-1
+            h = enc.embed_scale * enc.embed_tokens(chunk) + slots
+            running = torch.ones(1, n, dtype=torch.bool)
+            for _ in range(L):
+                k, v = block.self_kv(h)
+                a = block._sublayer(h, block.self_attn_norm,
+                                    lambda q: block.self_attn(q, k, v, running, None, 0))
+                a = a + reference_memory_attention(block.memory_attn, a[0], M)
+                h = block._sublayer(a, block.ffd_norm, lambda q: block.ffd(q, running))
+            M = reference_write(memory, M, h[0])
+            rows.append(h[0] if enc.final_norm is None else enc.final_norm(h[0]))
+        out.append((torch.cat(rows), _layer_norm(M, memory.out_norm)))
+    return out
+
+
+@pytest.mark.parametrize("arch,options", [
+    ("tlb_flipflop", {}),  # dense, pre-LN, clipped relative positions
+    ("sut_tiny", dict(encoder_halting="none")),  # the SUT's experts, post-LN
+], ids=["tlb", "sut-experts"])
+def test_memory_read_and_write_in_the_encoder_equal_a_per_chunk_loop(arch, options):
+    """Token rows and LN_out(M^N) of a chunked encoder with a memory (chunks of 4, k = 3,
+    U = 2) against ``reference_chunked_encoder``, float64, every memory parameter and
+    LayerNorm perturbed: a write block without its residual, or the memory keys/values
+    normalised by the query's LayerNorm, change the result."""
+    model = make_model(arch, encoder_chunk_size=4, encoder_memory_slots=3,
+                       encoder_memory_update_layers=2, encoder_layers=2, tlb_encoder_out="both",
+                       **options).double()
+    _perturb(model.encoder.memory, seed=3)
+    _perturb(model.encoder.block.memory_attn, seed=4)
+    src = tokens(11, 6, seed=9)  # chunks of 4, 4, 3 and 4, 2 real tokens
+    with torch.no_grad():
+        enc = model.encoder(src)
+        token_out, memory_out = token_rows(enc, model)
+        expected = reference_chunked_encoder(model, src)
+    for b, (rows, M) in enumerate(expected):
+        real = src[b].ne(PAD)
+        torch.testing.assert_close(token_out[b][real], rows, atol=1e-9, rtol=1e-9)
+        torch.testing.assert_close(memory_out[b], M, atol=1e-9, rtol=1e-9)
+
+
 # ---- the memory-reset control -----------------------------------------------------------
 
 def test_memory_reset_makes_every_chunk_read_the_initial_memory():
@@ -262,6 +409,18 @@ def test_memory_reset_makes_every_chunk_read_the_initial_memory():
     # the final memory still reads the last chunk: written from M^0
     final = outs[True]["halting"][0].final_memory
     assert final is not None and not torch.equal(final, M0)
+
+
+def test_memory_reset_is_refused_in_training_mode():
+    """A test-time control: a training step with it would train a model whose chunks
+    pass nothing on, so the first training forward stops, naming the option."""
+    model = build("tlb", tlb_memory_reset=True).train()
+    with pytest.raises(ValueError, match=r"--tlb-memory-reset is a test-time control and the "
+                                         r"model is in training mode"):
+        model(tokens(9, 5, seed=8), None, tokens(4, 4, seed=9, start=2))
+    model.eval()
+    with torch.no_grad():
+        model(tokens(9, 5, seed=8), None, tokens(4, 4, seed=9, start=2))
 
 
 # ---- experts, gradients, the ACT loss per chunk ------------------------------------------
@@ -407,6 +566,11 @@ def test_macs_of_a_small_chunked_model_match_a_hand_count():
     (dict(encoder_chunk_size=4, hyper_modules=2, att_experts=1, att_topk=1, ffd_experts=1,
           ffd_topk=1, rel_pos="none"), "--hyper-modules=2 is invalid"),
     (dict(tlb_memory_reset=True), "--tlb-memory-reset=True is invalid: needs a side with a memory"),
+    (dict(encoder_chunk_size=4, encoder_memory_slots=0),
+     "--tlb-encoder-out='both' is invalid: 'both' needs --encoder-memory-slots > 0 "
+     "(--encoder-chunk-size 4 with --encoder-memory-slots 0 has no memory"),
+    (dict(encoder_chunk_size=4, encoder_memory_slots=0, tlb_encoder_out="both"),
+     "say --tlb-encoder-out tokens"),
 ])
 def test_invalid_chunk_options_are_refused_with_the_option_and_what_is_allowed(options, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace("+", r"\+")):

@@ -184,7 +184,15 @@ def chunked_recurrence(
         causal: the cap counts the chunk's tokens up to each position (decoder).
     Returns:
         S_L (B, T, d) (padding rows: h0) and the ``ChunkedHaltingResult``.
+    Raises:
+        ValueError: ``memory_reset`` with a memory in training mode (the reset is a
+            test-time control: nothing would pass between the chunks of a training run).
     """
+    if memory_reset and memory is not None and memory.training:
+        raise ValueError(
+            "--tlb-memory-reset is a test-time control and the model is in training mode "
+            "(fairseq-train): train without it and set it for evaluation with "
+            "--model-overrides \"{'tlb_memory_reset': True}\"")
     chunks = layout.gather(h0)  # (B, N, w, d)
     M0 = memory.begin(h0) if memory is not None else None
     M, read, outputs, results = M0, [], [], []
