@@ -117,6 +117,58 @@ def test_encoder_equals_a_plain_loop(mode, pre_ln):
 
 
 
+def reference_decoder(model, prev, enc):
+    """A plain loop for ``--decoder-halting none``: h_0 = scaled embedding (+ fairseq's
+    positions unless coordinate); h_l = Block(h_{l-1} + E_l, causal keys/values of
+    h_{l-1} + E_l, the encoder output) with E_l = TE(l) (+ PE(i), i the 1-based index among
+    the real target tokens, for coordinate). Returns the logits (B, T, V)."""
+    dec = model.decoder
+    emb = dec.step_embedding
+    pad = prev.eq(dec.padding_idx)
+    h = dec.embed_scale * dec.embed_tokens(prev)
+    if emb.mode == "timestep":
+        h = h + dec.embed_positions(prev)
+    d = h.size(-1)
+    index = (torch.cumsum(~pad, 1) * ~pad).tolist()
+    enc_out = enc["encoder_out"][0].transpose(0, 1)
+    cross_k, cross_v = dec.block.cross_kv(enc_out)
+    for step in range(1, dec.num_steps + 1):
+        E = torch.stack([torch.stack([
+            (reference_sinusoid(step, d) + (reference_sinusoid(i, d) if emb.mode == "coordinate" else 0)).float()
+            for i in row]) for row in index])
+        k, v = dec.block.self_kv(h + E)
+        h = dec.block(h + E, k, v, ~pad, self_padding_mask=pad, cross_k=cross_k, cross_v=cross_v,
+                      cross_padding_mask=enc["encoder_padding_mask"][0])
+    if dec.final_norm is not None:
+        h = dec.final_norm(h)
+    return dec.output_layer(h)
+
+
+@pytest.mark.parametrize("mode", ["timestep", "coordinate"])
+@pytest.mark.parametrize("pre_ln", [False, True], ids=["post-LN", "pre-LN"])
+def test_decoder_equals_a_plain_loop(mode, pre_ln):
+    """The decoder's step embedding against an independent loop, teacher-forced and
+    incremental (both paths share the decoder's code, so they cannot check each other);
+    a left-padded target row shifts fairseq's positions but not the coordinate index."""
+    model = make_model(decoder_step_embedding=mode, decoder_halting="none",
+                       decoder_normalize_before=pre_ln)
+    assert model.encoder.step_embedding is None and model.decoder.step_embedding.mode == mode
+    g = torch.Generator().manual_seed(4)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    src[1, :2] = 1
+    prev = torch.randint(4, 40, (3, 7), generator=g)
+    prev[:, 0] = 2
+    prev[2, :3] = 1  # --left-pad-target
+    with torch.no_grad():
+        enc = model.encoder(src)
+        full, _ = model.decoder(prev, enc)
+        inc, _, _ = run_incremental(model, enc, prev)
+        ref = reference_decoder(model, prev, enc)
+    real = prev.ne(1)
+    torch.testing.assert_close(full[real], ref[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(inc[real], ref[real], atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("mode", ["timestep", "coordinate"])
 @pytest.mark.parametrize("pre_ln", [False, True], ids=["post-LN", "pre-LN"])
 @pytest.mark.parametrize("threshold", [0.999, 0.3])
