@@ -114,23 +114,101 @@ def _record_hyper_calls(model):
     return calls, handles
 
 
+def _explicit_weight(layer, z):
+    """W = Σ_m s_m W^(m) + g for one example embedding z (d,), everything written out:
+    s = softmax((W_r LN(z)) Kᵀ / (τ √d_k)), W^(m) = Σ_j V[m, j] G^(j). Returns (d_out, d_in)."""
+    r = layer.router
+    q = F.layer_norm(z, z.shape[-1:], r.norm.weight, r.norm.bias, r.norm.eps) @ r.query.weight.T
+    s = torch.softmax(q @ r.keys.T / (r.temperature * math.sqrt(r.keys.size(1))), -1)
+    W = layer.generator_bias.clone()
+    for m in range(layer.num_modules):
+        W = W + s[m] * sum(layer.values[m, j] * layer.generator[j] for j in range(layer.embed_dim))
+    return W
+
+
 def test_encoder_weights_are_one_set_per_sentence():
+    """Every hyper-linear call of the encoder applies, to every position of sentence b
+    (padding included), the one weight set W_b composed from that sentence's z_b, and z_b
+    is the masked mean of the step's input h over the sentence's real positions."""
     model = small_model()
-    src = torch.randint(4, 40, (3, 6))
+    src = torch.randint(4, 40, (3, 6), generator=torch.Generator().manual_seed(0))
     src[1, :2] = 1
+    real = src.ne(1)
     calls, handles = _record_hyper_calls(model)
+    block_inputs = []
+    handles.append(model.encoder.block.register_forward_pre_hook(
+        lambda mod, args, kwargs: block_inputs.append((args[0], kwargs["hyper_z"])), with_kwargs=True))
     with torch.no_grad():
         model.encoder(src)
         for h in handles:
             h.remove()
         assert len(calls) == 6 * 4  # q, k, v, out, fc1, fc2 at each of the 4 steps
+        assert len(block_inputs) == 4
+        for h, z in block_inputs:  # z_l: the masked mean of h_{l-1}, sentence by sentence
+            for b in range(3):
+                torch.testing.assert_close(z[b], h[b][real[b]].mean(0), atol=1e-12, rtol=1e-12)
+        zs = [z for _, z in block_inputs]
         for layer, x, z, y in calls:
             assert z.shape == (3, 32)  # one example embedding per sentence and step
-            assert layer.compose(z).shape == (3, layer.out_dim, layer.in_dim)
-            # every position of a sentence gets the same weights: applying them per token
-            # with z repeated at every position gives the same output
-            torch.testing.assert_close(layer(x, z[:, None].expand(-1, x.size(1), -1)), y,
-                                       atol=1e-10, rtol=1e-10)
+            assert any(z is step_z for step_z in zs)
+            for b in range(3):
+                W = _explicit_weight(layer, z[b])
+                torch.testing.assert_close(y[b], x[b] @ W.T + layer.bias, atol=1e-10, rtol=1e-10)
+            W0, W1 = _explicit_weight(layer, z[0]), _explicit_weight(layer, z[1])
+            assert not torch.allclose(W0, W1), "the test needs sentences with different weights"
+
+
+def reference_hyper_encoder(model, src):
+    """A plain loop for ``--encoder-halting none``: h_0 = scaled embedding + positions;
+    z_l = masked mean of h_{l-1} over the real positions (B, d), recomputed at every step;
+    h_l = Block(h_{l-1}, keys/values of h_{l-1}, z_l). Returns S_L (B, S, d)."""
+    enc = model.encoder
+    pad = src.eq(enc.padding_idx)
+    w = (~pad).unsqueeze(-1).to(torch.float64)
+    h = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src).to(torch.float64)
+    for _ in range(enc.num_steps):
+        z = (h * w).sum(1) / w.sum(1)
+        k, v = enc.block.self_kv(h, z)
+        h = enc.block(h, k, v, ~pad, self_padding_mask=pad, hyper_z=z)
+    return h if enc.final_norm is None else enc.final_norm(h)
+
+
+def reference_hyper_decoder(model, prev, enc_out):
+    """A plain loop for ``--decoder-halting none``: z_{t,l} = mean of h_{l-1} over the real
+    positions <= t (B, T, d), recomputed at every step; h_l = Block(h_{l-1}, causal
+    keys/values of h_{l-1} under z_l, the encoder output, z_l). Returns the logits."""
+    dec = model.decoder
+    pad = prev.eq(dec.padding_idx)
+    w = (~pad).unsqueeze(-1).to(torch.float64)
+    h = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev).to(torch.float64)
+    cross_k, cross_v = dec.block.cross_kv(enc_out["encoder_out"][0].transpose(0, 1))
+    for _ in range(dec.num_steps):
+        z = torch.stack([(h[:, : t + 1] * w[:, : t + 1]).sum(1) / w[:, : t + 1].sum(1).clamp_min(1)
+                         for t in range(prev.size(1))], 1)
+        k, v = dec.block.self_kv(h, z)
+        h = dec.block(h, k, v, ~pad, self_padding_mask=pad, cross_k=cross_k, cross_v=cross_v,
+                      cross_padding_mask=enc_out["encoder_padding_mask"][0], hyper_z=z)
+    return dec.output_layer(h if dec.final_norm is None else dec.final_norm(h))
+
+
+@pytest.mark.parametrize("components", ["qkv,out,ffn", "ffn"])
+def test_example_embeddings_follow_the_state_of_every_step(components):
+    """Encoder and decoder (teacher-forced and incremental) against the plain loops, so
+    z must be recomputed from h_{l-1} at each step (z from h_0 at every step differs)."""
+    model = small_model(seed=8, hyper_components=components, encoder_halting="none",
+                        decoder_halting="none")
+    src, prev = _decoder_inputs(seed=8)
+    prev[2, :2] = 1  # a left-padded target
+    real_src, real_tgt = src.ne(1), prev.ne(1)
+    with torch.no_grad():
+        enc = model.encoder(src)
+        torch.testing.assert_close(enc["encoder_out"][0].transpose(0, 1)[real_src],
+                                   reference_hyper_encoder(model, src)[real_src], atol=1e-9, rtol=1e-9)
+        expected = reference_hyper_decoder(model, prev, enc)
+        full, _ = model.decoder(prev, enc)
+        inc, _, _ = run_incremental(model, enc, prev)
+    torch.testing.assert_close(full[real_tgt], expected[real_tgt], atol=1e-9, rtol=1e-9)
+    torch.testing.assert_close(inc[real_tgt], expected[real_tgt], atol=1e-9, rtol=1e-9)
 
 
 def test_encoder_output_ignores_padding_and_batch_mates():
@@ -197,8 +275,10 @@ def test_incremental_equals_full_forward(halting, threshold):
         assert (steps.max(0).values < 4).any(), "the test needs whole-batch early exits"
 
 
-@pytest.mark.parametrize("halting", ["act", "none"])
+@pytest.mark.parametrize("halting", ["act", "none", "global-mean"])
 def test_incremental_equals_full_forward_after_beam_reordering(halting):
+    """Under beam reordering the cache's hyper prefix sums (every rule) and the halting
+    rule's own prefix sums (global-mean) follow their hypotheses."""
     model = small_model(seed=4, dtype=torch.float32, decoder_halting=halting,
                         halting_threshold=0.6)
     src, prev = _decoder_inputs(seed=4)
