@@ -7,6 +7,11 @@
   names an existing file and an existing heading of it (GitHub's anchors), and every
   markdown link inside ``docs/`` to a heading (``[text](FILE.md#anchor)``, ``(#anchor)``)
   resolves too.
+* The front doors -- ``README.md``, the documentation index ``docs/README.md`` and the
+  results page ``docs/results/README.md`` -- exist, and every relative link and image in
+  them names an existing file (and heading, when it has an anchor).
+* No cell of a README table is longer than ``MAX_README_CELL`` characters (the README
+  shows one line per task; the figures and caveats live in the result files).
 """
 import os
 import re
@@ -159,3 +164,54 @@ def test_docs_anchor_references_resolve():
                     problems.append(f"{rel_source}:{number}: {shown} has no heading #{anchor}")
     assert checked > 0, "no docs/<file>.md#<anchor> reference found: the pattern is broken"
     assert not problems, "broken documentation references:\n" + "\n".join(problems)
+
+
+# ------------------------------------------------------------------- front doors
+
+#: The pages a newcomer lands on; every link in them must resolve.
+FRONT_DOORS = ("README.md", os.path.join("docs", "README.md"), os.path.join("docs", "results", "README.md"))
+#: ``[text](target)`` and ``![alt](target)``; the target has no spaces or parentheses.
+ANY_LINK = re.compile(r"\]\(([^()\s]+)\)")
+MAX_README_CELL = 300
+
+
+def outside_fences(markdown: str) -> List[str]:
+    """The lines of a markdown file outside fenced code blocks."""
+    lines, in_fence = [], False
+    for line in markdown.splitlines():
+        if FENCE.match(line):
+            in_fence = not in_fence
+        elif not in_fence:
+            lines.append(line)
+    return lines
+
+
+def test_front_door_links_resolve():
+    problems, checked = [], 0
+    for rel in FRONT_DOORS:
+        path = os.path.join(ROOT, rel)
+        assert os.path.isfile(path), f"{rel} is missing"
+        for line in outside_fences(read_text(path)):
+            for target in ANY_LINK.findall(line):
+                if re.match(r"^[a-z][a-z0-9+.-]*:", target):  # http:, https:, mailto:
+                    continue
+                checked += 1
+                link, _, anchor = target.partition("#")
+                resolved = os.path.normpath(os.path.join(os.path.dirname(path), link)) if link else path
+                if not os.path.exists(resolved):
+                    problems.append(f"{rel}: ({target}): {link} does not exist")
+                elif anchor and resolved.endswith(".md") and anchor not in anchors_of(read_text(resolved)):
+                    problems.append(f"{rel}: ({target}): no heading #{anchor}")
+    assert checked > 20, f"only {checked} links found in the front doors: the pattern is broken"
+    assert not problems, "broken links:\n" + "\n".join(problems)
+
+
+def test_readme_table_cells_are_short():
+    long_cells = []
+    for number, line in enumerate(read_text(os.path.join(ROOT, "README.md")).splitlines(), 1):
+        if line.startswith("|"):
+            for cell in re.split(r"(?<!\\)\|", line.strip().strip("|")):
+                if len(cell.strip()) > MAX_README_CELL:
+                    long_cells.append(f"README.md:{number}: {len(cell.strip())} characters: {cell.strip()[:80]}...")
+    assert not long_cells, (f"README table cells longer than {MAX_README_CELL} characters (move the detail "
+                            "to the task's result file):\n" + "\n".join(long_cells))
