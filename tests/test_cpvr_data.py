@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections import Counter
 from fractions import Fraction
+from types import SimpleNamespace
 
 import pytest
 
@@ -345,8 +346,28 @@ def test_baselines_on_hand_made_sets():
 # --------------------------------------------------------------------------- generate.py
 
 def _run(*args):
+    """generate.py as a command (its own process: the entry point and the package import)."""
     return subprocess.run([sys.executable, GENERATE, *map(str, args)], capture_output=True,
                           text=True, timeout=120)
+
+
+def _main(*args):
+    """generate.py's ``main`` in this process (the command's code without the few seconds
+    of a fresh interpreter importing torch and fairseq): (exit status, stdout, stderr)."""
+    import contextlib
+    import importlib.util
+    import io
+
+    spec = importlib.util.spec_from_file_location("cpvr_generate", GENERATE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            status = module.main([str(a) for a in args])
+        except SystemExit as exit_:
+            status = exit_.code
+    return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
 
 
 def _lines(path):
@@ -389,16 +410,16 @@ def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     assert "| hops | test size | copy a[0] |" in result.stdout and "| 6 | 25 |" in result.stdout
 
     before = (out / "train.src").read_text()
-    refused = _run("--out", out, *TINY, "--seed", 5)
+    refused = _main("--out", out, *TINY, "--seed", 5)
     assert refused.returncode == 2 and "is not empty" in refused.stderr
     assert (out / "train.src").read_text() == before
     (out / "stale.txt").write_text("old")
-    replaced = _run("--out", out, *TINY, "--seed", 5, "--overwrite")
+    replaced = _main("--out", out, *TINY, "--seed", 5, "--overwrite")
     assert replaced.returncode == 0, replaced.stderr
     assert not (out / "stale.txt").exists() and (out / "train.src").read_text() != before
     assert sorted(os.listdir(tmp_path)) == ["cpvr"]          # no temporary sibling left
 
-    bad = _run("--out", tmp_path / "bad", "--test-hops", "1-17")
+    bad = _main("--out", tmp_path / "bad", "--test-hops", "1-17")
     assert bad.returncode == 2 and "hops = 17 is infeasible for L = 16" in bad.stderr
     assert not (tmp_path / "bad").exists()
 
