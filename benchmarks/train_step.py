@@ -47,6 +47,15 @@ run, the regime of the recipe's training (its halting units start at â = 0.047 
 
 (``--bf16``: both models with parameters and activations in bfloat16, as fairseq's --bf16.)
 
+``--compile`` (wmt, logic): after the eager figures, every model again compiled, the
+plugin's with ``--compile-step`` (each side's recurrence step one ``torch.compile`` graph,
+``docs/performance.md``) and fairseq's transformer through ``torch.compile``: the seconds
+of each model's first step (compiling), its steady ms/step, compiled / eager per model,
+``compiled: sut_logic / transformer tokens/s: R`` and, for the logic SUT, ``graph breaks
+in the SUT step: N`` (``torch._dynamo.explain`` over every step of one forward).
+
+    python benchmarks/train_step.py --preset logic --compile --threads 1
+
 ``--preset cpvr``: the three models of the C-PVR recipe (``configs/cpvr``: ``ut_cpvr`` the
 dense UT, ``sut_cpvr`` the SUT of the same active size, ``hyper_ut_cpvr`` Hyper-UT), pre-LN
 with shared embeddings and the recipe's losses (no label smoothing, ACT 0.01), on one batch
@@ -230,20 +239,29 @@ def force_halting(model, bias: float, seed: int = 0) -> None:
             unit.fc2.bias.fill_(bias)
 
 
-def build(arch: str, vocab: int, halting_bias: float):
-    """The model and its criterion for one benchmark entry."""
+def is_recurrent(arch: str) -> bool:
+    """Whether ``arch`` is one of the plugin's models (SUT, UT, Hyper-UT)."""
+    return arch.startswith(("sut", "ut", "hyper_ut"))
+
+
+def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
+    """The model and its criterion for one benchmark entry; ``compiled``: the plugin's
+    models with ``--compile-step``, fairseq's transformer through ``torch.compile``."""
     torch.manual_seed(0)
     fused = arch.endswith(FUSED_CE)
     name = arch[: -len(FUSED_CE)] if fused else arch
     loss = None
+    extra = {"compile_step": True} if compiled and is_recurrent(arch) else {}
     if arch in RECIPE_MODELS:
         recipe_arch, kwargs, loss = recipe_model(arch)
-        model = build_model(recipe_arch, dict_size=vocab, **kwargs)
+        model = build_model(recipe_arch, dict_size=vocab, **kwargs, **extra)
         if arch in FORCED_HALTING:
             force_halting(model, halting_bias)
     else:
-        model = build_model(name, dict_size=vocab, share_all_embeddings=True)
+        model = build_model(name, dict_size=vocab, share_all_embeddings=True, **extra)
     model.train()
+    if compiled and not is_recurrent(arch):
+        model = torch.compile(model)  # the criterion reaches the model's methods through it
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
     if loss is not None and loss["criterion"] == "sut_label_smoothed_cross_entropy":  # the recipe's losses
         criterion = SUTLabelSmoothedCrossEntropyCriterion(
@@ -265,11 +283,13 @@ def to_device(sample, device: torch.device):
 
 
 def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_log=None,
-              device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32):
+              device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
+              compiled: bool = False):
     """A closure running one training step (zero grads, criterion forward, backward);
     appends the mean executed encoder steps to ``steps_log`` (SUT/UT) when given. On a GPU
-    the model and batch go to ``device`` (parameters in ``dtype``, as fairseq's --bf16)."""
-    model, criterion = build(arch, vocab, halting_bias)
+    the model and batch go to ``device`` (parameters in ``dtype``, as fairseq's --bf16).
+    ``compiled``: the model compiled (``build``)."""
+    model, criterion = build(arch, vocab, halting_bias, compiled)
     model.to(device=device, dtype=dtype)
     sample = to_device(sample, device)
 
@@ -285,19 +305,27 @@ def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_lo
 
 def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.0, steps_log=None,
                device: torch.device = torch.device("cpu"), dtype: torch.dtype = torch.float32,
-               peak_memory=None, steps=None):
+               peak_memory=None, steps=None, compiled: bool = False, first_step=None):
     """Median seconds per step of each arch over ``repeats`` rounds. In every round each
     arch runs one untimed step (back in its steady state: caches and allocator warm with
     its own buffers, as in training) and then one timed step; the archs take turns within
     a round, so that a slow phase of a shared machine hits all of them alike. On a GPU,
     ``peak_memory[arch]`` receives the largest allocated memory of a timed step (bytes).
-    ``steps[arch]``, when a dict is given, receives each arch's (warm) step closure."""
+    ``steps[arch]``, when a dict is given, receives each arch's (warm) step closure.
+    ``compiled``: the models compiled (``build``); ``first_step[arch]``, when a dict is
+    given, receives the seconds of each arch's first step (with compilation, its cost)."""
     steps = {} if steps is None else steps
+    cuda = device.type == "cuda"
     for arch in archs:  # steps_log: one list for every SUT/UT, or a dict of one list per arch
         log = (steps_log.setdefault(arch, []) if isinstance(steps_log, dict) else
                steps_log if arch.startswith(("sut", "ut")) else None)
-        steps[arch] = make_step(arch, sample, vocab, halting_bias, log, device, dtype)
-    cuda = device.type == "cuda"
+        steps[arch] = make_step(arch, sample, vocab, halting_bias, log, device, dtype, compiled)
+        if first_step is not None:
+            start = time.perf_counter()
+            steps[arch]()
+            if cuda:
+                torch.cuda.synchronize()
+            first_step[arch] = time.perf_counter() - start
     times = {arch: [] for arch in archs}
     for _ in range(repeats):
         for arch, step in steps.items():
@@ -379,6 +407,28 @@ def logic_mac_ratio(sample, vocab: int, halting_bias: float) -> float:
     return macs["transformer"] / macs["sut_logic"]
 
 
+def sut_graph_breaks(arch: str, sample, vocab: int, halting_bias: float) -> int:
+    """Graph breaks ``torch._dynamo.explain`` finds in the compiled steps of ``arch`` (built
+    with ``--compile-step``) over one training forward on ``sample``."""
+    from sut_fairseq.modules.compiled_step import count_graph_breaks
+
+    model, _ = build(arch, vocab, halting_bias, compiled=True)
+    return count_graph_breaks(model, sample["net_input"])
+
+
+def print_compiled(archs, sample, vocab: int, args, tokens: int, threads: int, name: str) -> dict:
+    """Time the archs compiled (``--compile``); print each one's first step (compiling)
+    and steady step, and return tokens/s per arch."""
+    tag = f"[{threads} thread{'s' if threads > 1 else ''}]"
+    first, speed = {}, {}
+    for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
+                              compiled=True, first_step=first).items():
+        speed[arch] = tokens / t
+        print(f"{tag} compiled {arch:12s} {1e3 * t:8.1f} ms/step {speed[arch]:9.0f} {name} tokens/s "
+              f"(first step, compiling: {first[arch]:.1f} s)", flush=True)
+    return speed
+
+
 def main_logic(args):
     sample, vocab, src_tokens = make_logic_batch(args.logic_tokens, args.seed)
     tokens = sample["ntokens"]
@@ -406,6 +456,18 @@ def main_logic(args):
             print(f"[{threads} thread{'s' if threads > 1 else ''}] sut_logic / transformer tokens/s: "
                   f"{ratio:.2f} (goal >= 0.4; at the transformer's MACs/s: {mac_ratio:.2f}; "
                   f"sut_logic's MACs/s = {ratio / mac_ratio:.2f}x the transformer's)")
+        if args.compile:
+            compiled = print_compiled(archs, sample, vocab, args, src_tokens, threads, "source")
+            if {"sut_logic", "transformer"} <= compiled.keys():
+                print(f"compiled: sut_logic / transformer tokens/s: "
+                      f"{compiled['sut_logic'] / compiled['transformer']:.2f} (goal >= 0.33)")
+            for arch in archs:
+                if arch in speed and arch in compiled:
+                    print(f"[{threads} thread{'s' if threads > 1 else ''}] {arch} compiled / eager "
+                          f"tokens/s: {compiled[arch] / speed[arch]:.2f}")
+    if args.compile and "sut_logic" in archs:
+        print(f"graph breaks in the SUT step: "
+              f"{sut_graph_breaks('sut_logic', sample, vocab, args.halting_bias)}")
 
 
 def main_cpvr(args):
@@ -451,6 +513,11 @@ def main():
                         help="wmt: where to run (cuda: the Triton expert kernels)")
     parser.add_argument("--bf16", action="store_true",
                         help="wmt, logic: parameters and activations in bfloat16 (fairseq's --bf16)")
+    parser.add_argument("--compile", action="store_true",
+                        help="wmt, logic: after the eager timing, time every model compiled (the "
+                             "plugin's with --compile-step, fairseq's transformer through "
+                             "torch.compile), print the seconds of each first (compiling) step, "
+                             "the compiled ratios and, for the logic SUT, its step's graph breaks")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="wmt: after the timing, profile one step per model and print its N "
                              "most expensive operations (0: no profile)")
@@ -485,6 +552,14 @@ def main():
     fused = "transformer_wmt_en_de" + FUSED_CE
     if {"sut_base", fused} <= speed.keys():
         print(f"sut_base / {fused} tokens/s: {speed['sut_base'] / speed[fused]:.2f}")
+    if args.compile:
+        compiled = print_compiled(args.arch, sample, args.vocab, args, tokens,
+                                  torch.get_num_threads(), "target")
+        for arch in args.arch:
+            print(f"{arch} compiled / eager tokens/s: {compiled[arch] / speed[arch]:.2f}")
+        if {"sut_base", "transformer_wmt_en_de"} <= compiled.keys():
+            print(f"compiled: sut_base / transformer_wmt_en_de tokens/s: "
+                  f"{compiled['sut_base'] / compiled['transformer_wmt_en_de']:.2f}")
     if args.profile:  # the timed models themselves, already warm
         for arch, step in steps.items():
             print_profile(arch, step, args.profile, cuda=device.type == "cuda")

@@ -7,9 +7,11 @@ runs that recurrence chunk by chunk with a memory between chunks (TLB / GUTLB,
 docs/chunked.md). Shapes: B batch, T / S target / source length, d width, H heads of size
 D per expert, L maximum steps.
 """
-from typing import Dict, List, Optional
+import logging
+from typing import Callable, Dict, List, Optional
 
 import torch
+import torch._dynamo
 import torch.nn as nn
 from fairseq import utils
 from fairseq.models import (
@@ -21,7 +23,7 @@ from fairseq.models import (
 )
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
-from ..modules import chunk_cache
+from ..modules import chunk_cache, compiled_step
 from ..modules.accounting import StepMeter, register_for_exit_summary
 from ..modules.chunked_recurrence import (
     ChunkedHaltingResult,
@@ -40,6 +42,8 @@ from ..modules.step_embedding import STEP_EMBEDDINGS, SteppedStateKV, build_step
 from ..modules.sut_block import HaltedStateKV, SUTBlock
 from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
 from .validation import CHUNK_POSITIONS, TLB_ENCODER_OUT, validate_args
+
+logger = logging.getLogger(__name__)
 
 
 @register_model("sut_transformer")
@@ -165,6 +169,12 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             help="test-time control: every chunk reads the initial memory M^0 "
                             "(set after training with --model-overrides "
                             "\"{'tlb_memory_reset': True}\")")
+        # execution
+        parser.add_argument("--compile-step", action="store_true",
+                            help="run each side's recurrence step as one torch.compile graph "
+                            "(docs/performance.md#compiled-steps): the full forward of training "
+                            "and validation; chunk-wise, hyper-module and early-exit sides and "
+                            "incremental decoding keep the eager step")
         # regularisation and positions
         parser.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
         parser.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
@@ -263,6 +273,52 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
+    side.compiled_step = None
+    if args.compile_step:
+        reasons = compiled_step.unsupported(args, prefix)
+        if reasons:
+            logger.warning("--compile-step: the %s keeps the eager step (not covered: %s)",
+                           prefix, ", ".join(reasons))
+        else:
+            side.compiled_step = compiled_step.CompiledStep(
+                compiled_step.RecurrenceStep(side.block, side.halting, side.step_embedding), prefix)
+
+
+def compiled_step_ready(side: nn.Module, x: torch.Tensor) -> bool:
+    """Whether this forward runs the side's compiled step (``--compile-step``): the option is
+    on and covers the side, and inductor can compile for ``x``'s device (else a one-line
+    warning, once, and the eager step)."""
+    step = side.compiled_step
+    if step is None or step.failed:
+        return False
+    missing = compiled_step.compiler_missing(x.device) if compiled_step.compile_backend() == "inductor" else None
+    if missing is not None:
+        step.disable(RuntimeError(missing))
+        return False
+    return True
+
+
+def step_embedding_table(side: nn.Module, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """TE(1..L) (L, d) of the side's step embedding, or None."""
+    emb = side.step_embedding
+    if emb is None:
+        return None
+    return torch.stack([emb.timestep(l, like) for l in range(1, side.num_steps + 1)])
+
+
+def run_side_compiled(side: nn.Module, x: torch.Tensor, real: torch.Tensor,
+                      self_padding_mask: torch.Tensor, coords: Optional[torch.Tensor],
+                      eager: Callable, **block_inputs):
+    """The side's recurrence over its compiled step; ``eager()`` instead (and from then on)
+    if compiling fails."""
+    try:
+        return compiled_step.run_compiled(
+            side.compiled_step, x, real, side.halting, side.num_steps, self_padding_mask,
+            te_table=step_embedding_table(side, x), coords=coords, **block_inputs)
+    except (torch._dynamo.exc.BackendCompilerFailed, torch._dynamo.exc.Unsupported,
+            torch._dynamo.exc.InternalTorchDynamoError) as error:
+        side.compiled_step.disable(error)
+        return eager()
 
 
 def init_chunks(side: nn.Module, args, prefix: str, d: int) -> None:
@@ -342,24 +398,13 @@ class SUTEncoder(FairseqEncoder):
             positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
-        if emb is None:  # (hyper-modules need no step embedding)
-            self_kv = HaltedStateKV(self.block)
+        coords = None if emb is None else emb.positions(src_tokens, self.padding_idx, x)
+        def eager():
+            return universal_recurrence(self.eager_step(pad, coords), x, ~pad, self.halting,
+                                        self.num_steps)
 
-            def step(h, S, running, _l):
-                # Hyper-UT: z_l = masked mean of h_{l-1} per sentence (B, d)
-                z = example_embedding(h, ~pad) if self.block.hyper else None
-                # hyper K/V change with every step's mixture: every row is projected again
-                k, v = self.block.self_kv(S, z) if self.block.hyper_kv else self_kv(S, running)
-                return self.block(h, k, v, running, self_padding_mask=pad, hyper_z=z)
-        else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
-            coords = emb.positions(src_tokens, self.padding_idx, x)
-            stepped_kv = SteppedStateKV(self.block, emb, coords)
-
-            def step(h, S, running, l):
-                k, v = stepped_kv(S, running, l)
-                return self.block(emb.add(h, l, coords), k, v, running, self_padding_mask=pad)
-
-        S, halting, _ = universal_recurrence(step, x, ~pad, self.halting, self.num_steps)
+        S, halting, _ = (run_side_compiled(self, x, ~pad, pad, coords, eager)
+                         if compiled_step_ready(self, x) else eager())
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("enc", halting)
         if self.final_norm is not None:
@@ -370,6 +415,27 @@ class SUTEncoder(FairseqEncoder):
             "src_lengths": [] if src_lengths is None else [src_lengths],
             "halting": [halting],
         }
+
+    def eager_step(self, pad: torch.Tensor, coords: Optional[torch.Tensor]):
+        """The eager block step ``(h, S, running, l) -> h_new`` for ``universal_recurrence``:
+        keys/values of frozen rows kept, halted rows skipped by reading masks on the host."""
+        emb = self.step_embedding
+        if emb is None:  # (hyper-modules need no step embedding)
+            self_kv = HaltedStateKV(self.block)
+
+            def step(h, S, running, _l):
+                # Hyper-UT: z_l = masked mean of h_{l-1} per sentence (B, d)
+                z = example_embedding(h, ~pad) if self.block.hyper else None
+                # hyper K/V change with every step's mixture: every row is projected again
+                k, v = self.block.self_kv(S, z) if self.block.hyper_kv else self_kv(S, running)
+                return self.block(h, k, v, running, self_padding_mask=pad, hyper_z=z)
+        else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
+            stepped_kv = SteppedStateKV(self.block, emb, coords)
+
+            def step(h, S, running, l):
+                k, v = stepped_kv(S, running, l)
+                return self.block(emb.add(h, l, coords), k, v, running, self_padding_mask=pad)
+        return step
 
     def forward_chunks(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None):
         """Chunk-wise recurrence (docs/chunked.md). ``encoder_out`` is (S', B, d): the chunk
@@ -521,10 +587,19 @@ class SUTDecoder(FairseqIncrementalDecoder):
 
         exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
         rule = self.halting.bind(self.output_projection.weight) if exits else self.halting
-        S, halting, state = universal_recurrence(
-            step, x, real, rule, self.num_steps,
-            on_early_exit=freeze if incremental_state is not None else None,
-            prefix_in=prefix_in)
+
+        def eager():
+            return universal_recurrence(
+                step, x, real, rule, self.num_steps,
+                on_early_exit=freeze if incremental_state is not None else None,
+                prefix_in=prefix_in)
+
+        if incremental_state is None and compiled_step_ready(self, x):
+            S, halting, state = run_side_compiled(
+                self, x, real, key_pad, coords, eager, cross_k=cross_k, cross_v=cross_v,
+                cross_padding_mask=enc_pad)
+        else:
+            S, halting, state = eager()
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("dec", halting)
         if incremental_state is not None:

@@ -9,8 +9,9 @@ of the generator gives two 16-bit uniform integers u, an element is kept when
 u >= round(p · 2^16): the forward takes about a third of ``F.dropout``'s time and the
 backward (dy times the saved scaled mask) is the same. The drop probability is p rounded to a multiple of
 2^-16 (|error| <= 2^-17) and the scale uses that same probability, so E[y] = x exactly.
-CUDA tensors and p within 2^-17 of 1 use ``F.dropout``; evaluation and p = 0 are the
-identity.
+CUDA tensors, p within 2^-17 of 1 and code being traced by ``torch.compile`` (whose
+inductor draws the mask inside its fused kernels; the separate generator here would break
+the graph) use ``F.dropout``; evaluation and p = 0 are the identity.
 """
 import torch
 import torch.nn as nn
@@ -38,7 +39,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if not training or p == 0.0:
         return x
     dropped = round(p * _LEVELS)
-    if x.is_cuda or dropped >= _LEVELS or not x.is_floating_point():
+    if x.is_cuda or dropped >= _LEVELS or not x.is_floating_point() or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     if dropped == 0:
         return x

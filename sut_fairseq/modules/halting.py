@@ -97,6 +97,17 @@ class HaltingState:
         self.prefix_in = prefix_in
         self.prefix_out: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
+    @classmethod
+    def from_tensors(cls, real: torch.Tensor, c: torch.Tensor, log_remain: torch.Tensor,
+                     weighted_sum: torch.Tensor, prev_h: torch.Tensor,
+                     steps: torch.Tensor) -> "HaltingState":
+        """A state holding the given tensors (a compiled step's inputs), no α yet."""
+        state = cls.__new__(cls)
+        state.real, state.c, state.log_remain = real, c, log_remain
+        state.weighted_sum, state.prev_h, state.steps = weighted_sum, prev_h, steps
+        state.alphas, state.prefix_in, state.prefix_out = [], None, {}
+        return state
+
 
 class HaltingUnit(nn.Module):
     """â = sigmoid(Linear(d', 1)(dropout(GELU(Linear(d', d)(x))))) with d' = d, or 2d when
@@ -169,13 +180,15 @@ class LearnedHalting(nn.Module):
         if self.transition:
             x = torch.cat([self._reading(state.prev_h, state, step - 1), x], -1)
         state.prev_h = h
-        if x.size(1) == running.size(1):  # per-position reading: only running rows cost
+        if x.size(1) != running.size(1):  # one reading per sequence (global mean)
+            logit = self.unit(x).expand(running.shape)
+        elif torch.compiler.is_compiling():  # static shapes: every row (halted ones masked below)
+            logit = self.unit(x)
+        else:  # eager, per-position reading: only running rows cost
             rows = running.reshape(-1).nonzero().squeeze(1)
             flat = x.reshape(-1, x.size(-1)).index_select(0, rows)
             logit = torch.zeros(running.numel(), device=x.device).index_copy(
                 0, rows, self.unit(flat)).view(running.shape)
-        else:  # one reading per sequence (global mean)
-            logit = self.unit(x).expand(running.shape)
         if self.rule == "act":
             p = torch.sigmoid(logit) * running
             halts = running & (state.c + p >= self.threshold)

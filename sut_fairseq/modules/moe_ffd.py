@@ -37,11 +37,11 @@ class MoEFeedForward(nn.Module):
         x = x.reshape(-1, shape[-1])
         routing = self.router(x, active.reshape(-1))
         h = routed_linear(x, self.w1, self.b1, routing, fan_out=routing.k, grouped_out=True)
-        if kernel_backend(h) == "reference":
+        if kernel_backend(h) == "reference" and not torch.compiler.is_compiling():
             # (M, D) in sorted order, the no-op slots (halted and padding positions) last:
             # the reference down projection reads only the routed rows, so only they need
-            # the activation (the row count is read on the host, free on CPU; the Triton
-            # kernels take all M rows)
+            # the activation (the row count is read on the host, free on an eager CPU; the
+            # Triton kernels and a compiled step take all M rows, the no-op rows being 0)
             h = h[: int(routing.expert_offsets[-1])]
         h = self.activation_dropout(self.activation_fn(h))
         y = routed_linear(h, self.w2, self.b2, routing, fan_out=1, grouped_in=True,

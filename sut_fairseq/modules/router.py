@@ -24,11 +24,15 @@ EPS = 1e-9
 class RouterStats:
     """Sums over the (position, step) pairs a router saw during one recorded forward."""
 
-    def __init__(self):
-        self.sum_probs: Optional[torch.Tensor] = None  # (E,)   Σ_x g(e|x)
-        self.sum_neg_entropy: Optional[torch.Tensor] = None  # ()  Σ_x Σ_e g log g
-        self.count: Optional[torch.Tensor] = None  # ()     |X|
-        self.assignments: Optional[torch.Tensor] = None  # (E,) top-k picks per expert
+    def __init__(self, num_experts: Optional[int] = None, device=None):
+        """With ``num_experts`` the sums start at zero tensors (what a compiled step
+        needs: the same attribute types at every call); without, at None until the first
+        ``add``."""
+        zeros = (lambda *shape: torch.zeros(shape, device=device)) if num_experts else (lambda *_: None)
+        self.sum_probs: Optional[torch.Tensor] = zeros(num_experts)  # (E,)   Σ_x g(e|x)
+        self.sum_neg_entropy: Optional[torch.Tensor] = zeros()  # ()  Σ_x Σ_e g log g
+        self.count: Optional[torch.Tensor] = zeros()  # ()     |X|
+        self.assignments: Optional[torch.Tensor] = zeros(num_experts)  # (E,) top-k picks per expert
 
     def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor,
             active: Optional[torch.Tensor] = None):
@@ -93,10 +97,11 @@ class Router(nn.Module):
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        if x.is_cuda:
+        if x.is_cuda or torch.compiler.is_compiling():
             return self.route_every_row(x, active)
-        # CPU: the router runs on the active rows only (halted and padding rows cost
-        # nothing); finding them reads the mask on the host, which is free here
+        # eager CPU: the router runs on the active rows only (halted and padding rows cost
+        # nothing); finding them reads the mask on the host, which is free here (a
+        # compiled step routes every row instead: its shapes must not depend on the data)
         rows = active.nonzero().squeeze(1)
         probs, top_idx, top_gates = self._route(x.index_select(0, rows))
         idx = torch.full((x.size(0), k), E, dtype=torch.long, device=x.device).index_copy(0, rows, top_idx)

@@ -1,0 +1,206 @@
+"""One step of a side's universal recurrence as one compiled graph (``--compile-step``).
+
+The eager recurrence (``recurrence.py``) calls a closure per step that skips halted rows
+by reading masks on the host (the router's and the halting unit's active rows, the
+changed rows of the key/value cache). Here one step is a module with tensor inputs and
+outputs whose shapes never depend on the data, so ``torch.compile(fullgraph=True)``
+traces it whole: what depends on the data (which rows each expert gets, skipping the
+rows of halted positions) happens inside the custom op ``sut::routed_linear``, which
+still gives halted rows no expert work. Step l (l = 1 .. L) of the body::
+
+    x_q = h_{l-1} (+ E_l),  x_kv = S_{l-1} (+ E_l)          E_l: the step embedding, if any
+    h_l = Block(x_q, keys/values of x_kv)   on running rows, h_{l-1} elsewhere
+    S_l = halting.mix(h_l, S_{l-1})                           (Eq. 3)
+    running_{l+1}, α_l = halting.decide(h_l)                  (the next step's decision)
+
+so the Python loop (``run_compiled``) reads one value on the host per step: whether any
+position still runs. The decision made after the last step is discarded (the eager loop
+never makes it), so both loops return the same S_L and halting statistics.
+
+Covered: both sides' full (teacher-forced) forward with every halting rule but the early
+exits, transition-aware halting, GUT's gate, step embeddings, relative positions and
+any number of experts. Not covered (the eager step runs; ``unsupported`` says why):
+chunk-wise recurrence, hyper-modules, early exits, and incremental decoding.
+"""
+import logging
+import os
+import shutil
+from typing import Callable, List, Optional
+
+import torch
+import torch.nn as nn
+
+from .halting import HaltingResult, HaltingState
+
+logger = logging.getLogger(__name__)
+
+
+def unsupported(args, prefix: str) -> List[str]:
+    """Why ``--compile-step`` cannot compile this side's step (empty: it can)."""
+    reasons = []
+    if getattr(args, f"{prefix}_chunk_size", 0):
+        reasons.append(f"--{prefix}-chunk-size (chunk-wise recurrence)")
+    if getattr(args, "hyper_modules", 0):
+        reasons.append("--hyper-modules")
+    if prefix == "decoder" and getattr(args, "decoder_halting", None) in ("pabee", "entropy"):
+        reasons.append(f"--decoder-halting {args.decoder_halting} (early exits)")
+    return reasons
+
+
+def compiler_missing(device: torch.device) -> Optional[str]:
+    """Why inductor cannot compile for ``device`` here, or None."""
+    if device.type == "cpu":
+        cxx = os.environ.get("CXX", "g++")
+        if shutil.which(cxx) is None:
+            return f"inductor's CPU backend needs a C++ compiler and {cxx!r} is not on PATH (set CXX)"
+    return None
+
+
+def compile_backend() -> str:
+    """``torch.compile``'s backend: ``SUT_COMPILE_BACKEND`` (default ``inductor``; e.g.
+    ``aot_eager`` traces and differentiates the same graph without generating code, which
+    the tests use to check many model variants quickly)."""
+    return os.environ.get("SUT_COMPILE_BACKEND", "inductor")
+
+
+class RecurrenceStep(nn.Module):
+    """Step l of one side (docstring above). Holds no parameters of its own: the side's
+    block, halting rule and step embedding are chosen when the model is built.
+
+    Shapes: B batch, T positions, d width, H heads of D; S_src the cross-attention source.
+    """
+
+    def __init__(self, block: nn.Module, halting: nn.Module, step_embedding: Optional[nn.Module]):
+        super().__init__()
+        self.block, self.halting = block, halting
+        self.embeds_steps = step_embedding is not None
+
+    def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
+                real: torch.Tensor, c: torch.Tensor, log_remain: torch.Tensor,
+                weighted_sum: torch.Tensor, steps: torch.Tensor,
+                self_padding_mask: torch.Tensor, te: Optional[torch.Tensor] = None,
+                coords: Optional[torch.Tensor] = None, cross_k: Optional[torch.Tensor] = None,
+                cross_v: Optional[torch.Tensor] = None,
+                cross_padding_mask: Optional[torch.Tensor] = None):
+        """h = h_{l-1}, S, weighted_sum: (B, T, d); running, real, self_padding_mask: (B, T)
+        bool; c, log_remain: (B, T) fp32; steps (B, T) long; te: TE(l) (d,) and coords
+        PE (B, T, d) of the step embedding; cross_k/cross_v (B, H, S_src, D) and
+        cross_padding_mask (B, S_src) on the decoder.
+
+        Returns h_l, S_l, steps, and the decision for step l + 1: running (B, T), c,
+        log_remain, weighted_sum and α_l (None for the rule ``none``). (A transition-aware
+        decision reads [h_{l-1}; h_l]: h_{l-1} is this step's input h.)"""
+        xq, xkv = h, S
+        if self.embeds_steps:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
+            if coords is not None:
+                xq, xkv = xq + coords, xkv + coords
+            xq, xkv = xq + te, xkv + te
+        k, v = self.block.self_kv(xkv)  # every row: a halted row's keys are those of its frozen S
+        h_new = self.block(xq, k, v, running, self_padding_mask=self_padding_mask,
+                           cross_k=cross_k, cross_v=cross_v, cross_padding_mask=cross_padding_mask)
+        h_prev, h = h, torch.where(running.unsqueeze(-1), h_new, h)
+        steps = steps + running.long()
+        state = HaltingState.from_tensors(real, c, log_remain, weighted_sum, h_prev, steps)
+        S = self.halting.mix(h, S, running, state)
+        running_next = self.halting.decide(h, running, state, 0)
+        alpha = state.alphas[-1] if state.alphas else None
+        return h, S, steps, running_next, state.c, state.log_remain, state.weighted_sum, alpha
+
+
+class CompiledStep:
+    """``RecurrenceStep`` compiled on first use (``torch.compile(fullgraph=True)``).
+
+    A failure to compile is reported once, in one line, and the side falls back to the
+    eager step for the rest of the process (``failed``)."""
+
+    def __init__(self, step: RecurrenceStep, side: str):
+        self.step, self.side = step, side
+        self.compiled: Optional[Callable] = None
+        self.failed = False
+
+    def __call__(self, *args, **kwargs):
+        if self.compiled is None:
+            self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend())
+        return self.compiled(*args, **kwargs)
+
+    def disable(self, error: BaseException) -> None:
+        first = str(error).strip().splitlines()
+        logger.warning("--compile-step: compiling the %s step failed (%s: %s); running the "
+                       "eager step from now on", self.side, type(error).__name__,
+                       first[0][:300] if first else "")
+        self.failed = True
+
+
+#: the dimensions of a step's inputs that change from batch to batch (B, T, S_src)
+_DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": ()}
+
+
+def mark_batch_dims(inputs: dict) -> None:
+    """Compile for any batch size and length from the first batch on: fairseq's batches
+    change B and T every update, and a graph specialised to the first shapes would be
+    compiled again at the second (``maybe_mark_dynamic``: sizes 0 and 1 stay special)."""
+    for name, tensor in inputs.items():
+        if tensor is not None:
+            for dim in _DYNAMIC_DIMS.get(name, (0, 1)):
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+
+
+def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: nn.Module,
+                 max_steps: int, self_padding_mask: torch.Tensor,
+                 te_table: Optional[torch.Tensor] = None, **block_inputs):
+    """The universal recurrence (``recurrence.universal_recurrence``) over a compiled step.
+
+    Args:
+        step: a ``RecurrenceStep`` or its compiled form; h0: (B, T, d); real: (B, T) bool.
+        te_table: (L, d) the step embedding's TE(1..L), or None.
+        block_inputs: ``coords`` and the decoder's ``cross_k``, ``cross_v``,
+            ``cross_padding_mask``.
+    Returns:
+        S_L (B, T, d), the HaltingResult and the final HaltingState, as the eager loop.
+    """
+    state = halting.begin(h0, real)
+    # S_0 = h_0, as a tensor of its own: inputs that alias would make another graph
+    h, S, running = h0, h0.clone(), real
+    for l in range(1, max_steps + 1):
+        if l > 1 and not bool(running.any()):  # the one host read of a step
+            break
+        te = None if te_table is None else te_table[l - 1]
+        inputs = dict(h=h, S=S, running=running, real=real, c=state.c, log_remain=state.log_remain,
+                      weighted_sum=state.weighted_sum, steps=state.steps,
+                      self_padding_mask=self_padding_mask, te=te, **block_inputs)
+        mark_batch_dims(inputs)
+        h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha = step(**inputs)
+        if l < max_steps:  # the decision for step l + 1
+            running = running_next
+            state.c, state.log_remain, state.weighted_sum = c, log_remain, weighted_sum
+            if alpha is not None:
+                state.alphas.append(alpha)
+    result: HaltingResult = halting.finish(state, max_steps)
+    return S, result, state
+
+
+def count_graph_breaks(model: nn.Module, net_input: dict) -> int:
+    """Graph breaks ``torch._dynamo.explain`` finds in the compiled steps of one forward of
+    ``model`` (built with ``--compile-step``) on ``net_input``: every call of each side's
+    step is traced by ``explain`` instead of being compiled; the forward runs eagerly."""
+    sides = [side for side in (model.encoder, model.decoder)
+             if getattr(side, "compiled_step", None) is not None]
+    if not sides:
+        raise ValueError("count_graph_breaks: the model has no compiled step (--compile-step)")
+    breaks = []
+
+    class Explained(CompiledStep):
+        def __call__(self, *args, **kwargs):
+            breaks.append(torch._dynamo.explain(self.step)(*args, **kwargs).graph_break_count)
+            return self.step(*args, **kwargs)
+
+    saved = [side.compiled_step for side in sides]
+    try:
+        for side in sides:
+            side.compiled_step = Explained(side.compiled_step.step, side.compiled_step.side)
+        with torch.no_grad():
+            model(**net_input)
+    finally:
+        for side, step in zip(sides, saved):
+            side.compiled_step = step
+    return sum(breaks)

@@ -1,0 +1,238 @@
+"""``--compile-step``: each side's recurrence step as one ``torch.compile`` graph.
+
+* compiled == eager for the outputs and every parameter's gradient (fp32, relative 1e-4)
+  for every halting rule (but the early exits), transition-aware halting with GUT's
+  gate, step embeddings, pre-LN with T5 relative positions and a dense UT (E = k = 1):
+  with the ``aot_eager`` backend (dynamo's full-graph trace, AOTAutograd and the custom
+  op's fake and autograd implementations, no code generation, so every variant is quick)
+  and, for ``sut_tiny``, with inductor's C++ code as ``fairseq-train`` runs it;
+* ``torch._dynamo.explain`` finds no graph break in the step;
+* halted positions still cost nothing in the compiled step: the expert op computes the
+  same rows as in the eager step;
+* at most 4 compilations over 50 batches whose B and T change (logic-like and WMT-shaped);
+* the sides the option does not cover keep the eager step, with a message naming why.
+"""
+import copy
+import importlib
+import logging
+
+import pytest
+import torch
+
+from conftest import make_model, randomise_halting
+from sut_fairseq.modules import compiled_step
+from sut_fairseq.modules.compiled_step import CompiledStep, RecurrenceStep, count_graph_breaks
+
+VARIANTS = {
+    "sut_tiny": {},
+    "dense-ut": dict(att_experts=1, att_topk=1, ffd_experts=1, ffd_topk=1),
+    "gut": dict(encoder_halting="global-mean", decoder_halting="global-mean",
+                halting_transition=True, gated_ffn=True),
+    "act": dict(encoder_halting="act", decoder_halting="act"),
+    "none": dict(encoder_halting="none", decoder_halting="none"),
+    "step-embeddings": dict(encoder_step_embedding="timestep", decoder_step_embedding="coordinate"),
+    "pre-ln-t5": dict(encoder_normalize_before=True, decoder_normalize_before=True,
+                      encoder_step_embedding="coordinate", rel_pos="t5"),
+}
+
+
+def _batch(seed=0, B=3, S=9, T=7):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (B, S), generator=g)
+    src[0, :3] = 1  # left padding
+    prev = torch.randint(4, 40, (B, T), generator=g)
+    prev[1, T - 2:] = 1  # right padding
+    return src, src.ne(1).sum(1), prev
+
+
+def _models(overrides):
+    """(eager model, the same weights with --compile-step), halting units randomised so
+    that positions halt at different steps."""
+    eager = make_model(**overrides)
+    randomise_halting(eager)
+    compiled = copy.deepcopy(eager)
+    for side in (compiled.encoder, compiled.decoder):
+        side.compiled_step = CompiledStep(RecurrenceStep(side.block, side.halting, side.step_embedding),
+                                          "test")
+    return eager, compiled
+
+
+def _loss_and_grads(model, batch):
+    src, lengths, prev = batch
+    out, extra = model(src, lengths, prev)
+    loss = (out.float().pow(2).mean() + extra["halting_encoder"].act_loss()
+            + extra["halting_decoder"].act_loss())
+    model.zero_grad()
+    loss.backward()
+    return out.detach(), extra, {n: p.grad.clone() for n, p in model.named_parameters()
+                                 if p.grad is not None}
+
+
+def _assert_same(eager, compiled, batch):
+    out_e, extra_e, grads_e = _loss_and_grads(eager, batch)
+    out_c, extra_c, grads_c = _loss_and_grads(compiled, batch)
+    for side in (compiled.encoder, compiled.decoder):
+        assert side.compiled_step.compiled is not None and not side.compiled_step.failed
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
+    for key in ("halting_encoder", "halting_decoder"):
+        assert torch.equal(extra_c[key].steps, extra_e[key].steps)
+        torch.testing.assert_close(extra_c[key].weights, extra_e[key].weights, rtol=1e-4, atol=1e-6)
+    assert grads_c.keys() == grads_e.keys()
+    for name, g in grads_e.items():
+        # relative to the tensor's largest gradient: the key biases' true gradient is 0
+        # (softmax ignores a shift of every logit) and both give rounding noise there
+        torch.testing.assert_close(grads_c[name], g, rtol=1e-4, atol=1e-4 * g.abs().max().item() + 1e-8,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+#: the default suite traces one variant with the most options (the rest: ``make test-all``)
+QUICK = {"gut"}
+
+
+@pytest.mark.parametrize("variant", [v if v in QUICK else pytest.param(v, marks=pytest.mark.slow)
+                                     for v in sorted(VARIANTS)])
+def test_compiled_step_equals_eager(variant, monkeypatch):
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    eager, compiled = _models(VARIANTS[variant])
+    eager.train(), compiled.train()  # dropout is 0: training mode, deterministic
+    _assert_same(eager, compiled, _batch())
+
+
+def test_inductor_compiled_step_equals_eager(monkeypatch):
+    """sut_tiny through inductor's generated C++, as --compile-step runs on a CPU."""
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "inductor")
+    if compiled_step.compiler_missing(torch.device("cpu")):
+        pytest.skip("no C++ compiler for inductor")
+    torch._dynamo.reset()
+    eager, compiled = _models({})
+    eager.train(), compiled.train()
+    _assert_same(eager, compiled, _batch())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", sorted(set(VARIANTS) - {"sut_tiny"}))
+def test_inductor_variants_equal_eager(variant, monkeypatch):
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "inductor")
+    torch._dynamo.reset()
+    eager, compiled = _models(VARIANTS[variant])
+    eager.train(), compiled.train()
+    _assert_same(eager, compiled, _batch())
+
+
+@pytest.mark.parametrize("variant", ["sut_tiny", pytest.param("gut", marks=pytest.mark.slow),
+                                     pytest.param("step-embeddings", marks=pytest.mark.slow)])
+def test_no_graph_break_in_the_step(variant):
+    _, compiled = _models(VARIANTS[variant])
+    src, lengths, prev = _batch()
+    net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
+    assert count_graph_breaks(compiled.train(), net_input) == 0
+
+
+def test_halted_rows_cost_nothing_in_the_compiled_step(monkeypatch):
+    """The expert op computes exactly the routed rows of the running positions, as in the
+    eager step (which skips halted rows on the host)."""
+    rl = importlib.import_module("sut_fairseq.ops.routed_linear")
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    computed = []
+    forward = rl.ExpertBlockLinear.forward
+
+    def counting(ctx, x, weight, bias, row_gates, src, dst, ends, out_rows):
+        computed.append(ends[-1])
+        return forward(ctx, x, weight, bias, row_gates, src, dst, ends, out_rows)
+
+    monkeypatch.setattr(rl.ExpertBlockLinear, "forward", staticmethod(counting))
+    eager, compiled = _models(dict(halting_threshold=0.6, encoder_layers=4, decoder_layers=4))
+    batch = _batch()
+    with torch.no_grad():
+        computed.clear()
+        res = eager.encoder(batch[0])["halting"][0]
+        rows_eager = sum(computed)
+        computed.clear()
+        compiled.encoder(batch[0])
+        rows_compiled = sum(computed)
+    executed = res.steps.sum().item()
+    assert executed < res.real.sum().item() * 4, "some positions must halt early"
+    # per executed (position, step): self-attention q and o, FFD up and down, k = 2 slots each
+    assert rows_eager == rows_compiled == 4 * 2 * executed
+
+
+def _logic_like_batches(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        S = int(torch.randint(8, 40, (), generator=g))
+        B = max(2, 2048 // S // 8)
+        src = torch.randint(4, 40, (B, S), generator=g)
+        src[0, : S // 3] = 1
+        prev = torch.randint(4, 40, (B, 2), generator=g)
+        yield src, src.ne(1).sum(1), prev
+
+
+def _wmt_shaped_batches(n, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(n):
+        S, T = (int(v) for v in torch.randint(5, 60, (2,), generator=g))
+        B = max(2, 1024 // max(S, T) // 4)
+        src = torch.randint(4, 40, (B, S), generator=g)
+        prev = torch.randint(4, 40, (B, T), generator=g)
+        yield src, src.ne(1).sum(1), prev
+
+
+@pytest.mark.parametrize("batches", [_logic_like_batches,
+                                     pytest.param(_wmt_shaped_batches, marks=pytest.mark.slow)])
+def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
+    from torch._dynamo.testing import CompileCounter
+
+    counter = CompileCounter()
+    monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
+    torch._dynamo.reset()
+    _, model = _models({})
+    model.train()
+    for src, lengths, prev in batches(50):
+        out, _ = model(src, lengths, prev)
+        out.float().mean().backward()
+    for side in (model.encoder, model.decoder):
+        assert not side.compiled_step.failed
+    assert 1 <= counter.frame_count <= 4, f"{counter.frame_count} compilations"
+
+
+@pytest.mark.parametrize("overrides, names", [
+    (dict(encoder_chunk_size=4, encoder_memory_slots=2), ["--encoder-chunk-size"]),
+    (dict(hyper_modules=2, att_experts=1, att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none"),
+     ["--hyper-modules"]),
+    (dict(decoder_halting="pabee"), ["--decoder-halting pabee"]),
+])
+def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, names, caplog):
+    with caplog.at_level(logging.WARNING):
+        model = make_model(compile_step=True, **overrides)
+    text = caplog.text
+    assert "--compile-step" in text and all(name in text for name in names)
+    src, lengths, prev = _batch()
+    with torch.no_grad():
+        model(src, lengths, prev)  # the eager step runs
+
+
+def test_option_builds_compiled_steps_and_compiles_lazily():
+    model = make_model(compile_step=True)
+    for side in (model.encoder, model.decoder):
+        assert isinstance(side.compiled_step, CompiledStep)
+        assert side.compiled_step.compiled is None  # nothing compiled before the first forward
+    assert make_model().encoder.compiled_step is None
+
+
+def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
+    """A compiler that fails gives a one-line warning and the eager step's result."""
+    def broken(gm, example_inputs):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(compiled_step, "compile_backend", lambda: broken)
+    torch._dynamo.reset()
+    eager, compiled = _models({})
+    src, lengths, prev = _batch()
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        out_c, _ = compiled(src, lengths, prev)
+        out_e, _ = eager(src, lengths, prev)
+    torch.testing.assert_close(out_c, out_e)
+    assert compiled.encoder.compiled_step.failed
+    assert "running the eager step" in caplog.text and "no compiler here" in caplog.text
