@@ -1,6 +1,9 @@
 # sut-fairseq: two commands do all the set-up on a fresh machine.
 #   make demo   install into .venv if needed, then train + decode sut_tiny on generated data
 #   make test   install into .venv if needed, then run the test suite (not the `slow` tests)
+#               on every core (pytest-xdist, TEST_WORKERS=auto; TEST_WORKERS=0: one process)
+#   make mutation   mutation testing of the model core (mutmut; hours; resumable),
+#               see docs/testing.md
 #
 # Install order matters (see README "Installation"):
 #   1. torch first, pinned: an unpinned torch pulls a multi-GB CUDA build.
@@ -22,10 +25,10 @@ PIP    := $(PY) -m pip --disable-pip-version-check
 TORCH_SPEC ?= torch==2.13.0
 FAIRSEQ_SPEC ?= fairseq-fixed==0.12.3.1
 FAIRSEQ_DEPS := scikit-learn cffi hydra-core==1.3.2 omegaconf==2.3.0 regex "sacrebleu>=2.0" tqdm bitarray packaging "numpy>=1.21.3"
-TOOLS := "triton==3.9.0" sacremoses subword-nmt sentencepiece ptflops matplotlib pytest hypothesis
+TOOLS := "triton==3.9.0" sacremoses subword-nmt sentencepiece ptflops matplotlib pytest hypothesis pytest-xdist
 STAMP := $(VENV)/.installed
 
-.PHONY: install demo test test-all clean-venv wheelhouse install-offline
+.PHONY: install xdist demo test test-all mutation clean-venv wheelhouse install-offline
 
 install: $(STAMP)
 
@@ -42,11 +45,27 @@ $(STAMP): setup.py
 demo: install
 	$(PY) -m sut_fairseq.demo
 
-test: install
-	$(PY) -m pytest -q --durations=30 tests
+# one worker per core; a test file stays on one worker (its module fixtures run once)
+TEST_WORKERS ?= auto
+XDIST = -n $(TEST_WORKERS) --dist loadfile
 
-test-all: install
-	$(PY) -m pytest -q -m "slow or not slow" tests
+# (a .venv installed before pytest-xdist was in TOOLS gets it here)
+xdist: install
+	@$(PY) -c "import xdist" 2>/dev/null || $(PIP) install pytest-xdist
+
+test: xdist
+	$(PY) -m pytest -q $(XDIST) --durations=30 tests
+
+test-all: xdist
+	$(PY) -m pytest -q $(XDIST) -m "slow or not slow" tests
+
+# mutation testing (docs/testing.md): hours on 2 cores, resumable, not part of `make test`;
+# MUTATION_ARGS="--only 'sut_fairseq/ops/*'" narrows it, "--report" prints the last results
+MUTMUT_SPEC ?= mutmut==3.8.1
+MUTATION_ARGS ?=
+mutation: install
+	@$(PY) -c "import mutmut" 2>/dev/null || $(PIP) install "$(MUTMUT_SPEC)"
+	nice -n 19 $(PY) scripts/mutation.py $(MUTATION_ARGS)
 
 clean-venv:
 	rm -rf $(VENV)
@@ -71,7 +90,7 @@ OFFLINE_DEPS := $(FAIRSEQ_DEPS) $(filter-out "triton%,$(TOOLS)) \
     scipy joblib cloudpickle threadpoolctl narwhals \
     pycparser \
     contourpy cycler fonttools kiwisolver pillow pyparsing python-dateutil tzdata \
-    iniconfig pluggy pygments sortedcontainers \
+    iniconfig pluggy pygments sortedcontainers execnet \
     click mock
 # Have no wheel on PyPI; pure Python, so their sdists are taken (built on the node).
 OFFLINE_SDIST_ONLY := antlr4-python3-runtime

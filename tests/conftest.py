@@ -1,8 +1,21 @@
-"""Shared fixtures: small models built exactly as ``fairseq-train --arch ...`` would."""
-import logging
+"""Shared fixtures: small models built exactly as ``fairseq-train --arch ...`` would.
 
-import pytest
-import torch
+Under pytest-xdist (``make test`` runs ``-n auto``) each of the N workers gets
+cores / N threads (torch's intra-op pool and, through ``OMP_NUM_THREADS``, the
+subprocesses the tests start), so that N workers do not oversubscribe the cores.
+"""
+import logging
+import os
+
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:  # before torch is imported: its thread pool reads OMP_NUM_THREADS
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // _WORKERS)))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+if _WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.ERROR)
 
@@ -52,12 +65,29 @@ def run_incremental(model, enc, prev, reorder=None):
     return torch.cat(outs, 1), torch.cat(steps, 1), prev
 
 
+# Files whose tests train models or run whole recipes in subprocesses (a minute or more
+# each, most of it in module fixtures). Under ``--dist loadfile`` a file runs on one worker
+# from start to end, so these go first and the short files fill the workers at the end.
+HEAVY_FIRST = ("test_end_to_end.py", "test_distributed.py", "test_wmt14_recipe.py",
+               "test_logic_recipe.py", "test_flipflop_recipe.py", "test_listops_recipe.py",
+               "test_cpvr_recipe.py", "test_exit_sweep.py", "test_cfq_pipeline.py",
+               "test_analysis.py", "test_reliability_resume.py", "test_reliability_prep_outputs.py",
+               "test_reliability_data.py", "test_kernels_interpret.py", "test_chunked.py",
+               "test_gpu_validate.py", "test_learning_curves.py", "test_logic_data.py",
+               "test_cpvr_data.py", "test_readme_commands.py", "test_benchmarks_smoke.py")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The HEAVY_FIRST files first, in that order; every other file after them in its
+    collection order (a stable sort: the tests of a file keep their order)."""
+    rank = {name: i for i, name in enumerate(HEAVY_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(HEAVY_FIRST)))
+
+
 def pytest_runtest_logreport(report):
     """With SUT_TEST_FAILURES_AT_ONCE=1, print each failure's traceback as soon as the test
     fails, not in the summary at the end: a run killed at a time limit (the GPU node's
     10-minute commands) still shows why the tests before the kill failed."""
-    import os
-
     if report.failed and os.environ.get("SUT_TEST_FAILURES_AT_ONCE") == "1":
         lines = report.longreprtext.splitlines()
         print(f"\nFAILED {report.nodeid} ({report.when}):\n" + "\n".join(lines[-40:]), flush=True)

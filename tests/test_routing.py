@@ -53,3 +53,14 @@ def test_layouts_that_are_not_n_by_k_are_refused_with_both_shapes(idx_shape, gat
         make_routing(expert_idxs, torch.zeros(gate_shape), 3)
     assert str(error.value) == (f"expert_idxs and gates must both be (N, k); got {idx_shape} "
                                 f"and {gate_shape}")
+
+
+def test_the_layout_is_built_on_the_device_of_its_input():
+    """The per-expert counts are made on the routing's device, not on the default device
+    (on a GPU a CPU buffer would meet CUDA indices): with the default device "meta", a CPU
+    routing is still built on the CPU."""
+    expert_idxs, gates = torch.tensor([[0, 2], [1, 0]]), torch.ones(2, 2)
+    with torch.device("meta"):
+        routing = make_routing(expert_idxs, gates, 2)
+    assert routing.expert_offsets.device.type == "cpu"
+    assert routing.expert_offsets.tolist() == [2, 3] and routing.sorted_scattered_idxs.tolist() == [0, 3, 2, 1]

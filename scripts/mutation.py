@@ -1,0 +1,278 @@
+"""Mutation testing of the model core with mutmut (``make mutation``; docs/testing.md).
+
+    python scripts/mutation.py [--only GLOB ...] [--workdir runs/mutation]
+                               [--max-children N] [--list] [--report]
+
+Every target module (``TARGETS``: ``sut_fairseq/modules``, ``sut_fairseq/ops``,
+``sut_fairseq/criterions`` and the data generators' samplers) is mutated on its own, in a
+work directory of its own (``WORKDIR/<module path, / as .>``: a copy of the package, the
+tests and what they read), and each mutant is tried against that module's own test files
+only (mutmut then runs, per mutant, the tests among them that execute the mutated
+function). A module missing from ``TARGETS`` is tried against the test files that name
+it, with a warning.
+
+Resumable: mutmut keeps every mutant's result in the work directory; running again tests
+only the mutants without a result (or whose function changed since). When the module's
+test files changed since its last run (a new or sharper test), mutmut's map of which
+tests run which function is collected again and the surviving mutants are tried again.
+``--report`` tests nothing and prints the table of what is there.
+
+The score counts a mutant as killed when a test failed (or timed out) on it. Mutants
+listed as equivalent in docs/testing.md (a backquoted mutant name in a row of its
+"Equivalent mutants" table) leave N; every other survivor is printed. The run ends with::
+
+    mutation score: K killed of N (P%)
+
+Exit status: 0 when the score was computed for every selected module (whatever it is),
+1 when mutmut failed on a module.
+"""
+import argparse
+import filecmp
+import fnmatch
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DOC = os.path.join(REPO, "docs", "testing.md")
+# what the tests read besides the package and themselves
+SYNCED = ("sut_fairseq", "tests", "data-prep", "benchmarks", "scripts", "configs", "pytest.ini",
+          "setup.py")
+ALSO_COPY = ("pytest.ini", "data-prep", "benchmarks", "scripts", "configs", "setup.py")
+TARGET_DIRS = ("sut_fairseq/modules", "sut_fairseq/ops", "sut_fairseq/criterions")
+
+# module -> its own test files (the core's modules and the data generators' samplers)
+TARGETS: Dict[str, Tuple[str, ...]] = {
+    "sut_fairseq/modules/accounting.py": ("test_halting_rules.py", "test_chunked.py"),
+    "sut_fairseq/modules/chunk_cache.py": ("test_chunked.py",),
+    "sut_fairseq/modules/chunked_recurrence.py": ("test_chunked.py",),
+    "sut_fairseq/modules/compiled_step.py": ("test_compiled_step.py",),
+    "sut_fairseq/modules/dropout.py": ("test_dropout.py",),
+    "sut_fairseq/modules/exits.py": ("test_exits.py",),
+    "sut_fairseq/modules/expert_init.py": ("test_experts.py",),
+    "sut_fairseq/modules/halting.py": ("test_halting.py", "test_halting_rules.py"),
+    "sut_fairseq/modules/hyper_block.py": ("test_hyper_ut.py",),
+    "sut_fairseq/modules/hyper_module.py": ("test_hyper_ut.py",),
+    "sut_fairseq/modules/memory.py": ("test_chunked.py",),
+    "sut_fairseq/modules/moe_ffd.py": ("test_experts.py",),
+    "sut_fairseq/modules/momha.py": ("test_experts.py",),
+    "sut_fairseq/modules/recurrence.py": ("test_halting.py", "test_incremental.py"),
+    "sut_fairseq/modules/relative_position.py": ("test_experts.py",),
+    "sut_fairseq/modules/router.py": ("test_experts.py", "test_losses.py"),
+    "sut_fairseq/modules/step_embedding.py": ("test_step_embedding.py",),
+    "sut_fairseq/modules/sut_block.py": ("test_incremental.py", "test_experts.py", "test_options_off.py"),
+    "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
+    "sut_fairseq/ops/routed_linear.py": ("test_experts.py",),
+    "sut_fairseq/ops/routed_linear_op.py": ("test_experts.py", "test_compiled_step.py"),
+    "sut_fairseq/ops/routing.py": ("test_routing.py", "test_experts.py"),
+    "sut_fairseq/criterions/losses.py": ("test_losses.py",),
+    "sut_fairseq/criterions/sut_label_smoothed_cross_entropy.py": (
+        "test_losses.py", "test_label_smoothed_ce.py", "test_exits.py", "test_offramps_freeze.py"),
+    "sut_fairseq/data/cpvr.py": ("test_cpvr_data.py",),
+    "sut_fairseq/data/flipflop.py": ("test_flipflop_data.py",),
+    "sut_fairseq/data/listops.py": ("test_listops_data.py",),
+    "sut_fairseq/data/logic_inference.py": ("test_logic_data.py",),
+}
+# test files never used for a module found by name: training runs, GPU, whole recipes
+HEAVY = re.compile(r"test_(end_to_end|distributed|gpu\w*|\w+_recipe|benchmarks_smoke|exit_sweep|"
+                   r"reliability_resume|cfq_pipeline|package_layers|repository|readme\w*|kernels_\w+)\.py$")
+DETECTED = ("killed", "timeout", "segfault")
+
+
+def discover() -> Dict[str, Tuple[str, ...]]:
+    """TARGETS plus every module of TARGET_DIRS missing from it (tests: the test files
+    that name the module, heavy ones excluded); the modules that no longer exist dropped."""
+    targets = {m: t for m, t in TARGETS.items() if os.path.exists(os.path.join(REPO, m))}
+    tests_dir = os.path.join(REPO, "tests")
+    for directory in TARGET_DIRS:
+        for name in sorted(os.listdir(os.path.join(REPO, directory))):
+            module = f"{directory}/{name}"
+            if not name.endswith(".py") or name == "__init__.py" or module in targets:
+                continue
+            stem = name[:-3]
+            found = tuple(sorted(
+                f for f in os.listdir(tests_dir) if f.startswith("test_") and f.endswith(".py")
+                and not HEAVY.search(f)
+                and re.search(rf"\b{stem}\b", open(os.path.join(tests_dir, f), encoding="utf-8").read())))
+            print(f"warning: {module} is not in scripts/mutation.py TARGETS; its tests by name: "
+                  f"{', '.join(found) or 'none'}", file=sys.stderr)
+            if found:
+                targets[module] = found
+    return targets
+
+
+def sync(src: str, dst: str) -> None:
+    """Copy ``src`` (file or tree) to ``dst``, rewriting only files whose content changed
+    (mutmut's results stay valid for unchanged sources) and removing files gone from src."""
+    if os.path.isfile(src):
+        if not (os.path.exists(dst) and filecmp.cmp(src, dst, shallow=False)):
+            os.makedirs(os.path.dirname(dst), exist_ok=True)
+            shutil.copy2(src, dst)
+        return
+    for root, dirs, files in os.walk(src):
+        dirs[:] = [d for d in dirs if d not in ("__pycache__", ".pytest_cache", ".hypothesis")]
+        rel = os.path.relpath(root, src)
+        for f in files:
+            if not f.endswith((".pyc", ".pyo")):
+                sync(os.path.join(root, f), os.path.join(dst, rel, f))
+    for root, dirs, files in os.walk(dst, topdown=False):
+        rel = os.path.relpath(root, dst)
+        for f in files:
+            if not os.path.exists(os.path.join(src, rel, f)) and not f.endswith(".pyc"):
+                os.remove(os.path.join(root, f))
+
+
+def write_config(workdir: str, module: str, tests: Tuple[str, ...]) -> None:
+    """mutmut's configuration (setup.cfg) of one module's work directory."""
+    lines = ["[mutmut]", "source_paths = sut_fairseq", f"only_mutate = {module}",
+             "also_copy ="] + [f"    {p}" for p in ALSO_COPY] + [
+             "pytest_add_cli_args_test_selection ="] + [f"    tests/{t}" for t in tests] + [
+             "pytest_add_cli_args =", "    -p", "    no:cacheprovider", "    -p", "    no:xdist",
+             # torch is not fork-safe once a test ran: fork the mutants from a clean server
+             "process_isolation = forkserver", "use_git_change_detection = false", ""]
+    text = "\n".join(lines)
+    path = os.path.join(workdir, "setup.cfg")
+    if not (os.path.exists(path) and open(path).read() == text):
+        with open(path, "w") as f:
+            f.write(text)
+
+
+def tests_fingerprint(workdir: str, tests: Tuple[str, ...]) -> str:
+    """sha256 of the module's test files and the helpers they share (conftest.py and the
+    other non-test modules of tests/), as copied into the work directory."""
+    tests_dir = os.path.join(workdir, "tests")
+    helpers = sorted(f for f in os.listdir(tests_dir) if f.endswith(".py") and not f.startswith("test_"))
+    digest = hashlib.sha256()
+    for name in helpers + list(tests):
+        digest.update(name.encode() + b"\0")
+        with open(os.path.join(tests_dir, name), "rb") as f:
+            digest.update(f.read())
+    return digest.hexdigest()
+
+
+def run_module(workdir: str, tests: Tuple[str, ...], max_children: int) -> bool:
+    """``mutmut run`` in a synced work directory; with test files changed since the last
+    run, first drop mutmut's tests-per-function map, then retry the survivors. Returns
+    whether mutmut succeeded."""
+    stamp = os.path.join(workdir, "mutants", "tests.sha256")
+    fingerprint = tests_fingerprint(workdir, tests)
+    # no stamp: a fresh work directory (nothing to redo) or results of an unknown test state
+    changed = not os.path.exists(stamp) or open(stamp).read() != fingerprint
+    if changed:
+        stats = os.path.join(workdir, "mutants", "mutmut-stats.json")
+        if os.path.exists(stats):
+            os.remove(stats)
+    ok = mutmut(workdir, "run", "--max-children", str(max_children), check=False).returncode == 0
+    survivors = [n for n, s in results(workdir).items() if s not in DETECTED]
+    if ok and changed and survivors:
+        print(f"   the tests changed: trying the {len(survivors)} survivors again", flush=True)
+        ok = mutmut(workdir, "run", "--max-children", str(max_children), *survivors,
+                    check=False).returncode == 0
+    if ok:
+        with open(stamp, "w") as f:
+            f.write(fingerprint)
+    return ok
+
+
+def mutmut(workdir: str, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    exe = os.path.join(os.path.dirname(sys.executable), "mutmut")
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"))
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([exe, *args], cwd=workdir, env=env, check=check, text=True,
+                          stdout=subprocess.PIPE if args[0] == "results" else None)
+
+
+def results(workdir: str) -> Dict[str, str]:
+    """{mutant name: status} of a work directory (``mutmut results --all true``)."""
+    if not os.path.isdir(os.path.join(workdir, "mutants")):
+        return {}
+    out = mutmut(workdir, "results", "--all", "true").stdout
+    found = {}
+    for line in out.splitlines():
+        match = re.match(r"^\s+(\S+__mutmut_\d+): (.+)$", line)
+        if match:
+            found[match.group(1)] = match.group(2).strip()
+    return found
+
+
+def equivalent_mutants() -> Dict[str, str]:
+    """{mutant name: reason} from the "Equivalent mutants" table of docs/testing.md."""
+    if not os.path.exists(DOC):
+        return {}
+    text = open(DOC, encoding="utf-8").read()
+    section = text.split("## Equivalent mutants", 1)[-1].split("\n## ", 1)[0] if "## Equivalent mutants" in text else ""
+    found = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        names = re.findall(r"`([\w.]+__mutmut_\d+)`", cells[0]) if cells else []
+        for name in names:
+            found[name] = cells[-1]
+    return found
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", nargs="+", metavar="GLOB",
+                        help="modules to run (globs on their paths, e.g. 'sut_fairseq/ops/*')")
+    parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "mutation"))
+    parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1,
+                        help="mutants tested at once (default: the cores)")
+    parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
+    parser.add_argument("--report", action="store_true", help="run nothing; the table of the results there")
+    args = parser.parse_args(argv)
+
+    targets = discover()
+    if args.only:
+        targets = {m: t for m, t in targets.items() if any(fnmatch.fnmatch(m, g) for g in args.only)}
+        if not targets:
+            parser.error(f"--only {' '.join(args.only)} matches no module")
+    if args.list:
+        for module, tests in targets.items():
+            print(f"{module}: {' '.join(tests)}")
+        return 0
+
+    equivalent = equivalent_mutants()
+    rows, failed = [], []
+    for module, tests in targets.items():
+        workdir = os.path.join(args.workdir, module[:-3].replace("/", "."))
+        if not args.report:
+            os.makedirs(workdir, exist_ok=True)
+            for item in SYNCED:
+                sync(os.path.join(REPO, item), os.path.join(workdir, item))
+            write_config(workdir, module, tests)
+            print(f"== {module} against {' '.join(tests)} ({workdir})", flush=True)
+            if not run_module(workdir, tests, args.max_children):
+                failed.append(module)
+        status = results(workdir)
+        equiv = [n for n in status if n in equivalent and status[n] not in DETECTED]
+        counted = {n: s for n, s in status.items() if n not in equiv}
+        killed = sum(s in DETECTED for s in counted.values())
+        survivors = sorted(n for n, s in counted.items() if s not in DETECTED)
+        rows.append((module, len(counted), killed, len(equiv), survivors, counted))
+
+    total = sum(r[1] for r in rows)
+    killed = sum(r[2] for r in rows)
+    print("\n| module | mutants | killed | score | equivalent | survivors |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for module, n, k, e, survivors, _ in rows:
+        score = f"{100.0 * k / n:.1f} %" if n else "not run"
+        print(f"| {module} | {n} | {k} | {score} | {e} | {len(survivors)} |")
+    for module, _, _, _, survivors, counted in rows:
+        for name in survivors:
+            print(f"survivor: {name} ({counted[name]}); mutmut show {name}  (in its work directory)")
+    not_run = [r[0] for r in rows if r[1] == 0]
+    if not_run:
+        print(f"not run (no results yet): {', '.join(not_run)}")
+    percent = 100.0 * killed / total if total else 0.0
+    print(f"mutation score: {killed} killed of {total} ({percent:.1f}%)")
+    if failed:
+        print(f"mutmut failed on: {', '.join(failed)}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
