@@ -7,7 +7,11 @@ f and the time relative to threshold 1.0 (no early halting). The last line is
 ``efficiency E`` = median over thresholds (with f < 0.95) of (time saved) / (1 - f):
 1.0 means the time falls exactly with the executed steps.
 
-    python benchmarks/halting_savings.py [--batch 128] [--len 32] [--repeats 3]
+    python benchmarks/halting_savings.py [--batch 128] [--len 32] [--repeats 3] [--compile-step]
+
+``--compile-step``: the model built with ``--compile-step`` (each recurrence step one
+``torch.compile`` graph; the halted rows are skipped inside the expert op), so the line
+says whether halting still saves time compiled. The compilation happens in the warm-up.
 """
 import argparse
 import logging
@@ -30,9 +34,12 @@ def main():
     parser.add_argument("--len", type=int, default=32)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--compile-step", action="store_true",
+                        help="build the model with --compile-step")
     args = parser.parse_args()
     torch.manual_seed(args.seed)
-    model = build_model(args.arch, dict_size=32768, share_all_embeddings=True).eval()
+    model = build_model(args.arch, dict_size=32768, share_all_embeddings=True,
+                        compile_step=args.compile_step).eval()
     unit = model.encoder.halting.unit
     with torch.no_grad():  # spread the halting logits: positions halt at different steps
         unit.fc2.weight.normal_(0.0, 3.0 / unit.fc2.weight.size(1) ** 0.5)
@@ -40,7 +47,7 @@ def main():
     g = torch.Generator().manual_seed(args.seed)
     src = torch.randint(4, 32768, (args.batch, args.len), generator=g)
     print(f"{args.arch} encoder, {args.batch} x {args.len} = {src.numel()} tokens, "
-          f"{torch.get_num_threads()} threads")
+          f"{torch.get_num_threads()} threads{', --compile-step' if args.compile_step else ''}")
     print(f"{'threshold':>9} {'executed f':>10} {'time (ms)':>10} {'relative':>9} {'saved/(1-f)':>11}")
     base_time, ratios = None, []
     with torch.no_grad():

@@ -416,13 +416,15 @@ def sut_graph_breaks(arch: str, sample, vocab: int, halting_bias: float) -> int:
     return count_graph_breaks(model, sample["net_input"])
 
 
-def print_compiled(archs, sample, vocab: int, args, tokens: int, threads: int, name: str) -> dict:
+def print_compiled(archs, sample, vocab: int, args, tokens: int, threads: int, name: str,
+                   device: torch.device = torch.device("cpu"),
+                   dtype: torch.dtype = torch.float32) -> dict:
     """Time the archs compiled (``--compile``); print each one's first step (compiling)
     and steady step, and return tokens/s per arch."""
     tag = f"[{threads} thread{'s' if threads > 1 else ''}]"
     first, speed = {}, {}
     for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
-                              compiled=True, first_step=first).items():
+                              device=device, dtype=dtype, compiled=True, first_step=first).items():
         speed[arch] = tokens / t
         print(f"{tag} compiled {arch:12s} {1e3 * t:8.1f} ms/step {speed[arch]:9.0f} {name} tokens/s "
               f"(first step, compiling: {first[arch]:.1f} s)", flush=True)
@@ -457,7 +459,8 @@ def main_logic(args):
                   f"{ratio:.2f} (goal >= 0.4; at the transformer's MACs/s: {mac_ratio:.2f}; "
                   f"sut_logic's MACs/s = {ratio / mac_ratio:.2f}x the transformer's)")
         if args.compile:
-            compiled = print_compiled(archs, sample, vocab, args, src_tokens, threads, "source")
+            compiled = print_compiled(archs, sample, vocab, args, src_tokens, threads, "source",
+                                      dtype=dtype)
             if {"sut_logic", "transformer"} <= compiled.keys():
                 print(f"compiled: sut_logic / transformer tokens/s: "
                       f"{compiled['sut_logic'] / compiled['transformer']:.2f} (goal >= 0.33)")
@@ -554,7 +557,7 @@ def main():
         print(f"sut_base / {fused} tokens/s: {speed['sut_base'] / speed[fused]:.2f}")
     if args.compile:
         compiled = print_compiled(args.arch, sample, args.vocab, args, tokens,
-                                  torch.get_num_threads(), "target")
+                                  torch.get_num_threads(), "target", device, dtype)
         for arch in args.arch:
             print(f"{arch} compiled / eager tokens/s: {compiled[arch] / speed[arch]:.2f}")
         if {"sut_base", "transformer_wmt_en_de"} <= compiled.keys():

@@ -6,12 +6,15 @@ gets past, so no model or criterion option ever appears in its help (not even fo
 fairseq's own transformer). When the plugin is imported (fairseq imports ``--user-dir``
 before it builds its parser) we wrap ``fairseq.options.parse_args_and_arch``: only when
 ``-h``/``--help`` is on the command line, the chosen components' options are added to
-the parser before fairseq prints the help and exits. Nothing changes otherwise.
+the parser before fairseq prints the help and exits. The same wrapper lets ``--bf16`` run
+on CUDA (``bf16_on_cuda.py``).
 """
 import argparse
 import sys
 
 from fairseq import options
+
+from .bf16_on_cuda import undo_implied_tpu
 
 _original_parse_args_and_arch = options.parse_args_and_arch
 
@@ -49,7 +52,10 @@ def parse_args_and_arch(parser, input_args=None, *args, **kwargs):
             _add_component_options(parser, argv)
         except (argparse.ArgumentError, SystemExit, KeyError, ValueError):
             pass  # fall back to fairseq's own help
-    return _original_parse_args_and_arch(parser, input_args, *args, **kwargs)
+    parsed = _original_parse_args_and_arch(parser, input_args, *args, **kwargs)
+    # --bf16 on CUDA (bf16_on_cuda.py): parsed is args, or (args, extra) with parse_known
+    undo_implied_tpu(parsed[0] if isinstance(parsed, tuple) else parsed, argv)
+    return parsed
 
 
 def install() -> None:

@@ -152,3 +152,28 @@ def test_teacher_forced_halting_analysis(data_bin, sut_run, tmp_path):
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "encoder steps executed" in out.stdout and (tmp_path / "a.json").stat().st_size > 0
+
+
+def test_fairseq_train_and_generate_with_compile_step(data_bin, tmp_path):
+    """``--compile-step`` through the stock tools: fairseq-train compiles both sides' steps
+    (training and validation) and learns; fairseq-generate compiles the encoder's and
+    decodes incrementally with the eager decoder step. (The ``aot_eager`` backend traces
+    the same graphs without generating C++, to keep the test short.)"""
+    env = {**os.environ, "SUT_COMPILE_BACKEND": "aot_eager"}
+    command = train_command(data_bin, str(tmp_path), 30, seed=1,
+                            extra=["--log-interval", "5", "--max-tokens", "1024",
+                                   "--warmup-updates", "10", "--arch", "sut_tiny", "--compile-step"])
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    log = proc.stdout + proc.stderr
+    assert proc.returncode == 0, log[-3000:]
+    assert "--compile-step" not in log, "a fallback to the eager step was reported:\n" + log[-3000:]
+    losses = _losses(log)
+    assert len(losses) >= 5 and losses[-1] < 0.9 * losses[0], losses
+    assert "valid on 'valid' subset" in log
+    proc = subprocess.run(generate_command(data_bin, str(tmp_path / "checkpoint_last.pt")),
+                          capture_output=True, text=True, timeout=600, env=env)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0 and "--compile-step" not in out, out[-3000:]
+    path = tmp_path / "gen.txt"
+    path.write_text(out)
+    assert len(read_generate_output(str(path))) == N_TEST

@@ -1,7 +1,8 @@
 """fairseq-train on a CUDA device: ``sut_tiny`` trained on the generated reversal task in
-fp32, ``--fp16`` and ``--bf16`` (80 updates each: finite losses that go down), and why the
-bf16 run needs ``BF16_ON_CUDA``. fairseq 0.12 makes ``--bf16`` imply ``--tpu``; the bf16
-run undoes that one implication.
+fp32, ``--fp16`` and ``--bf16`` (80 updates each: finite losses that go down). fairseq 0.12
+makes ``--bf16`` imply ``--tpu``; the plugin undoes that one implication where torch_xla is
+missing (``sut_fairseq/bf16_on_cuda.py``), so the stock command trains in bf16 on CUDA;
+without the plugin it does not.
 
 Marked ``gpu`` and skipped without a CUDA device. Kept apart from ``test_gpu.py`` (the
 kernels and layers) because each run is a fairseq-train process that compiles and
@@ -15,7 +16,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -24,31 +24,6 @@ pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run with pytest -m gpu on a GPU machine)"),
 ]
-
-
-# fairseq 0.12's argument post-processing turns ``--bf16`` into ``--bf16 --tpu``
-# (fairseq/options.py: "if args.bf16: args.tpu = True"), and its Trainer then asks
-# torch_xla for a device instead of using the GPU. To train in bf16 on CUDA, fairseq-train's
-# own entry point is run with that one implication undone; nothing else changes.
-BF16_ON_CUDA = r"""
-import sys
-from fairseq import options
-
-_parse = options.parse_args_and_arch
-
-
-def _parse_without_tpu(*args, **kwargs):
-    parsed = _parse(*args, **kwargs)
-    (parsed[0] if isinstance(parsed, tuple) else parsed).tpu = False
-    return parsed
-
-
-options.parse_args_and_arch = _parse_without_tpu
-from fairseq_cli.train import cli_main
-
-sys.argv = ["fairseq-train"] + sys.argv[1:]
-cli_main()
-"""
 
 
 @pytest.fixture(scope="module")
@@ -74,15 +49,19 @@ def _train_losses(log: str):
     return [float(m) for m in re.findall(r"train_inner\b.*?\bloss=([^,\s]+)", log)]
 
 
-def _fairseq_train(data_bin, save_dir, precision, updates=80, stock=True):
+def _fairseq_train(data_bin, save_dir, precision, updates=80, plugin=True):
     from sut_fairseq.demo import train_command
 
     flags = {"fp32": [], "fp16": ["--fp16"], "bf16": ["--bf16"]}[precision]
     command = train_command(data_bin, str(save_dir), updates, seed=1,
                             extra=["--log-interval", "10", "--max-tokens", "1024",
                                    "--warmup-updates", "20", *flags])
-    if not stock:
-        command = [sys.executable, "-c", BF16_ON_CUDA, *command[1:]]
+    if not plugin:  # fairseq's own transformer and criterion, no --user-dir
+        for option in ("--user-dir", "--mim-weight", "--act-weight"):  # the plugin's options
+            i = command.index(option)
+            command = command[:i] + command[i + 2:]
+        for option, stock in (("--arch", "transformer"), ("--criterion", "label_smoothed_cross_entropy")):
+            command[command.index(option) + 1] = stock
     env = {k: v for k, v in os.environ.items() if k != "SUT_KERNELS"}  # auto: Triton on CUDA
     proc = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
     return proc.returncode, proc.stdout + proc.stderr
@@ -92,7 +71,7 @@ def _fairseq_train(data_bin, save_dir, precision, updates=80, stock=True):
 def test_fairseq_train_on_cuda(reverse_bin, tmp_path, precision):
     """80 updates of sut_tiny on the GPU: every logged loss finite, the last one well
     below the first."""
-    rc, log = _fairseq_train(reverse_bin, tmp_path, precision, stock=precision != "bf16")
+    rc, log = _fairseq_train(reverse_bin, tmp_path, precision)
     assert rc == 0, f"fairseq-train failed:\n{log[-4000:]}"
     assert "CUDA enviroments for all 1 workers" in log, "fairseq-train did not train on the GPU"
     if precision != "fp32":
@@ -103,14 +82,14 @@ def test_fairseq_train_on_cuda(reverse_bin, tmp_path, precision):
     assert losses[-1] < 0.85 * losses[0], losses
 
 
-def test_stock_fairseq_train_bf16_needs_torch_xla(reverse_bin, tmp_path):
-    """Why the bf16 run above undoes ``--tpu``: stock ``fairseq-train --bf16`` does not run
-    on a GPU without torch_xla. If this starts to pass, fairseq no longer implies --tpu
-    and ``BF16_ON_CUDA`` can go."""
+def test_without_the_plugin_bf16_needs_torch_xla(reverse_bin, tmp_path):
+    """Why the plugin undoes ``--tpu``: ``fairseq-train --bf16`` of fairseq's own transformer,
+    without ``--user-dir``, does not run on a GPU without torch_xla. If this starts to pass,
+    fairseq no longer implies --tpu and ``bf16_on_cuda`` can go."""
     try:
         import torch_xla  # noqa: F401
         pytest.skip("torch_xla is installed")
     except ImportError:
         pass
-    rc, log = _fairseq_train(reverse_bin, tmp_path, "bf16", updates=2)
+    rc, log = _fairseq_train(reverse_bin, tmp_path, "bf16", updates=2, plugin=False)
     assert rc != 0 and "get_tpu_device" in log, log[-3000:]

@@ -78,12 +78,14 @@ class RecurrenceStep(nn.Module):
     def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
                 real: torch.Tensor, c: torch.Tensor, log_remain: torch.Tensor,
                 weighted_sum: torch.Tensor, steps: torch.Tensor,
-                self_padding_mask: torch.Tensor, te: Optional[torch.Tensor] = None,
+                self_padding_mask: torch.Tensor, threshold: Optional[torch.Tensor] = None,
+                te: Optional[torch.Tensor] = None,
                 coords: Optional[torch.Tensor] = None, cross_k: Optional[torch.Tensor] = None,
                 cross_v: Optional[torch.Tensor] = None,
                 cross_padding_mask: Optional[torch.Tensor] = None):
         """h = h_{l-1}, S, weighted_sum: (B, T, d); running, real, self_padding_mask: (B, T)
-        bool; c, log_remain: (B, T) fp32; steps (B, T) long; te: TE(l) (d,) and coords
+        bool; c, log_remain: (B, T) fp32; steps (B, T) long; threshold: α_thresh, a 0-d
+        fp32 tensor (None for the rule ``none``); te: TE(l) (d,) and coords
         PE (B, T, d) of the step embedding; cross_k/cross_v (B, H, S_src, D) and
         cross_padding_mask (B, S_src) on the decoder.
 
@@ -102,7 +104,7 @@ class RecurrenceStep(nn.Module):
         steps = steps + running.long()
         state = HaltingState.from_tensors(real, c, log_remain, weighted_sum, h_prev, steps)
         S = self.halting.mix(h, S, running, state)
-        running_next = self.halting.decide(h, running, state, 0)
+        running_next = self.halting.decide(h, running, state, 0, threshold)
         alpha = state.alphas[-1] if state.alphas else None
         return h, S, steps, running_next, state.c, state.log_remain, state.weighted_sum, alpha
 
@@ -132,7 +134,7 @@ class CompiledStep:
 
 
 #: the dimensions of a step's inputs that change from batch to batch (B, T, S_src)
-_DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": ()}
+_DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": (), "threshold": ()}
 
 
 def mark_batch_dims(inputs: dict) -> None:
@@ -161,13 +163,17 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
     state = halting.begin(h0, real)
     # S_0 = h_0, as a tensor of its own: inputs that alias would make another graph
     h, S, running = h0, h0.clone(), real
+    threshold = getattr(halting, "threshold", None)
+    if threshold is not None:  # an input, not a constant of the graph
+        threshold = torch.tensor(float(threshold), device=h0.device)
     for l in range(1, max_steps + 1):
         if l > 1 and not bool(running.any()):  # the one host read of a step
             break
         te = None if te_table is None else te_table[l - 1]
         inputs = dict(h=h, S=S, running=running, real=real, c=state.c, log_remain=state.log_remain,
                       weighted_sum=state.weighted_sum, steps=state.steps,
-                      self_padding_mask=self_padding_mask, te=te, **block_inputs)
+                      self_padding_mask=self_padding_mask, threshold=threshold, te=te,
+                      **block_inputs)
         mark_batch_dims(inputs)
         h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha = step(**inputs)
         if l < max_steps:  # the decision for step l + 1

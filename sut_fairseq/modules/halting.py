@@ -173,9 +173,11 @@ class LearnedHalting(nn.Module):
         return sums / counts.clamp_min(1)
 
     def decide(self, h: torch.Tensor, running: torch.Tensor, state: HaltingState,
-               step: int) -> torch.Tensor:
+               step: int, threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Before step l: add α_{l-1} from h_{l-1} (B, T, d) and return which positions
-        compute step l (B, T) bool."""
+        compute step l (B, T) bool. ``threshold``: α_thresh as a 0-d tensor (a compiled
+        step's input, so that changing it compiles nothing again); default ``self.threshold``."""
+        threshold = self.threshold if threshold is None else threshold
         x = self._reading(h, state, step)
         if self.transition:
             x = torch.cat([self._reading(state.prev_h, state, step - 1), x], -1)
@@ -191,13 +193,13 @@ class LearnedHalting(nn.Module):
                 0, rows, self.unit(flat)).view(running.shape)
         if self.rule == "act":
             p = torch.sigmoid(logit) * running
-            halts = running & (state.c + p >= self.threshold)
+            halts = running & (state.c + p >= threshold)
             alpha = torch.where(halts, 1.0 - state.c, p)  # the remainder on the halting step
         else:
             log_halt, log_continue = F.logsigmoid(logit), F.logsigmoid(-logit)
             alpha = torch.exp(log_halt + state.log_remain) * running
             state.log_remain = state.log_remain + log_continue * running
-            halts = running & (state.c + alpha >= self.threshold)
+            halts = running & (state.c + alpha >= threshold)
         state.c = state.c + alpha
         state.weighted_sum = state.weighted_sum + alpha.unsqueeze(-1) * h.float()
         state.alphas.append(alpha)
@@ -233,7 +235,7 @@ class NoHalting(nn.Module):
     def begin(self, h0: torch.Tensor, real: torch.Tensor, prefix_in=None) -> HaltingState:
         return HaltingState(h0, real, prefix_in)
 
-    def decide(self, h, running, state, step):
+    def decide(self, h, running, state, step, threshold=None):
         return running
 
     def mix(self, h, S, running, state):
