@@ -126,6 +126,8 @@ class CompiledStep:
         return self.compiled(*args, **kwargs)
 
     def disable(self, error: BaseException) -> None:
+        # the compiler's own error, not dynamo's wrapper around it
+        error = getattr(error, "inner_exception", None) or error
         first = str(error).strip().splitlines()
         logger.warning("--compile-step: compiling the %s step failed (%s: %s); running the "
                        "eager step from now on", self.side, type(error).__name__,
