@@ -158,6 +158,35 @@ def test_halted_rows_cost_nothing_in_the_compiled_step(monkeypatch):
     assert rows_eager == rows_compiled == 4 * 2 * executed
 
 
+def test_masked_linear_computes_the_selected_rows_only(monkeypatch):
+    """sut::masked_linear against a per-row loop, its gradients against autograd through
+    the dense product, and the rows it computes (CPU: the selected ones)."""
+    from sut_fairseq.ops.masked_linear_op import masked_linear
+
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(5, 3).double()
+    x = torch.randn(4, 6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.rand(4, 6, generator=g) < 0.5
+    y = masked_linear(x, linear, mask)
+    for i in range(4):
+        for j in range(6):
+            want = linear(x[i, j]) if mask[i, j] else torch.zeros(3, dtype=torch.float64)
+            torch.testing.assert_close(y[i, j], want)
+    torch.autograd.gradcheck(lambda x, w, b: torch.ops.sut.masked_linear(x, w, b, mask.reshape(-1)),
+                             (x.detach().reshape(-1, 5).requires_grad_(), linear.weight.detach().clone().requires_grad_(),
+                              linear.bias.detach().clone().requires_grad_()))
+    seen = []
+    forward = torch.nn.functional.linear
+
+    def counting(inp, weight, bias=None):
+        seen.append(inp.size(0))
+        return forward(inp, weight, bias)
+
+    monkeypatch.setattr(torch.nn.functional, "linear", counting)
+    masked_linear(x.detach(), linear, mask)
+    assert seen == [int(mask.sum())]
+
+
 def _logic_like_batches(n, seed=0):
     g = torch.Generator().manual_seed(seed)
     for _ in range(n):

@@ -30,6 +30,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.nn as nn
 
+from ..ops.masked_linear_op import masked_linear
 from .halting import HaltingResult, HaltingState
 
 logger = logging.getLogger(__name__)
@@ -74,30 +75,53 @@ class RecurrenceStep(nn.Module):
         super().__init__()
         self.block, self.halting = block, halting
         self.embeds_steps = step_embedding is not None
+        #: without a step embedding the keys/values of S are carried from step to step and
+        #: only the rows whose S changed are projected again (HaltedStateKV's saving)
+        self.carries_kv = not self.embeds_steps
+
+    def changed_kv(self, S: torch.Tensor, changed: torch.Tensor, k_rows: torch.Tensor,
+                   v_rows: torch.Tensor):
+        """Keys and values (B, T, H·D) of S (B, T, d): projected for the ``changed`` rows
+        (B, T) (inside ``sut::masked_linear``, which skips the others), carried over from
+        ``k_rows`` / ``v_rows`` for the rest."""
+        x = self.block.self_attn_norm(S) if self.block.normalize_before else S
+        attn, keep = self.block.self_attn, changed.unsqueeze(-1)
+        k = torch.where(keep, masked_linear(x, attn.k_proj, changed), k_rows)
+        v = torch.where(keep, masked_linear(x, attn.v_proj, changed), v_rows)
+        return k, v
 
     def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
                 real: torch.Tensor, c: torch.Tensor, log_remain: torch.Tensor,
                 weighted_sum: torch.Tensor, steps: torch.Tensor,
                 self_padding_mask: torch.Tensor, threshold: Optional[torch.Tensor] = None,
-                te: Optional[torch.Tensor] = None,
+                changed: Optional[torch.Tensor] = None, k_rows: Optional[torch.Tensor] = None,
+                v_rows: Optional[torch.Tensor] = None, te: Optional[torch.Tensor] = None,
                 coords: Optional[torch.Tensor] = None, cross_k: Optional[torch.Tensor] = None,
                 cross_v: Optional[torch.Tensor] = None,
                 cross_padding_mask: Optional[torch.Tensor] = None):
         """h = h_{l-1}, S, weighted_sum: (B, T, d); running, real, self_padding_mask: (B, T)
         bool; c, log_remain: (B, T) fp32; steps (B, T) long; threshold: α_thresh, a 0-d
-        fp32 tensor (None for the rule ``none``); te: TE(l) (d,) and coords
+        fp32 tensor (None for the rule ``none``); changed (B, T) bool, the rows whose S
+        changed in the previous step, and k_rows/v_rows (B, T, H·D) the keys and values of
+        the others (``carries_kv``; else None); te: TE(l) (d,) and coords
         PE (B, T, d) of the step embedding; cross_k/cross_v (B, H, S_src, D) and
         cross_padding_mask (B, S_src) on the decoder.
 
-        Returns h_l, S_l, steps, and the decision for step l + 1: running (B, T), c,
-        log_remain, weighted_sum and α_l (None for the rule ``none``). (A transition-aware
-        decision reads [h_{l-1}; h_l]: h_{l-1} is this step's input h.)"""
+        Returns h_l, S_l, steps, the decision for step l + 1: running (B, T), c,
+        log_remain, weighted_sum and α_l (None for the rule ``none``), and the keys and
+        values of S_{l-1} (B, T, H·D) each, or None. (A transition-aware decision reads
+        [h_{l-1}; h_l]: h_{l-1} is this step's input h.)"""
         xq, xkv = h, S
         if self.embeds_steps:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
             if coords is not None:
                 xq, xkv = xq + coords, xkv + coords
             xq, xkv = xq + te, xkv + te
-        k, v = self.block.self_kv(xkv)  # every row: a halted row's keys are those of its frozen S
+        if self.carries_kv:
+            k_rows, v_rows = self.changed_kv(S, changed, k_rows, v_rows)
+            heads = (*S.shape[:2], self.block.self_attn.num_heads, self.block.self_attn.head_dim)
+            k, v = k_rows.view(heads).transpose(1, 2), v_rows.view(heads).transpose(1, 2)
+        else:  # S + E_l changes on every row: every row projected
+            k, v = self.block.self_kv(xkv)
         h_new = self.block(xq, k, v, running, self_padding_mask=self_padding_mask,
                            cross_k=cross_k, cross_v=cross_v, cross_padding_mask=cross_padding_mask)
         h_prev, h = h, torch.where(running.unsqueeze(-1), h_new, h)
@@ -106,7 +130,8 @@ class RecurrenceStep(nn.Module):
         S = self.halting.mix(h, S, running, state)
         running_next = self.halting.decide(h, running, state, 0, threshold)
         alpha = state.alphas[-1] if state.alphas else None
-        return h, S, steps, running_next, state.c, state.log_remain, state.weighted_sum, alpha
+        return (h, S, steps, running_next, state.c, state.log_remain, state.weighted_sum, alpha,
+                k_rows, v_rows)
 
 
 class CompiledStep:
@@ -149,6 +174,11 @@ def mark_batch_dims(inputs: dict) -> None:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
+def step_module(step: Callable) -> RecurrenceStep:
+    """The ``RecurrenceStep`` of a step or of its ``CompiledStep``."""
+    return step.step if isinstance(step, CompiledStep) else step
+
+
 def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: nn.Module,
                  max_steps: int, self_padding_mask: torch.Tensor,
                  te_table: Optional[torch.Tensor] = None, **block_inputs):
@@ -168,6 +198,11 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
     threshold = getattr(halting, "threshold", None)
     if threshold is not None:  # an input, not a constant of the graph
         threshold = torch.tensor(float(threshold), device=h0.device)
+    kv = {}
+    if step_module(step).carries_kv:  # step 1 projects every row (keys of S_0 = h_0)
+        attn = step_module(step).block.self_attn
+        rows = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
+        kv = dict(changed=torch.ones_like(real), k_rows=rows, v_rows=rows.clone())
     for l in range(1, max_steps + 1):
         if l > 1 and not bool(running.any()):  # the one host read of a step
             break
@@ -175,9 +210,12 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
         inputs = dict(h=h, S=S, running=running, real=real, c=state.c, log_remain=state.log_remain,
                       weighted_sum=state.weighted_sum, steps=state.steps,
                       self_padding_mask=self_padding_mask, threshold=threshold, te=te,
-                      **block_inputs)
+                      **kv, **block_inputs)
         mark_batch_dims(inputs)
-        h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha = step(**inputs)
+        (h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha,
+         k_rows, v_rows) = step(**inputs)
+        if kv:  # the rows that ran this step changed their S
+            kv = dict(changed=running.clone(), k_rows=k_rows, v_rows=v_rows)  # (no aliased inputs)
         if l < max_steps:  # the decision for step l + 1
             running = running_next
             state.c, state.log_remain, state.weighted_sum = c, log_remain, weighted_sum

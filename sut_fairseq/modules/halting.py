@@ -36,6 +36,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..ops.masked_linear_op import masked_linear
 from .dropout import Dropout
 
 HALTING_RULES = ("stick-breaking", "global-mean", "act", "none")
@@ -126,8 +127,11 @@ class HaltingUnit(nn.Module):
         nn.init.zeros_(self.fc2.weight)
         nn.init.constant_(self.fc2.bias, bias_init)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.dropout(F.gelu(self.fc1(x)))).squeeze(-1).float()
+    def forward(self, x: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x (..., d') -> logits (...); ``rows`` (...) bool: only those rows' hidden layer is
+        computed (a compiled step; the other logits are then b and get masked)."""
+        hidden = self.fc1(x) if rows is None else masked_linear(x, self.fc1, rows)
+        return self.fc2(self.dropout(F.gelu(hidden))).squeeze(-1).float()
 
 
 class LearnedHalting(nn.Module):
@@ -184,8 +188,8 @@ class LearnedHalting(nn.Module):
         state.prev_h = h
         if x.size(1) != running.size(1):  # one reading per sequence (global mean)
             logit = self.unit(x).expand(running.shape)
-        elif torch.compiler.is_compiling():  # static shapes: every row (halted ones masked below)
-            logit = self.unit(x)
+        elif torch.compiler.is_compiling():  # static shapes; the op skips halted rows' hidden layer
+            logit = self.unit(x, running)
         else:  # eager, per-position reading: only running rows cost
             rows = running.reshape(-1).nonzero().squeeze(1)
             flat = x.reshape(-1, x.size(-1)).index_select(0, rows)

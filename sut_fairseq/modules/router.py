@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import Routing, make_routing
+from ..ops.masked_linear_op import masked_linear
 from .dropout import Dropout
 
 EPS = 1e-9
@@ -114,7 +115,7 @@ class Router(nn.Module):
         """The same Routing without reading ``active`` on the host (the CUDA path): every
         row goes through the router MLP, inactive rows are sent to the no-op expert E with
         gate 0 and left out of the statistics."""
-        probs, top_idx, top_gates = self._route(x)
+        probs, top_idx, top_gates = self._route(x, active if torch.compiler.is_compiling() else None)
         keep = active.unsqueeze(1)
         idx = top_idx.masked_fill(~keep, self.num_experts)
         gates = top_gates * keep
@@ -122,9 +123,12 @@ class Router(nn.Module):
             self.stats.add(probs, top_idx, active)
         return make_routing(idx, gates.to(x.dtype), self.num_experts)
 
-    def _route(self, x: torch.Tensor):
-        """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates."""
-        logits = self.fc2(self.dropout(torch.tanh(self.fc1(x))))
+    def _route(self, x: torch.Tensor, active: Optional[torch.Tensor] = None):
+        """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates.
+        ``active`` (n,) bool (a compiled step): the hidden layer of the other rows is not
+        computed (0; their picks are discarded by the caller)."""
+        hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
+        logits = self.fc2(self.dropout(torch.tanh(hidden)))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
         probs = logits.softmax(-1)  # g(e|h)
         top_idx = self._select(logits, probs)
