@@ -3,6 +3,8 @@
 
     python data-prep/wmt14_en_de/prepare.py --workdir data/wmt14_en_de \\
         [--local-dir DIR ...] [--no-download] [--workers N] [--bpe-merges 32764]
+    python data-prep/wmt14_en_de/prepare.py --workdir data/wmt14_en_de --subword spm \\
+        [--spm-type unigram|bpe] [--spm-vocab-size 32000] [--spm-input-sentences 2000000]
 
 Steps (each skipped when its output is complete, see ``done/``; ``--force`` reruns all;
 ``--overwrite`` accepts changed parameters, see below):
@@ -21,6 +23,20 @@ Steps (each skipped when its output is complete, see ``done/``; ``--force`` reru
   learn-bpe        bpe/codes: joint BPE, --bpe-merges merges (subword-nmt).
   apply-bpe-S.L    bpe/{train,valid,test}.L (valid = newstest2013, test = newstest2014).
   binarize         data-bin/: fairseq-preprocess --joined-dictionary.
+
+With --subword spm the last three steps are replaced by:
+
+  text-train       text/train.{en,de}: the pairs clean-train keeps, as their untokenised
+                   raw text (non-printing characters removed, whitespace collapsed).
+  text-S.L         text/{valid,test}.L from raw/ the same way.
+  learn-spm        spm/spm.model, spm/spm.vocab, spm/dict.txt: one joint SentencePiece model
+                   (--spm-type, --spm-vocab-size) trained on at most --spm-input-sentences
+                   sampled lines of text/train.{en,de}; dict.txt (fairseq's dictionary)
+                   lists exactly its pieces in id order.
+  apply-spm-S.L    spm/{train,valid,test}.L: pieces, in --workers processes.
+  binarize-spm     data-bin-spm/: fairseq-preprocess --srcdict spm/dict.txt
+                   --joined-dictionary, with spm.model copied into it (the decoding side,
+                   scripts/wmt14/evaluate.py, takes the model from there).
 
 Kept for scoring (scripts/wmt14/evaluate.py): raw/newstest2014.de (the untouched reference
 for SacreBLEU) and tok/newstest2014.de (the tokenised reference for tokenised BLEU).
@@ -54,20 +70,28 @@ import wmt14_prep as wp  # noqa: E402
 from sut_fairseq.recipes.commands import RecipeError, tool  # noqa: E402
 
 DEFAULT_MERGES = 32764  # the recipe's BPE_TOKENS ("32k"); the joined dictionary comes out near 32k
+DEFAULT_SPM_VOCAB = 32000  # pieces including the 4 specials = the fairseq dictionary's size
+DEFAULT_SPM_SENTENCES = 2000000  # sampled lines of train.en + train.de for training SentencePiece
 
 
-def binarize_command(executable: str, bpe_dir: str, dest: str, workers: int):
-    return [executable, "--source-lang", wp.SRC, "--target-lang", wp.TGT,
-            "--trainpref", os.path.join(bpe_dir, "train"),
-            "--validpref", os.path.join(bpe_dir, "valid"),
-            "--testpref", os.path.join(bpe_dir, "test"),
-            "--destdir", dest, "--joined-dictionary", "--workers", str(workers)]
+def binarize_command(executable: str, bpe_dir: str, dest: str, workers: int, srcdict: str = None):
+    """The fairseq-preprocess command; ``srcdict``: a fixed joined dictionary (the
+    SentencePiece path's dict.txt) instead of one counted from the training data."""
+    command = [executable, "--source-lang", wp.SRC, "--target-lang", wp.TGT,
+               "--trainpref", os.path.join(bpe_dir, "train"),
+               "--validpref", os.path.join(bpe_dir, "valid"),
+               "--testpref", os.path.join(bpe_dir, "test"),
+               "--destdir", dest, "--joined-dictionary", "--workers", str(workers)]
+    if srcdict is not None:
+        command += ["--srcdict", srcdict]
+    return command
 
 
-def run_binarize(command, dest: str) -> dict:
+def run_binarize(command, dest: str, extra_files: dict = None) -> dict:
     """Run ``fairseq-preprocess`` into a temporary sibling of ``dest`` that replaces
     ``dest`` only when it succeeds (a failure or an interruption leaves ``dest`` as it
-    was; the step's marker is gone already, so it is not trusted)."""
+    was; the step's marker is gone already, so it is not trusted). ``extra_files``
+    ``{name: path}`` are copied into it beside the binarized data."""
     print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
     od = wp.output_dir
     shutil.rmtree(dest + ".tmp", ignore_errors=True)  # the staging name of older versions
@@ -83,6 +107,8 @@ def run_binarize(command, dest: str) -> dict:
             sys.stdout.write(open(log).read()[-3000:])
             raise wp.PrepError(f"fairseq-preprocess failed (exit {proc.returncode}; the end of "
                                f"its output is printed above)")
+        for name, path in (extra_files or {}).items():
+            shutil.copyfile(wp.require_file(path, f"file for {dest}"), os.path.join(tmp, name))
     dict_path = os.path.join(dest, f"dict.{wp.SRC}.txt")
     return {"dictionary_entries": wp.count_lines(dict_path) + 4}  # + <s> <pad> </s> <unk>
 
@@ -129,6 +155,10 @@ def build(args, pipe=None) -> wp.Pipeline:
                                       max_ratio=args.max_ratio).as_dict(),
               deps=[f"tokenise-{n}.{l}" for n in wp.TRAIN_CORPORA for l in wp.LANGS], count=train)
 
+    if args.subword == "spm":
+        build_spm(args, pipe, W, raw, tok)
+        return pipe
+
     # 4. joint BPE
     codes = os.path.join(bpe, "codes")
     pipe.step("learn-bpe", [codes], {"merges": args.bpe_merges, "min_frequency": 2},
@@ -161,6 +191,61 @@ def build(args, pipe=None) -> wp.Pipeline:
     return pipe
 
 
+def build_spm(args, pipe, W: str, raw: str, tok: str) -> None:
+    """Declare the SentencePiece steps (``--subword spm``) after clean-train."""
+    text, spm = os.path.join(W, "text"), os.path.join(W, "spm")
+    train = [os.path.join(text, f"train.{l}") for l in wp.LANGS]
+    tok_pairs = [tuple(os.path.join(tok, f"{n}.{l}") for l in wp.LANGS) for n in wp.TRAIN_CORPORA]
+    raw_pairs = [tuple(os.path.join(raw, f"{n}.{l}") for l in wp.LANGS) for n in wp.TRAIN_CORPORA]
+    text_params = {"text": "remove-non-printing-char, whitespace collapsed"}
+    pipe.step("text-train", train,
+              dict(text_params, min_len=args.min_len, max_len=args.max_len, max_ratio=args.max_ratio),
+              lambda: wp.select_text_pairs(tok_pairs, raw_pairs, *train, min_len=args.min_len,
+                                           max_len=args.max_len, max_ratio=args.max_ratio).as_dict(),
+              deps=[f"fetch-{n}" for n in wp.TRAIN_CORPORA]
+              + [f"tokenise-{n}.{l}" for n in wp.TRAIN_CORPORA for l in wp.LANGS], count=train)
+    for split, corpus in (("valid", wp.VALID_CORPUS), ("test", wp.TEST_CORPUS)):
+        for lang in wp.LANGS:
+            src, out = os.path.join(raw, f"{corpus}.{lang}"), os.path.join(text, f"{split}.{lang}")
+            pipe.step(f"text-{split}.{lang}", [out], text_params,
+                      lambda src=src, out=out: wp.normalise_text_file(
+                          src, out, args.workers, args.chunk_lines),
+                      deps=[f"fetch-{corpus}"], count=[out])
+
+    model, vocab, dictionary = (os.path.join(spm, n) for n in ("spm.model", "spm.vocab", "dict.txt"))
+    spm_params = {"model_type": args.spm_type, "vocab_size": args.spm_vocab_size,
+                  "input_sentences": args.spm_input_sentences,
+                  "character_coverage": args.spm_character_coverage, "seed": 1,
+                  "special_ids": wp.SPM_SPECIAL_IDS}
+    pipe.step("learn-spm", [model, vocab, dictionary], spm_params,
+              lambda: wp.learn_spm(train, model, vocab, dictionary, args.spm_vocab_size,
+                                   args.spm_type, args.spm_input_sentences,
+                                   args.spm_character_coverage, seed=1, threads=args.workers),
+              deps=["text-train"], count=[dictionary])
+    for split in ("train", "valid", "test"):
+        for lang in wp.LANGS:
+            src = os.path.join(text, f"{split}.{lang}")
+            out = os.path.join(spm, f"{split}.{lang}")
+            dep = "text-train" if split == "train" else f"text-{split}.{lang}"
+            pipe.step(f"apply-spm-{split}.{lang}", [out], {"encoder": "sentencepiece pieces"},
+                      lambda src=src, out=out: wp.apply_spm_file(
+                          model, src, out, args.workers, args.chunk_lines),
+                      deps=["learn-spm", dep], count=[out])
+
+    if not args.no_binarize:
+        dest = os.path.join(W, "data-bin-spm")
+        try:
+            preprocess = tool("fairseq-preprocess", explicit=args.fairseq_preprocess)
+        except RecipeError as err:
+            raise wp.PrepError(f"{err}; or pass --fairseq-preprocess PATH")
+        command = binarize_command(preprocess, spm, dest, args.workers, srcdict=dictionary)
+        pipe.step("binarize-spm", [dest],
+                  {"command": "fairseq-preprocess --joined-dictionary --srcdict spm/dict.txt",
+                   "copied": ["spm.model"]},
+                  lambda: run_binarize(command, dest, {"spm.model": model}),
+                  deps=[f"apply-spm-{s}.{l}" for s in ("train", "valid", "test") for l in wp.LANGS])
+
+
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -182,6 +267,19 @@ def parse_args(argv=None):
                         "default, which the recipe used); 0 disables")
     parser.add_argument("--bpe-merges", type=int, default=DEFAULT_MERGES,
                         help="joint BPE merge operations (the recipe: 32764)")
+    parser.add_argument("--subword", choices=("bpe", "spm"), default="bpe",
+                        help="bpe: Moses tokens + subword-nmt BPE (the paper's; data-bin/); spm: "
+                        "one joint SentencePiece model on untokenised text (data-bin-spm/)")
+    parser.add_argument("--spm-type", choices=wp.SPM_TYPES, default="unigram",
+                        help="SentencePiece model type (--subword spm)")
+    parser.add_argument("--spm-vocab-size", type=int, default=DEFAULT_SPM_VOCAB,
+                        help="SentencePiece pieces including <s> <pad> </s> <unk> = the fairseq "
+                        "dictionary's size (default 32000, as the BPE path's ~32k)")
+    parser.add_argument("--spm-input-sentences", type=int, default=DEFAULT_SPM_SENTENCES,
+                        help="most lines of train.en + train.de sampled to train SentencePiece "
+                        "(memory grows with it)")
+    parser.add_argument("--spm-character-coverage", type=float, default=0.9999,
+                        help="share of characters the SentencePiece model covers; the rest map to <unk>")
     parser.add_argument("--no-binarize", action="store_true", help="stop before fairseq-preprocess")
     parser.add_argument("--fairseq-preprocess", default=None, help="path of fairseq-preprocess")
     parser.add_argument("--force", action="store_true",

@@ -17,6 +17,12 @@ fairseq's ``prepare-wmt14en2de.sh`` with newstest2013 as validation set):
 * joint BPE (subword-nmt) learnt on the cleaned train.en + train.de, applied to all sets.
 * ``fairseq-preprocess --joined-dictionary`` (run by ``prepare.py``).
 
+The second subword model (``prepare.py --subword spm``) keeps the same pairs (the length
+filter decides on the Moses-tokenised text) but feeds their untokenised text, with
+non-printing characters removed and whitespace collapsed (:func:`spm_text`), to one joint
+SentencePiece model (:func:`learn_spm`), applied with the sentencepiece library
+(:class:`SPMEncoder`); its fairseq dictionary lists exactly the model's pieces, in id order.
+
 Lines are split on ``\\n`` only (never ``str.splitlines``: CommonCrawl has stray ``\\r``
 and other separators inside lines that would break the sentence alignment).
 
@@ -241,9 +247,50 @@ class BPEApplier:
         return self.bpe.process_line(line).strip()
 
 
+def spm_text(line: str) -> str:
+    """The text the SentencePiece path works on: every Unicode category-C character
+    becomes a space (as ``remove-non-printing-char``), then whitespace runs of any kind
+    (tabs, no-break spaces, line separators) become one ASCII space, stripped at both
+    ends. No tokenisation and no punctuation normalisation."""
+    return " ".join(remove_non_printing(line).split())
+
+
+class TextNormaliser:
+    """:func:`spm_text` as a processor of :func:`map_lines` (its argument is unused)."""
+
+    def __init__(self, _unused: str = ""):
+        pass
+
+    def __call__(self, line: str) -> str:
+        return spm_text(line)
+
+
+class SPMEncoder:
+    """Apply a SentencePiece model: a line becomes its pieces joined by single spaces
+    (pieces never hold whitespace: a word boundary is the piece prefix ``▁``)."""
+
+    def __init__(self, model_path: str):
+        import sentencepiece
+
+        require_file(model_path, "SentencePiece model")
+        self.processor = sentencepiece.SentencePieceProcessor()
+        try:
+            self.processor.Load(model_path)
+        except (OSError, RuntimeError) as err:
+            raise PrepError(f"cannot load SentencePiece model {model_path}: {err}") from err
+
+    def __call__(self, line: str) -> str:
+        return " ".join(self.processor.encode(line, out_type=str))
+
+    def batch(self, lines: List[str]) -> List[str]:
+        """Every line of a chunk in one call, on this process's thread only (the
+        parallelism is the worker processes')."""
+        return [" ".join(pieces) for pieces in self.processor.encode(lines, out_type=str, num_threads=1)]
+
+
 # Worker-process state: one processor built per worker by the pool initializer.
 _PROCESSOR: Optional[Callable[[str], str]] = None
-PROCESSORS = {"tokenise": Tokeniser, "bpe": BPEApplier}
+PROCESSORS = {"tokenise": Tokeniser, "bpe": BPEApplier, "text": TextNormaliser, "spm": SPMEncoder}
 
 
 def _init_worker(kind: str, arg: str) -> None:
@@ -252,6 +299,9 @@ def _init_worker(kind: str, arg: str) -> None:
 
 
 def _process_chunk(lines: List[str]) -> List[str]:
+    batch = getattr(_PROCESSOR, "batch", None)
+    if batch is not None:
+        return batch(lines)
     return [_PROCESSOR(line) for line in lines]
 
 
@@ -290,7 +340,8 @@ def parallel_map(func, items: Iterable, workers: int, initializer=None, initargs
 
 def map_lines(kind: str, arg: str, in_path: str, out_path: str, workers: int = 1,
               chunk_lines: int = 10000, desc: str = "") -> int:
-    """Apply processor ``kind`` (``tokenise``: arg = language; ``bpe``: arg = codes file) to
+    """Apply processor ``kind`` (``tokenise``: arg = language; ``bpe``: arg = codes file;
+    ``text``: :func:`spm_text`, arg unused; ``spm``: arg = SentencePiece model) to
     every line of ``in_path`` into ``out_path`` (written atomically, same order, same number
     of lines), over ``workers`` processes; returns the number of lines."""
     require_file(in_path, f"input of {kind}")
@@ -320,6 +371,21 @@ def apply_bpe_file(codes: str, in_path: str, out_path: str, workers: int = 1,
                    chunk_lines: int = 10000) -> int:
     return map_lines("bpe", codes, in_path, out_path, workers, chunk_lines,
                      desc=f"apply BPE {os.path.basename(in_path)}")
+
+
+def normalise_text_file(in_path: str, out_path: str, workers: int = 1,
+                        chunk_lines: int = 10000) -> int:
+    """:func:`spm_text` of every line of ``in_path`` into ``out_path`` (atomically)."""
+    return map_lines("text", "", in_path, out_path, workers, chunk_lines,
+                     desc=f"normalise {os.path.basename(in_path)}")
+
+
+def apply_spm_file(model: str, in_path: str, out_path: str, workers: int = 1,
+                   chunk_lines: int = 10000) -> int:
+    """Encode every line of ``in_path`` with SentencePiece model ``model`` into
+    ``out_path`` (atomically; chunks of ``chunk_lines`` lines over ``workers`` processes)."""
+    return map_lines("spm", model, in_path, out_path, workers, chunk_lines,
+                     desc=f"apply SentencePiece {os.path.basename(in_path)}")
 
 
 # --------------------------------------------------------------------------- length filter
@@ -375,6 +441,112 @@ def clean_corpus(pairs_in: Sequence[Tuple[str, str]], out_src: str, out_tgt: str
                     setattr(stats, verdict, getattr(stats, verdict) + 1)
                 bar.update(1)
     return stats
+
+
+def select_text_pairs(tok_pairs: Sequence[Tuple[str, str]], raw_pairs: Sequence[Tuple[str, str]],
+                      out_src: str, out_tgt: str, min_len: int = 1, max_len: int = 80,
+                      max_ratio: float = 9.0, max_word_length: int = 1000) -> CleanStats:
+    """The training text of the SentencePiece path: the pairs :func:`clean_corpus` keeps
+    (decided on the tokenised ``tok_pairs``, so both subword paths train on the same
+    pairs), written as :func:`spm_text` of their untokenised lines in ``raw_pairs``
+    (aligned line by line with ``tok_pairs``); both outputs written atomically."""
+    stats = CleanStats()
+    for (ts, tt), (rs, rt) in zip(tok_pairs, raw_pairs):
+        n_tok, n_raw = check_parallel(ts, tt), check_parallel(rs, rt)
+        if n_tok != n_raw:
+            raise PrepError(f"{ts} has {n_tok} lines but the text it was tokenised from, "
+                            f"{rs}, has {n_raw}")
+    total = sum(check_parallel(s, t) for s, t in tok_pairs)
+    with AtomicFiles(out_src, out_tgt) as (fs, ft), progress(total, "select text pairs") as bar:
+        for (ts, tt), (rs, rt) in zip(tok_pairs, raw_pairs):
+            for src, tgt, raw_src, raw_tgt in zip(read_lines(ts), read_lines(tt),
+                                                  read_lines(rs), read_lines(rt)):
+                stats.read += 1
+                verdict = pair_verdict(src, tgt, min_len, max_len, max_ratio, max_word_length)
+                if verdict is None:
+                    stats.kept += 1
+                    fs.write(spm_text(raw_src) + "\n")
+                    ft.write(spm_text(raw_tgt) + "\n")
+                else:
+                    setattr(stats, verdict, getattr(stats, verdict) + 1)
+                bar.update(1)
+    return stats
+
+
+# --------------------------------------------------------------------------- SentencePiece
+
+#: SentencePiece ids of the special symbols, chosen equal to fairseq's dictionary
+#: (``<s>`` 0, ``<pad>`` 1, ``</s>`` 2, ``<unk>`` 3), so a piece's SentencePiece id is its
+#: index in the fairseq dictionary built by :func:`spm_dictionary_lines`.
+SPM_SPECIAL_IDS = {"bos_id": 0, "pad_id": 1, "eos_id": 2, "unk_id": 3}
+SPM_TYPES = ("unigram", "bpe")
+
+
+def spm_dictionary_lines(vocab_path: str) -> List[str]:
+    """The fairseq dictionary of a SentencePiece model from its ``.vocab`` file (``piece
+    TAB score`` per line, in id order): every piece but the four special symbols, which
+    fairseq's Dictionary adds itself, as ``piece 1``."""
+    require_file(vocab_path, "SentencePiece vocabulary")
+    specials = ("<s>", "<pad>", "</s>", "<unk>")
+    out, seen = [], []
+    for number, line in enumerate(read_lines(vocab_path), 1):
+        piece = line.split("\t", 1)[0]
+        if not piece or any(c.isspace() for c in piece):
+            raise PrepError(f"{vocab_path} line {number}: piece {piece!r} is empty or holds whitespace")
+        if number <= len(specials):
+            seen.append(piece)
+            continue
+        out.append(f"{piece} 1")
+    if tuple(seen) != specials:
+        raise PrepError(f"{vocab_path}: the first pieces are {seen}, expected {list(specials)} "
+                        "(a model trained with other special ids than prepare.py's)")
+    return out
+
+
+def learn_spm(train_paths: Sequence[str], model_path: str, vocab_path: str, dict_path: str,
+              vocab_size: int, model_type: str = "unigram", input_sentences: int = 2000000,
+              character_coverage: float = 0.9999, seed: int = 1, threads: int = 1,
+              hard_vocab_limit: bool = True) -> dict:
+    """Train one joint SentencePiece model on the lines of all ``train_paths`` (at most
+    ``input_sentences`` of them, sampled with SentencePiece's reservoir sampling after
+    a seeded shuffle), and write ``model_path``, ``vocab_path`` and the fairseq dictionary
+    ``dict_path`` (:func:`spm_dictionary_lines`). The three files are trained into a
+    temporary directory beside ``model_path`` and renamed into place when all exist.
+    Returns notes for the summary (pieces, the fairseq dictionary size)."""
+    import sentencepiece
+
+    if model_type not in SPM_TYPES:
+        raise PrepError(f"SentencePiece model type {model_type!r}: choose from {', '.join(SPM_TYPES)}")
+    if vocab_size <= len(SPM_SPECIAL_IDS):
+        raise PrepError(f"SentencePiece vocabulary size {vocab_size} must exceed the "
+                        f"{len(SPM_SPECIAL_IDS)} special symbols")
+    if input_sentences < 1:
+        raise PrepError(f"--spm-input-sentences {input_sentences} must be positive")
+    for path in train_paths:
+        if count_lines(require_file(path, "SentencePiece training text")) == 0:
+            raise PrepError(f"SentencePiece training text {path} is empty")
+    directory = os.path.dirname(os.path.abspath(model_path))
+    os.makedirs(directory, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".learn-spm.") as tmp:
+        prefix = os.path.join(tmp, "spm")
+        sentencepiece.set_random_generator_seed(seed)
+        try:
+            sentencepiece.SentencePieceTrainer.train(
+                input=list(train_paths), model_prefix=prefix, vocab_size=vocab_size,
+                model_type=model_type, character_coverage=character_coverage,
+                input_sentence_size=input_sentences, shuffle_input_sentence=True,
+                num_threads=max(1, threads), hard_vocab_limit=hard_vocab_limit,
+                minloglevel=1, **SPM_SPECIAL_IDS)
+        except RuntimeError as err:
+            raise PrepError(f"SentencePiece training on {list(train_paths)} failed: {err}") from err
+        entries = spm_dictionary_lines(prefix + ".vocab")
+        write_lines_atomic(os.path.join(tmp, "dict.txt"), entries)
+        for src, dest in ((prefix + ".model", model_path), (prefix + ".vocab", vocab_path),
+                          (os.path.join(tmp, "dict.txt"), dict_path)):
+            os.chmod(src, 0o666 & ~output_dir.umask())
+            os.replace(src, dest)
+    return {"pieces": len(entries) + len(SPM_SPECIAL_IDS),
+            "dictionary_entries": len(entries) + len(SPM_SPECIAL_IDS)}
 
 
 # --------------------------------------------------------------------------- BPE
@@ -592,8 +764,10 @@ def source_fingerprint(corpus: Corpus, local_dirs: Sequence[str], orig_dir: str)
 # --------------------------------------------------------------------------- resumable steps
 
 #: What a work directory of ``prepare.py`` holds at its top level (``data-bin.tmp``: the
-#: staging name of older versions); anything else there is not ours.
-WORKDIR_ENTRIES = ("orig", "raw", "tok", "clean", "bpe", "data-bin", "done", "data-bin.tmp")
+#: staging name of older versions; ``text``, ``spm``, ``data-bin-spm``: ``--subword spm``);
+#: anything else there is not ours.
+WORKDIR_ENTRIES = ("orig", "raw", "tok", "clean", "bpe", "data-bin", "done", "data-bin.tmp",
+                   "text", "spm", "data-bin-spm")
 
 
 def _json_form(value):
@@ -742,7 +916,7 @@ class Plan(Pipeline):
         ``inputs`` (e.g. a ``--local-dir`` kept inside the work directory)."""
         if not os.path.isdir(self.workdir):
             return []
-        staging = re.compile(r"^\.data-bin\.(tmp|old)-\d+-")
+        staging = re.compile(r"^\.data-bin(-spm)?\.(tmp|old)-\d+-")
         held = [os.path.realpath(p) for p in inputs]
         foreign = []
         for entry in sorted(os.listdir(self.workdir)):
@@ -787,16 +961,21 @@ class Plan(Pipeline):
                 invalid.add(name)
         if not invalid or not os.path.isdir(self.done_dir):
             return []
-        stale = []
+        undeclared = {}
         for entry in sorted(os.listdir(self.done_dir)):
             name = entry[:-len(".done")]
-            if not entry.endswith(".done") or name in self.steps:
-                continue
-            record = self.read_marker(name) or {}
-            deps = record.get("deps")
-            if deps is None or invalid.intersection(deps):
-                stale.append(name)
-        return stale
+            if entry.endswith(".done") and name not in self.steps:
+                undeclared[name] = (self.read_marker(name) or {}).get("deps")
+        stale: List[str] = []
+        grew = True
+        while grew:  # through chains of undeclared steps (e.g. learn-spm -> apply-spm-*)
+            grew = False
+            for name, deps in undeclared.items():
+                if name not in stale and (deps is None or invalid.intersection(deps)):
+                    stale.append(name)
+                    invalid.add(name)
+                    grew = True
+        return sorted(stale)
 
     def remove_step(self, name: str) -> List[str]:
         """Delete step ``name``'s marker, then the outputs it records; return the outputs."""
