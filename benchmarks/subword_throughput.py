@@ -19,6 +19,7 @@ including the start of the worker processes; outputs with 2 workers are checked 
 those with 1. Printed as a table; ``--json FILE`` also writes the figures.
 """
 import argparse
+import itertools
 import json
 import os
 import random
@@ -49,11 +50,11 @@ def generate(directory: str, pairs: int, seed: int = 1):
     paths = []
     for lang in ("en", "de"):
         words = make_words(rng, 30000)
-        weights = [1.0 / (rank + 1) for rank in range(len(words))]
+        cumulative = list(itertools.accumulate(1.0 / (rank + 1) for rank in range(len(words))))
         path = os.path.join(directory, f"train.{lang}")
         with open(path, "w", encoding="utf-8") as out:
             for _ in range(pairs):
-                sentence = rng.choices(words, weights, k=rng.randint(5, 30))
+                sentence = rng.choices(words, cum_weights=cumulative, k=rng.randint(5, 30))
                 out.write(" ".join(sentence).capitalize() + " .\n")
         paths.append(path)
     return paths

@@ -269,3 +269,16 @@ def test_missing_or_mismatched_model_is_a_clear_error(prepared, trained, tmp_pat
     assert evaluate.main(argv) == 2
     assert f"cannot load SentencePiece model {data / 'spm.model'}" in capsys.readouterr().err
     assert not (tmp_path / "c").exists()  # nothing decoded
+
+
+def test_generate_output_and_dictionary_readers(tmp_path):
+    gen = tmp_path / "generate-test.txt"
+    gen.write_text("S-1\tsrc\nH-1\t-0.5\t\u2581Ein \u2581Haus\nD-1\t-0.5\tEin Haus\nH-1\t-0.9\t\u2581x\n"
+                   "D-1\t-0.9\tx\nH-0\t-0.1\t\u2581Ja\nD-0\t-0.1\tJa\n")
+    assert evaluate.detokenised_hypotheses(str(gen)) == {0: "Ja", 1: "Ein Haus"}  # first per id
+    gen.write_text("H-0\t-0.1\t\u2581Ja\nD-0\t-0.1\tJa\nH-1\t-0.5\t\u2581Nein\n")
+    with pytest.raises(ValueError, match=re.escape(f"{gen}: 1 examples have no D- line (e.g. id 1)")):
+        evaluate.detokenised_hypotheses(str(gen))
+    recipe = sys.modules["wmt14_recipe"]
+    (tmp_path / "dict.txt").write_text("\u2581a 1\nb 1\nmadeupword0000 0\nmadeupword0001 0\n")
+    assert recipe.dictionary_entries(str(tmp_path / "dict.txt")) == ["\u2581a", "b"]
