@@ -188,6 +188,18 @@ def test_tables_dry_run_prints_every_stage():
     assert out.returncode == 2 and "'sut_tiny' is not a run of Table 1" in out.stderr
 
 
+def test_tables_with_sentencepiece_prepare_train_and_evaluate_data_bin_spm():
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", "/prep",
+                          "--runs", "sut_base", "--subword", "spm", "--stop-stage", "train",
+                          "--dry-run"], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert "prepare.py --workdir /prep --subword spm" in out.stdout
+    train = [l for l in out.stdout.splitlines() if l.startswith("+ ") and "fairseq-train" in l]
+    assert len(train) == 1 and "fairseq-train /prep/data-bin-spm " in train[0]
+    assert "/prep/data-bin " not in out.stdout
+
+
 # --------------------------------------------------------------------------- end to end
 
 def _run(command, timeout=300):

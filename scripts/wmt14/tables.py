@@ -5,13 +5,17 @@ on WMT'14 En-De -- the four stages of the shared recipe template (``sut_fairseq.
 
     python scripts/wmt14/tables.py {1,2} --prep data/wmt14_en_de [--ngpus 8]
         [--max-tokens 8192] [--ckpt checkpoints/wmt14] [--runs NAME ...]
-        [--prep-args "..."] [--eval-args "..."] [--stage S] [--stop-stage S] [--dry-run]
+        [--subword bpe|spm] [--prep-args "..."] [--eval-args "..."] [--stage S]
+        [--stop-stage S] [--dry-run]
         [--force] [-- train.py options, e.g. -- --precision bf16 -- --max-update 100]
 
 Stages (``--stage``/``--stop-stage``, by name or number):
 
 * *data*: ``data-prep/wmt14_en_de/prepare.py --workdir PREP`` when ``PREP/data-bin`` is
   missing (``--prep-args`` adds its options, e.g. ``"--local-dir DIR --no-download"``);
+  with ``--subword spm`` the SentencePiece path, ``prepare.py --subword spm`` into
+  ``PREP/data-bin-spm`` (docs/wmt14.md), which the train and evaluate stages then read
+  (evaluate.py decodes with the ``spm.model`` it finds there and scores SacreBLEU);
 * *train*: ``train.py`` for every run into ``CKPT/RUN`` (fairseq resumes from
   ``checkpoint_last.pt``, so a finished run returns at once); Table 2's full row re-uses
   ``CKPT/sut_base`` when Table 1 trained it;
@@ -47,13 +51,19 @@ def runs(table: int):
             **{f"sut_base-{name}": ("sut_base", name) for name in recipe.load_ablations()}}
 
 
+def data_bin(args) -> str:
+    """The binarized data of the chosen subword model: PREP/data-bin or PREP/data-bin-spm."""
+    return os.path.join(args.prep, "data-bin" if args.subword == "bpe" else "data-bin-spm")
+
+
 def prepare(args):
     """Stage 1."""
-    if os.path.isdir(os.path.join(args.prep, "data-bin")):
-        print(f"   {args.prep}/data-bin is prepared")
+    if os.path.isdir(data_bin(args)):
+        print(f"   {data_bin(args)} is prepared")
         return
+    subword = [] if args.subword == "bpe" else ["--subword", "spm"]
     recipe.run([sys.executable, os.path.join(recipe.REPO, "data-prep", "wmt14_en_de", "prepare.py"),
-                "--workdir", args.prep, *shlex.split(args.prep_args)], dry_run=args.dry_run)
+                "--workdir", args.prep, *subword, *shlex.split(args.prep_args)], dry_run=args.dry_run)
 
 
 def train(args, name, model, ablation):
@@ -64,7 +74,7 @@ def train(args, name, model, ablation):
         return
     recipe.run([sys.executable, os.path.join(HERE, "train.py"), model,
                 *(["--ablation", ablation] if ablation else []),
-                "--data", os.path.join(args.prep, "data-bin"), "--ngpus", str(args.ngpus),
+                "--data", data_bin(args), "--ngpus", str(args.ngpus),
                 "--max-tokens", str(args.max_tokens), "--save-dir", save_dir,
                 *(["--dry-run"] if args.dry_run else []), *args.train_extra])
 
@@ -76,7 +86,7 @@ def evaluate(args, name):
         print(f"   {name}: evaluated before ({save_dir}/eval.json; --force to redo)")
         return
     recipe.run([sys.executable, os.path.join(HERE, "evaluate.py"), "--checkpoint-dir", save_dir,
-                "--data", os.path.join(args.prep, "data-bin"), "--prep-dir", args.prep,
+                "--data", data_bin(args), "--prep-dir", args.prep,
                 "--name", name, *shlex.split(args.eval_args), *(["--dry-run"] if args.dry_run else [])])
 
 
@@ -119,6 +129,9 @@ def main(argv=None):
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("table", type=int, choices=[1, 2], help="paper table")
     parser.add_argument("--prep", required=True, help="prepare.py's --workdir (data-bin/, tok/, raw/)")
+    parser.add_argument("--subword", choices=["bpe", "spm"], default="bpe",
+                        help="subword model: the paper's Moses + BPE (PREP/data-bin) or SentencePiece "
+                             "(PREP/data-bin-spm, SacreBLEU on detokenised output)")
     parser.add_argument("--prep-args", default="", help="data stage: extra prepare.py options (one string)")
     parser.add_argument("--eval-args", default="", help="evaluate stage: extra evaluate.py options (one string)")
     parser.add_argument("--ngpus", type=int, default=1, help="GPUs in the job (all nodes)")
