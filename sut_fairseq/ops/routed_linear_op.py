@@ -29,6 +29,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
+from .reference_linear import ExpertBlockLinear, kernel_backend
 from .routing import Routing
 
 
@@ -40,8 +41,6 @@ def _routing(gates_or_idx: Tensor, expert_idxs: Tensor, sorted_expert_idxs: Tens
 
 
 def _use_triton(x: Tensor) -> bool:
-    from .routed_linear import kernel_backend
-
     return kernel_backend(x) == "triton"
 
 
@@ -84,8 +83,6 @@ def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: O
         with _no_autocast(x.device.type):
             return RoutedLinearFunction.forward(ctx, x, weight, bias, gates, routing, fan_out,
                                                 grouped_in, grouped_out)
-    from .routed_linear import ExpertBlockLinear
-
     args = _reference_ctx(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
     return ExpertBlockLinear.forward(ctx, *args)
 
@@ -125,8 +122,6 @@ def routed_linear_backward_op(
             with _no_autocast(x.device.type):
                 grads = RoutedLinearFunction.backward(ctx, grad)[:4]
     else:
-        from .routed_linear import ExpertBlockLinear
-
         x_, weight_, bias_, row_gates, src, dst, ends, _ = _reference_ctx(
             x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
         dtype = weight.dtype
