@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Throughput of applying the WMT'14 recipe's two subword models (docs/wmt14.md#subword-models):
+"""Throughput of applying the WMT'14 recipe's two subword models (docs/wmt14.md#subword-models-bpe-or-sentencepiece):
 sentences per second of the SentencePiece path (``wmt14_prep.apply_spm_file``: the
 sentencepiece library, one batch call per chunk, in worker processes) and of the BPE path
 (``wmt14_prep.apply_bpe_file``: subword-nmt's ``apply_bpe``, line by line, in worker
