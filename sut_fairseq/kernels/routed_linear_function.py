@@ -243,6 +243,29 @@ class RoutedLinearFunction(torch.autograd.Function):
         return dx, dw, db, dg, None, None, None, None
 
 
+def check_operands(x, weight, bias, routing, fan_out: int, grouped_in: bool, grouped_out: bool,
+                   gates) -> None:
+    """The shapes the kernels rely on (they index without bounds checks); a ValueError
+    naming the mismatch otherwise."""
+    if gates is not None and grouped_out:
+        raise ValueError("gates combine a token's slots and need grouped_out=False")
+    M, E = routing.num_slots, routing.num_experts
+    if weight.dim() != 3 or weight.size(0) != E or x.dim() != 2 or x.size(1) != weight.size(1):
+        raise ValueError(f"x (rows, in) and weight (E={E}, in, out) do not match: "
+                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (E, weight.size(2)):
+        raise ValueError(f"bias must be (E, out); got {tuple(bias.shape)}")
+    if gates is not None and tuple(gates.shape) != tuple(routing.expert_idxs.shape):
+        raise ValueError(f"gates must be (N, k) = {tuple(routing.expert_idxs.shape)}; "
+                         f"got {tuple(gates.shape)}")
+    if grouped_in:
+        if x.size(0) < M:
+            raise ValueError(f"grouped x needs >= M = {M} rows; got {x.size(0)}")
+    elif fan_out < 1 or M % fan_out or x.size(0) < M // fan_out:
+        raise ValueError(f"x with fan_out={fan_out} needs M / fan_out = {M}/{fan_out} rows; "
+                         f"got {x.size(0)}")
+
+
 def triton_routed_linear(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -261,23 +284,8 @@ def triton_routed_linear(
         weight: (E, in, out); bias: (E, out) or None; routing: ``ops.routing.Routing``.
         gates: (N, k) or None (then the result is (M, out), else (N, out)).
     """
-    if gates is not None and grouped_out:
-        raise ValueError("gates combine a token's slots and need grouped_out=False")
-    M, E = routing.num_slots, routing.num_experts
-    if weight.dim() != 3 or weight.size(0) != E or x.dim() != 2 or x.size(1) != weight.size(1):
-        raise ValueError(f"x (rows, in) and weight (E={E}, in, out) do not match: "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if bias is not None and tuple(bias.shape) != (E, weight.size(2)):
-        raise ValueError(f"bias must be (E, out); got {tuple(bias.shape)}")
-    if gates is not None and tuple(gates.shape) != tuple(routing.expert_idxs.shape):
-        raise ValueError(f"gates must be (N, k) = {tuple(routing.expert_idxs.shape)}; "
-                         f"got {tuple(gates.shape)}")
-    if grouped_in:
-        if x.size(0) < M:
-            raise ValueError(f"grouped x needs >= M = {M} rows; got {x.size(0)}")
-    elif fan_out < 1 or M % fan_out or x.size(0) < M // fan_out:
-        raise ValueError(f"x with fan_out={fan_out} needs M / fan_out = {M}/{fan_out} rows; "
-                         f"got {x.size(0)}")
+    check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+    M = routing.num_slots
     dtype = _autocast_dtype(x.device.type) or x.dtype
     if M == 0:  # no tokens: nothing to launch
         return x.new_zeros(routing.num_tokens if gates is not None else M, weight.size(2), dtype=dtype)

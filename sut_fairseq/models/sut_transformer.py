@@ -285,17 +285,9 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
 
 
 def compiled_step_ready(side: nn.Module, x: torch.Tensor) -> bool:
-    """Whether this forward runs the side's compiled step (``--compile-step``): the option is
-    on and covers the side, and inductor can compile for ``x``'s device (else a one-line
-    warning, once, and the eager step)."""
-    step = side.compiled_step
-    if step is None or step.failed:
-        return False
-    missing = compiled_step.compiler_missing(x.device) if compiled_step.compile_backend() == "inductor" else None
-    if missing is not None:
-        step.disable(RuntimeError(missing))
-        return False
-    return True
+    """Whether this forward runs the side's compiled step (``--compile-step`` on, covering
+    the side, and compilable for ``x``'s device)."""
+    return side.compiled_step is not None and side.compiled_step.usable(x.device)
 
 
 def step_embedding_table(side: nn.Module, like: torch.Tensor) -> Optional[torch.Tensor]:

@@ -145,6 +145,16 @@ class CompiledStep:
         self.compiled: Optional[Callable] = None
         self.failed = False
 
+    def usable(self, device: torch.device) -> bool:
+        """Whether this step runs compiled on ``device``: not failed before, and inductor
+        has what it needs there (checked at the first call; a one-line warning, then the
+        eager step, where it has not)."""
+        if self.compiled is None and not self.failed and compile_backend() == "inductor":
+            missing = compiler_missing(device)
+            if missing is not None:
+                self.disable(RuntimeError(missing))
+        return not self.failed
+
     def __call__(self, *args, **kwargs):
         if self.compiled is None:
             self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend())

@@ -55,33 +55,15 @@ def routed_linear(
         raise ValueError(
             f"weight must be (E={routing.num_experts}, in, out); got {tuple(weight.shape)}"
         )
-    if kernel_backend(x) == "triton":
-        _check_triton_operands(x, weight, bias, routing, fan_out, grouped_in, gates)
+    if kernel_backend(x) == "triton":  # the kernels index without bounds checks
+        from ..kernels.routed_linear_function import check_operands
+
+        check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
     # the compute dtype, as nn.Linear under autocast; the op runs with its operands in it
     dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     return call_routed_linear_op(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
-
-
-def _check_triton_operands(x, weight, bias, routing: Routing, fan_out: int, grouped_in: bool,
-                           gates: Optional[torch.Tensor]) -> None:
-    """The shape checks of ``triton_routed_linear`` (the kernels index without bounds checks)."""
-    M, E = routing.num_slots, routing.num_experts
-    if x.dim() != 2 or x.size(1) != weight.size(1):
-        raise ValueError(f"x (rows, in) and weight (E={E}, in, out) do not match: "
-                         f"{tuple(x.shape)} and {tuple(weight.shape)}")
-    if bias is not None and tuple(bias.shape) != (E, weight.size(2)):
-        raise ValueError(f"bias must be (E, out); got {tuple(bias.shape)}")
-    if gates is not None and tuple(gates.shape) != tuple(routing.expert_idxs.shape):
-        raise ValueError(f"gates must be (N, k) = {tuple(routing.expert_idxs.shape)}; "
-                         f"got {tuple(gates.shape)}")
-    if grouped_in:
-        if x.size(0) < M:
-            raise ValueError(f"grouped x needs >= M = {M} rows; got {x.size(0)}")
-    elif fan_out < 1 or M % fan_out or x.size(0) < M // fan_out:
-        raise ValueError(f"x with fan_out={fan_out} needs M / fan_out = {M}/{fan_out} rows; "
-                         f"got {x.size(0)}")
 
 
 def reference_routed_linear(
