@@ -20,6 +20,8 @@ Every test here is marked ``gpu`` and skipped when no CUDA device is present, so
 4. No device-to-host synchronisation in the expert path of a training step
    (``torch.cuda.set_sync_debug_mode("error")``): the routed linear, and the expert layers
    after the router's forward (which does synchronise; recorded as an expected failure).
+5. The compiled recurrence step (``--compile-step``): no host synchronisation inside the
+   step's graph, forward and backward (the loop's one read per step is outside it).
 """
 import contextlib
 import importlib
@@ -391,3 +393,69 @@ def test_router_forward_makes_no_host_sync():
     x = query.reshape(-1, query.size(-1))
     module.router(x, active.reshape(-1))  # warm-up
     _without_host_sync(lambda: module.router(x, active.reshape(-1)))
+
+
+# --------------------------------------------------------------------------------------
+# 5. The compiled recurrence step (--compile-step) makes no host synchronisation
+
+
+def _compiled_tiny_model():
+    """``sut_tiny`` with ``--compile-step`` on CUDA, in training mode (dropout 0), halting
+    units randomised so that positions halt at different steps."""
+    from conftest import randomise_halting
+
+    model = make_model(compile_step=True)
+    randomise_halting(model)
+    return model.to(DEV).train()
+
+
+def _tiny_batch(seed=0):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (4, 11), generator=g)
+    src[0, :3] = 1  # left padding
+    prev = torch.randint(4, 40, (4, 9), generator=g)
+    prev[1, 6:] = 1  # right padding
+    return src.to(DEV), src.ne(1).sum(1).to(DEV), prev.to(DEV)
+
+
+def test_compiled_step_makes_no_host_sync(monkeypatch):
+    """Every call of both sides' compiled step, forward, runs under
+    ``set_sync_debug_mode("error")``: the only host read of the compiled recurrence is the
+    loop's ``bool(running.any())`` between steps (outside the step). Inductor generates
+    the step's code at the first call (which synchronises), so a first batch compiles it and
+    a second batch of other B and T is checked (dynamic shapes: no new compilation either)."""
+    from sut_fairseq.modules.compiled_step import CompiledStep
+
+    model = _compiled_tiny_model()
+    src, lengths, prev = _tiny_batch(0)
+    model(src, lengths, prev)[0].float().logsumexp(-1).sum().backward()  # compile
+    calls = []
+    compiled_call = CompiledStep.__call__
+
+    def checked(self, *args, **kwargs):
+        calls.append(self.side)
+        return _without_host_sync(lambda: compiled_call(self, *args, **kwargs))
+
+    monkeypatch.setattr(CompiledStep, "__call__", checked)
+    src, lengths, prev = _tiny_batch(1)
+    src, prev = src[:3, :10], prev[:3, :8]
+    model.zero_grad()
+    out, _ = model(src, src.ne(1).sum(1), prev)
+    assert {"encoder", "decoder"} <= set(calls), calls
+    assert all(not side.compiled_step.failed for side in (model.encoder, model.decoder))
+    out.float().logsumexp(-1).sum().backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(t).all() for t in grads)
+
+
+def test_compiled_step_backward_makes_no_host_sync():
+    """The backward of a compiled training step (the step graphs' backward, the expert
+    ops' backward, embeddings and output layer) under ``set_sync_debug_mode("error")``."""
+    model = _compiled_tiny_model()
+    src, lengths, prev = _tiny_batch(0)
+    model(src, lengths, prev)[0].float().logsumexp(-1).sum().backward()  # compile
+    model.zero_grad()
+    src, lengths, prev = _tiny_batch(1)
+    loss = model(src, lengths, prev)[0].float().logsumexp(-1).sum()
+    _without_host_sync(loss.backward)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
