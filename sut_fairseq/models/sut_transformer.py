@@ -7,8 +7,9 @@ runs that recurrence chunk by chunk with a memory between chunks (TLB / GUTLB,
 docs/chunked.md). Shapes: B batch, T / S target / source length, d width, H heads of size
 D per expert, L maximum steps.
 """
+import functools
 import logging
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch._dynamo
@@ -34,12 +35,12 @@ from ..modules.chunked_recurrence import (
 )
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
-from ..modules.halting import HALTING_RULES, HaltingResult, build_halting
-from ..modules.hyper_module import example_embedding, prefix_embedding
+from ..modules.halting import HALTING_RULES, build_halting
 from ..modules.memory import ChunkMemory
 from ..modules.recurrence import universal_recurrence
-from ..modules.step_embedding import STEP_EMBEDDINGS, SteppedStateKV, build_step_embedding, stepped_self_kv
-from ..modules.sut_block import HaltedStateKV, SUTBlock
+from ..modules.side_step import NO_CACHE, StepContext, StepKeyCache, build_side_step
+from ..modules.step_embedding import STEP_EMBEDDINGS, build_step_embedding
+from ..modules.sut_block import SUTBlock
 from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
 from .validation import CHUNK_POSITIONS, TLB_ENCODER_OUT, validate_args
 
@@ -248,7 +249,9 @@ def build_embedding(dictionary, dim: int) -> nn.Embedding:
 
 def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decoder: bool) -> None:
     """What the encoder and the decoder share: scaled token embeddings + sinusoidal
-    positions, dropout, the shared block, the halting rule and (pre-LN) the final norm."""
+    positions, dropout, the shared block, the halting rule, the eager step (``step``:
+    the block with its key/value source, queries and Hyper-UT mixture, ``side_step.py``),
+    (pre-LN) the final norm and the compiled step (``--compile-step``)."""
     prefix = "decoder" if decoder else "encoder"
     d = getattr(args, f"{prefix}_embed_dim")
     normalize_before = getattr(args, f"{prefix}_normalize_before")
@@ -271,6 +274,7 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
                                      transition=args.halting_transition, causal=decoder,
                                      bias_init=args.halting_bias_init)
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
+    side.step = build_side_step(side.block, side.step_embedding, decoder)
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
     side.compiled_step = None
@@ -284,10 +288,26 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
                 compiled_step.RecurrenceStep(side.block, side.halting, side.step_embedding), prefix)
 
 
-def compiled_step_ready(side: nn.Module, x: torch.Tensor) -> bool:
-    """Whether this forward runs the side's compiled step (``--compile-step`` on, covering
-    the side, and compilable for ``x``'s device)."""
-    return side.compiled_step is not None and side.compiled_step.usable(x.device)
+def run_recurrence(side: nn.Module, x: torch.Tensor, ctx: StepContext, rule=None,
+                   **eager_options):
+    """The side's recurrence over h_0 = x (B, T, d) with queries ``ctx.real`` (B, T): in a
+    full forward (no incremental cache) the compiled step when ``--compile-step`` covers the
+    side; else, and from a failed compilation on, the eager step (``side.step`` over
+    ``ctx``; ``rule``: the halting rule it runs, ``side.halting`` by default;
+    ``eager_options``: ``on_early_exit``, ``prefix_in``). Returns S_L, the HaltingResult
+    and the final HaltingState."""
+    step = side.compiled_step
+    if ctx.cache is NO_CACHE and step is not None and step.usable(x.device):
+        try:
+            return compiled_step.run_compiled(
+                step, x, ctx.real, side.halting, side.num_steps, ctx.self_padding_mask,
+                te_table=step_embedding_table(side, x), coords=ctx.coords, cross_k=ctx.cross_k,
+                cross_v=ctx.cross_v, cross_padding_mask=ctx.cross_padding_mask)
+        except (torch._dynamo.exc.BackendCompilerFailed, torch._dynamo.exc.Unsupported,
+                torch._dynamo.exc.InternalTorchDynamoError) as error:
+            step.disable(error)
+    return universal_recurrence(side.step.bind(ctx), x, ctx.real, rule or side.halting,
+                                side.num_steps, **eager_options)
 
 
 def step_embedding_table(side: nn.Module, like: torch.Tensor) -> Optional[torch.Tensor]:
@@ -296,21 +316,6 @@ def step_embedding_table(side: nn.Module, like: torch.Tensor) -> Optional[torch.
     if emb is None:
         return None
     return torch.stack([emb.timestep(l, like) for l in range(1, side.num_steps + 1)])
-
-
-def run_side_compiled(side: nn.Module, x: torch.Tensor, real: torch.Tensor,
-                      self_padding_mask: torch.Tensor, coords: Optional[torch.Tensor],
-                      eager: Callable, **block_inputs):
-    """The side's recurrence over its compiled step; ``eager()`` instead (and from then on)
-    if compiling fails."""
-    try:
-        return compiled_step.run_compiled(
-            side.compiled_step, x, real, side.halting, side.num_steps, self_padding_mask,
-            te_table=step_embedding_table(side, x), coords=coords, **block_inputs)
-    except (torch._dynamo.exc.BackendCompilerFailed, torch._dynamo.exc.Unsupported,
-            torch._dynamo.exc.InternalTorchDynamoError) as error:
-        side.compiled_step.disable(error)
-        return eager()
 
 
 def init_chunks(side: nn.Module, args, prefix: str, d: int) -> None:
@@ -341,33 +346,19 @@ def chunk_positions(side: nn.Module, tokens: torch.Tensor, slot: torch.Tensor) -
     return local_positions(side.embed_positions, slot, tokens.ne(side.padding_idx), side.chunk_size)
 
 
-def chunk_step_factory(side: nn.Module, **block_kwargs):
-    """``(real_c, M^c) -> block step`` for ``chunked_recurrence``: self-attention over the
-    chunk's halted states S (keys of the frozen rows kept), the memory read with keys and
-    values of M^c projected once per chunk, and the side's other block inputs."""
-    def factory(real: torch.Tensor, M: Optional[torch.Tensor]):
-        self_kv = HaltedStateKV(side.block)
-        memory_kv = None if M is None else side.block.memory_attn.project_kv(M)
+class ChunkSteps:
+    """``(real_c, M^c) -> block step`` for ``chunked_recurrence``: the side's step over
+    the chunk's halted states S (keys of the frozen rows kept), reading the memory with keys
+    and values of M^c projected once per chunk, and the side's other block inputs
+    (``inputs``: the decoder's cross-attention keys, values and mask)."""
 
-        def step(h, S, running, _l):
-            k, v = self_kv(S, running)
-            return side.block(h, k, v, running, self_padding_mask=~real, memory_kv=memory_kv,
-                              **block_kwargs)
-        return step
-    return factory
+    def __init__(self, side: nn.Module, **inputs):
+        self.side, self.inputs = side, inputs
 
-
-def frozen_prefix_sums(prefix_in, h: torch.Tensor, real: torch.Tensor, first_skipped_step: int,
-                       num_steps: int) -> Dict[int, tuple]:
-    """Incremental decoding when every new position halted before ``first_skipped_step``:
-    the causal prefix sums (Σ h, count) that the decisions of steps l + 1 (l >= that step)
-    read, continued with the new position's frozen h (B, 1, d) where ``real`` (B, 1); {}
-    without prefix sums (rules other than global-mean)."""
-    if prefix_in is None:
-        return {}
-    w = real.unsqueeze(-1).to(h.dtype)
-    return {l + 1: (prefix_in[l + 1][0] + (h * w)[:, -1], prefix_in[l + 1][1] + w[:, -1, 0])
-            for l in range(first_skipped_step, num_steps + 1) if l + 1 in prefix_in}
+    def __call__(self, real: torch.Tensor, M: Optional[torch.Tensor]):
+        memory_kv = None if M is None else self.side.block.memory_attn.project_kv(M)
+        return self.side.step.bind(self.side.step.context(
+            self_padding_mask=~real, real=real, memory_kv=memory_kv, **self.inputs))
 
 
 class SUTEncoder(FairseqEncoder):
@@ -391,12 +382,8 @@ class SUTEncoder(FairseqEncoder):
         x = self.dropout(x)
 
         coords = None if emb is None else emb.positions(src_tokens, self.padding_idx, x)
-        def eager():
-            return universal_recurrence(self.eager_step(pad, coords), x, ~pad, self.halting,
-                                        self.num_steps)
-
-        S, halting, _ = (run_side_compiled(self, x, ~pad, pad, coords, eager)
-                         if compiled_step_ready(self, x) else eager())
+        ctx = self.step.context(self_padding_mask=pad, real=~pad, coords=coords)
+        S, halting, _ = run_recurrence(self, x, ctx)
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("enc", halting)
         if self.final_norm is not None:
@@ -408,27 +395,6 @@ class SUTEncoder(FairseqEncoder):
             "halting": [halting],
         }
 
-    def eager_step(self, pad: torch.Tensor, coords: Optional[torch.Tensor]):
-        """The eager block step ``(h, S, running, l) -> h_new`` for ``universal_recurrence``:
-        keys/values of frozen rows kept, halted rows skipped by reading masks on the host."""
-        emb = self.step_embedding
-        if emb is None:  # (hyper-modules need no step embedding)
-            self_kv = HaltedStateKV(self.block)
-
-            def step(h, S, running, _l):
-                # Hyper-UT: z_l = masked mean of h_{l-1} per sentence (B, d)
-                z = example_embedding(h, ~pad) if self.block.hyper else None
-                # hyper K/V change with every step's mixture: every row is projected again
-                k, v = self.block.self_kv(S, z) if self.block.hyper_kv else self_kv(S, running)
-                return self.block(h, k, v, running, self_padding_mask=pad, hyper_z=z)
-        else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
-            stepped_kv = SteppedStateKV(self.block, emb, coords)
-
-            def step(h, S, running, l):
-                k, v = stepped_kv(S, running, l)
-                return self.block(emb.add(h, l, coords), k, v, running, self_padding_mask=pad)
-        return step
-
     def forward_chunks(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None):
         """Chunk-wise recurrence (docs/chunked.md). ``encoder_out`` is (S', B, d): the chunk
         outputs S_L (S' = S), LN_out(M^N) (S' = k) or both on the key axis (S' = S + k),
@@ -439,7 +405,7 @@ class SUTEncoder(FairseqEncoder):
         x = self.dropout(x)
         reads_out = self.memory is not None and self.tlb_encoder_out != "tokens"
         S, halting = chunked_recurrence(
-            chunk_step_factory(self), x, layout, self.halting, self.num_steps, self.memory,
+            ChunkSteps(self), x, layout, self.halting, self.num_steps, self.memory,
             memory_reset=self.memory_reset, write_last=reads_out, cap_steps=self.cap_steps)
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("enc", halting)
@@ -525,79 +491,27 @@ class SUTDecoder(FairseqIncrementalDecoder):
             cross_k, cross_v = cache["cross_k"], cache["cross_v"]
         else:
             cross_k, cross_v = self.block.cross_kv(enc)
-        new_k: List[Optional[torch.Tensor]] = [None] * self.num_steps
-        new_v: List[Optional[torch.Tensor]] = [None] * self.num_steps
-
-        self_kv = HaltedStateKV(self.block) if emb is None else SteppedStateKV(self.block, emb, coords)
-        hyper, hyper_kv = self.block.hyper, self.block.hyper_kv
-        # Hyper-UT: z_{t,l} = causal prefix mean of h_{l-1} over real positions <= t;
-        # incremental decoding continues each step's (sum, count) of the earlier positions
-        hyper_prefix_in = cache.get("hyper_prefix") if cache is not None else None
-        hyper_prefix_out = {}
-
-        def hyper_z(h, l):
-            z, hyper_prefix_out[l] = prefix_embedding(
-                h, real, hyper_prefix_in.get(l) if hyper_prefix_in else None)
-            return z
-
-        def step(h, S, running, l):
-            z = hyper_z(h, l) if hyper else None
-            if hyper_kv:  # position j's keys/values at step l use its own mixture e_{j,l}
-                k, v = self.block.self_kv(S, z)
-            elif emb is None:
-                k, v = self.block.self_kv(S) if incremental_state is not None else self_kv(S, running)
-            else:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
-                k, v = (stepped_self_kv(self.block, emb, S, coords, l) if incremental_state is not None
-                        else self_kv(S, running, l))
-                h = emb.add(h, l, coords)
-            if incremental_state is not None:
-                new_k[l - 1], new_v[l - 1] = k, v
-                if "self_k" in cache:  # (L, B, H, t, D): keys of the earlier positions at step l
-                    k = torch.cat([cache["self_k"][l - 1], k], 2)
-                    v = torch.cat([cache["self_v"][l - 1], v], 2)
-            return self.block(h, k, v, running, self_padding_mask=key_pad, q_start=q_start,
-                              cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad,
-                              **({"hyper_z": z} if hyper else {}))
-
-        prefix_in = cache.get("prefix") if cache is not None else None
-        frozen_prefix = {}
-
-        def freeze(S, h, first_skipped_step):
-            """Every position halted: steps l..L see the frozen S rows as keys/values
-            (and the frozen h in the causal prefix means of global-mean halting and of the
-            hyper-modules' example embedding, whose step-l mixture gives step l's K/V)."""
-            k, v = self.block.self_kv(S) if emb is None and not hyper_kv else (None, None)
-            for l in range(first_skipped_step, self.num_steps + 1):
-                z = hyper_z(h, l) if hyper else None
-                if hyper_kv:
-                    k, v = self.block.self_kv(S, z)
-                elif emb is not None:  # the frozen S + E_l
-                    k, v = stepped_self_kv(self.block, emb, S, coords, l)
-                new_k[l - 1], new_v[l - 1] = k, v
-            frozen_prefix.update(frozen_prefix_sums(prefix_in, h, real, first_skipped_step,
-                                                    self.num_steps))
-
+        inputs = dict(self_padding_mask=key_pad, real=real, q_start=q_start, coords=coords,
+                      cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad)
         exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
         rule = self.halting.bind(self.output_projection.weight) if exits else self.halting
-
-        def eager():
-            return universal_recurrence(
-                step, x, real, rule, self.num_steps,
-                on_early_exit=freeze if incremental_state is not None else None,
-                prefix_in=prefix_in)
-
-        if incremental_state is None and compiled_step_ready(self, x):
-            S, halting, state = run_side_compiled(
-                self, x, real, key_pad, coords, eager, cross_k=cross_k, cross_v=cross_v,
-                cross_padding_mask=enc_pad)
-        else:
-            S, halting, state = eager()
+        if incremental_state is None:
+            ctx = self.step.context(**inputs)
+            S, halting, state = run_recurrence(self, x, ctx, rule)
+        else:  # per step l: the earlier positions' keys/values (L, B, H, t, D) and prefix sums
+            keys = StepKeyCache(self.num_steps, cache.get("self_k"), cache.get("self_v"),
+                                prefix_in=cache.get("prefix"))
+            # Hyper-UT: step l's (Σ h_{l-1}, count) over the earlier positions
+            ctx = self.step.context(keys, hyper_prefix_in=cache.get("hyper_prefix"), **inputs)
+            S, halting, state = run_recurrence(
+                self, x, ctx, rule, prefix_in=keys.prefix_in,
+                on_early_exit=functools.partial(self.step.freeze, ctx=ctx))
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("dec", halting)
         if incremental_state is not None:
-            prefix = {**state.prefix_out, **frozen_prefix} if state.prefix_out else None
-            self._update_cache(incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix,
-                               hyper_prefix_out or None)
+            prefix = {**state.prefix_out, **keys.frozen_prefix} if state.prefix_out else None
+            self._update_cache(incremental_state, cache, keys.new_k, keys.new_v, cross_k, cross_v,
+                               prefix, ctx.hyper_prefix_out or None)
         if self.final_norm is not None:
             S = self.final_norm(S)
         extra = {
@@ -629,7 +543,7 @@ class SUTDecoder(FairseqIncrementalDecoder):
             x = self.embed_scale * self.embed_tokens(prev_output_tokens) + chunk_positions(
                 self, prev_output_tokens, layout.slot)
             S, halting = chunked_recurrence(
-                chunk_step_factory(self, **cross), self.dropout(x), layout, self.halting,
+                ChunkSteps(self, **cross), self.dropout(x), layout, self.halting,
                 self.num_steps, self.memory, memory_reset=self.memory_reset,
                 cap_steps=self.cap_steps, causal=True)
         if not self.training and getattr(self, "step_meter", None) is not None:
@@ -665,33 +579,17 @@ class SUTDecoder(FairseqIncrementalDecoder):
         if self.memory is not None:
             M = self.memory.begin(x) if self.memory_reset else cache["memory"]
             memory_kv = self.block.memory_attn.project_kv(M)
-        key_pad = chunk_cache.key_padding(cache, g)
-        new_k: List[Optional[torch.Tensor]] = [None] * L
-        new_v: List[Optional[torch.Tensor]] = [None] * L
-
-        def step(h, S, running, l):
-            k, v = self.block.self_kv(S)
-            new_k[l - 1], new_v[l - 1] = k, v
-            k, v = chunk_cache.step_keys(cache, l, k, v)
-            return self.block(h, k, v, running, self_padding_mask=key_pad, q_start=g - 1,
-                              memory_kv=memory_kv, **cross)
-
-        prefix_in = cache.get("prefix")
-        frozen = {}
-
-        def freeze(S, h, first_skipped_step):
-            """Every new token has halted: steps l..L see its frozen S (keys/values) and h
-            (the prefix sums of global-mean halting)."""
-            k, v = self.block.self_kv(S)
-            for l in range(first_skipped_step, L + 1):
-                new_k[l - 1], new_v[l - 1] = k, v
-            frozen.update(frozen_prefix_sums(prefix_in, h, real, first_skipped_step, L))
-
+        # the new token after its chunk's earlier tokens (their keys/values cached per step)
+        keys = StepKeyCache(L, cache["self_k"], cache["self_v"], prefix_in=cache.get("prefix"))
+        ctx = self.step.context(keys, self_padding_mask=chunk_cache.key_padding(cache, g),
+                                real=real, q_start=g - 1, memory_kv=memory_kv, **cross)
         rule = StepCap(self.halting, (slot + 2).clamp(max=L)) if self.cap_steps else self.halting
-        S, halting, state = universal_recurrence(step, x, real, rule, L, on_early_exit=freeze,
-                                                 prefix_in=prefix_in)
-        prefix = None if prefix_in is None else {**prefix_in, **state.prefix_out, **frozen}
-        cache, opened, raised = chunk_cache.advance(cache, new_k, new_v, S, real[:, 0],
+        S, halting, state = run_recurrence(
+            self, x, ctx, rule, prefix_in=keys.prefix_in,
+            on_early_exit=functools.partial(self.step.freeze, ctx=ctx))
+        prefix = None if keys.prefix_in is None else {**keys.prefix_in, **state.prefix_out,
+                                                      **keys.frozen_prefix}
+        cache, opened, raised = chunk_cache.advance(cache, keys.new_k, keys.new_v, S, real[:, 0],
                                                     halting.steps[:, 0], g, self.memory, prefix)
         cache["cross_k"], cache["cross_v"] = cross["cross_k"], cross["cross_v"]
         self.set_incremental_state(incremental_state, "sut_cache", cache)

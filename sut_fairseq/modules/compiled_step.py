@@ -1,14 +1,15 @@
 """One step of a side's universal recurrence as one compiled graph (``--compile-step``).
 
-The eager recurrence (``recurrence.py``) calls a closure per step that skips halted rows
-by reading masks on the host (the router's and the halting unit's active rows, the
-changed rows of the key/value cache). Here one step is a module with tensor inputs and
+The eager recurrence (``recurrence.py``) calls the side's ``SideStep`` (``side_step.py``)
+per step, which skips halted rows by reading masks on the host (the router's and the
+halting unit's active rows, the changed rows of the key/value cache). Here one step is a module with tensor inputs and
 outputs whose shapes never depend on the data, so ``torch.compile(fullgraph=True)``
 traces it whole: what depends on the data (which rows each expert gets, skipping the
 rows of halted positions) happens inside the custom op ``sut::routed_linear``, which
 still gives halted rows no expert work. Step l (l = 1 .. L) of the body::
 
     x_q = h_{l-1} (+ E_l),  x_kv = S_{l-1} (+ E_l)          E_l: the step embedding, if any
+                                                 (the eager step's query object, ``apply``)
     h_l = Block(x_q, keys/values of x_kv)   on running rows, h_{l-1} elsewhere
     S_l = halting.mix(h_l, S_{l-1})                           (Eq. 3)
     running_{l+1}, α_l = halting.decide(h_l)                  (the next step's decision)
@@ -32,6 +33,7 @@ import torch.nn as nn
 
 from ..ops.masked_linear_op import masked_linear
 from .halting import HaltingResult, HaltingState
+from .side_step import step_query
 
 logger = logging.getLogger(__name__)
 
@@ -74,10 +76,11 @@ class RecurrenceStep(nn.Module):
     def __init__(self, block: nn.Module, halting: nn.Module, step_embedding: Optional[nn.Module]):
         super().__init__()
         self.block, self.halting = block, halting
-        self.embeds_steps = step_embedding is not None
+        #: h_{l-1} (+ E_l): the eager step's query object (``side_step.step_query``)
+        self.query = step_query(step_embedding)
         #: without a step embedding the keys/values of S are carried from step to step and
         #: only the rows whose S changed are projected again (HaltedStateKV's saving)
-        self.carries_kv = not self.embeds_steps
+        self.carries_kv = step_embedding is None
 
     def changed_kv(self, S: torch.Tensor, changed: torch.Tensor, k_rows: torch.Tensor,
                    v_rows: torch.Tensor):
@@ -111,18 +114,15 @@ class RecurrenceStep(nn.Module):
         log_remain, weighted_sum and α_l (None for the rule ``none``), and the keys and
         values of S_{l-1} (B, T, H·D) each, or None. (A transition-aware decision reads
         [h_{l-1}; h_l]: h_{l-1} is this step's input h.)"""
-        xq, xkv = h, S
-        if self.embeds_steps:  # step l reads h_{l-1} + E_l and keys/values of S_{l-1} + E_l
-            if coords is not None:
-                xq, xkv = xq + coords, xkv + coords
-            xq, xkv = xq + te, xkv + te
         if self.carries_kv:
             k_rows, v_rows = self.changed_kv(S, changed, k_rows, v_rows)
             heads = (*S.shape[:2], self.block.self_attn.num_heads, self.block.self_attn.head_dim)
             k, v = k_rows.view(heads).transpose(1, 2), v_rows.view(heads).transpose(1, 2)
-        else:  # S + E_l changes on every row: every row projected
-            k, v = self.block.self_kv(xkv)
-        h_new = self.block(xq, k, v, running, self_padding_mask=self_padding_mask,
+        else:  # keys/values of S_{l-1} + E_l, which changes on every row: every row projected
+            k, v = self.block.self_kv(self.query.apply(S, te, coords))
+        # step l reads h_{l-1} (+ E_l)
+        h_new = self.block(self.query.apply(h, te, coords), k, v, running,
+                           self_padding_mask=self_padding_mask,
                            cross_k=cross_k, cross_v=cross_v, cross_padding_mask=cross_padding_mask)
         h_prev, h = h, torch.where(running.unsqueeze(-1), h_new, h)
         steps = steps + running.long()

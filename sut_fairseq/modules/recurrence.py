@@ -33,7 +33,8 @@ def universal_recurrence(
     """Run the recurrence.
 
     Args:
-        block_step: ``(h (B,T,d), S (B,T,d), running (B,T) bool, step l) -> h_new (B,T,d)``.
+        block_step: ``(h (B,T,d), S (B,T,d), running (B,T) bool, step l) -> h_new (B,T,d)``
+            (a model side's ``SideStep.bind(ctx)``, ``side_step.py``).
         h0: (B, T, d) embeddings; real: (B, T) bool, False on padding.
         halting: a rule from ``halting.py``; max_steps: L.
         on_early_exit: called as ``(S, h, l)`` when every position has halted before

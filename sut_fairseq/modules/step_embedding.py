@@ -28,6 +28,9 @@ steps it skipped; the keys and values other positions read from it at step l are
 and only the per-step vector ``W_k TE(l)`` (and ``W_v TE(l)``) is added: exact, and halted
 rows still cost no projection. With pre-LayerNorm blocks the keys are ``W_k LN(S + E_l) +
 b``, which no per-step vector corrects, so every row is projected again at every step.
+
+The step's parts (``side_step.py``): ``SteppedQuery`` (``h_{l-1} + E_l``), and the
+key/value sources ``SteppedKV`` (post-LN) and ``SteppedPreNormKV`` (pre-LN).
 """
 from typing import Optional, Tuple
 
@@ -88,9 +91,31 @@ class StepEmbedding(nn.Module):
 
     def add(self, x: torch.Tensor, step: int, positions: Optional[torch.Tensor]) -> torch.Tensor:
         """x (B, T, d) + E_step: ``x + TE(step)``, or ``x + PE(i) + TE(step)`` (coordinate)."""
-        if positions is not None:
-            x = x + positions
-        return x + self.timestep(step, x)
+        return add_embedding(x, self.timestep(step, x), positions)
+
+
+def add_embedding(x: torch.Tensor, te: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
+    """x (B, T, d) + E_l with TE(l) given as ``te`` (d,): ``x + TE(l)``, or ``(x + PE(i)) +
+    TE(l)`` with the coordinate embedding's ``positions`` PE (B, T, d)."""
+    if positions is not None:
+        x = x + positions
+    return x + te
+
+
+class SteppedQuery:
+    """The queries of step l with a step embedding: ``h_{l-1} + E_l`` (B, T, d)."""
+
+    def __init__(self, emb: StepEmbedding):
+        self.emb = emb
+
+    def __call__(self, h: torch.Tensor, step: int, ctx) -> torch.Tensor:
+        """h (B, T, d) at step l; ``ctx.coords``: PE (B, T, d) or None (timestep)."""
+        return self.emb.add(h, step, ctx.coords)
+
+    @staticmethod
+    def apply(x: torch.Tensor, te: torch.Tensor, coords: Optional[torch.Tensor]) -> torch.Tensor:
+        """``x + E_l`` with TE(l) as a tensor ``te`` (d,) (the compiled step's form)."""
+        return add_embedding(x, te, coords)
 
 
 def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -103,44 +128,65 @@ def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     return k, v
 
 
-def stepped_self_kv(block, emb: StepEmbedding, S: torch.Tensor, positions: Optional[torch.Tensor],
-                    step: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Keys and values (B, H, T, D) of ``S + E_step`` for every row of S (B, T, d),
-    computed as the changed-rows cache computes them (post-LN: ``self_kv(S') + W TE``;
-    pre-LN: ``self_kv(S' + TE)``), so that incremental decoding and the full forward
-    use the same arithmetic."""
-    base = S if positions is None else S + positions
-    if block.normalize_before:
-        return block.self_kv(base + emb.timestep(step, S))
-    k, v = block.self_kv(base)
-    bk, bv = step_kv_bias(block, emb.timestep(step, S))
-    return k + bk, v + bv
+class SteppedKV:
+    """Post-LN self-attention keys/values (B, H, T, D) of ``S_{l-1} + E_l``:
+    ``K = W_k S' + b + W_k TE(l)`` (V alike), ``S' = S`` (timestep) or ``S + PE`` (coordinate).
+
+    The projection of S' goes through ``ctx.rows`` (``HaltedStateKV`` in a full forward:
+    only the rows whose S changed are projected again; ``EveryRowKV`` in incremental
+    decoding); the per-step vector ``W TE(l)`` is added to every row."""
+
+    step_invariant = False  # TE(l) changes the keys of the same S from step to step
+
+    def __init__(self, block, emb: StepEmbedding):
+        self.block, self.emb = block, emb
+
+    def __call__(self, S: torch.Tensor, running: Optional[torch.Tensor], step: int,
+                 z: Optional[torch.Tensor], ctx):
+        """S (B, T, d), running (B, T) bool (the carried rows' next changed rows), step l;
+        z unused; ``ctx.rows``, ``ctx.coords`` (PE (B, T, d) or None)."""
+        base = S if ctx.coords is None else S + ctx.coords
+        k, v = ctx.rows(base, running)
+        bk, bv = step_kv_bias(self.block, self.emb.timestep(step, S))
+        return k + bk, v + bv
+
+
+class SteppedPreNormKV:
+    """Pre-LN self-attention keys/values (B, H, T, D) of ``S_{l-1} + E_l``:
+    ``K = W_k LN(S' + TE(l)) + b`` for every row at every step (LayerNorm is not affine in
+    S, so no per-step vector corrects carried keys)."""
+
+    step_invariant = False
+
+    def __init__(self, block, emb: StepEmbedding):
+        self.block, self.emb = block, emb
+
+    def __call__(self, S: torch.Tensor, running: Optional[torch.Tensor], step: int,
+                 z: Optional[torch.Tensor], ctx):
+        """As ``SteppedKV``; running and z unused."""
+        base = S if ctx.coords is None else S + ctx.coords
+        return self.block.self_kv(base + self.emb.timestep(step, S))
+
+
+def stepped_kv(block, emb: StepEmbedding):
+    """The key/value source of ``S_{l-1} + E_l`` for the block's LayerNorm placement."""
+    return SteppedPreNormKV(block, emb) if block.normalize_before else SteppedKV(block, emb)
 
 
 class SteppedStateKV:
-    """Self-attention keys/values of ``S_{l-1} + E_l`` over one recurrence (the
-    step-embedding counterpart of ``sut_block.HaltedStateKV``).
-
-    Post-LN: the keys of ``S'`` (``S``, or ``S + PE`` for the coordinate embedding) are
-    kept per row and re-projected only for the rows whose S changed (the rows that ran
-    the previous step); each step adds ``W_k TE(l)`` / ``W_v TE(l)`` to all rows. Pre-LN:
-    every row is projected again at every step (LayerNorm is not affine in S).
+    """Self-attention keys/values of ``S_{l-1} + E_l`` over one full-forward recurrence
+    (``stepped_kv`` with the changed rows of S carried: ``HaltedStateKV``).
 
     Call once per step as ``(S (B, T, d), running (B, T) bool, step l)``; returns keys
     and values (B, H, T, D) each.
     """
 
     def __init__(self, block, emb: StepEmbedding, positions: Optional[torch.Tensor]):
-        self.block, self.emb, self.positions = block, emb, positions
-        self.rows = None if block.normalize_before else HaltedStateKV(block)
+        self.source = stepped_kv(block, emb)
+        self.rows, self.coords = HaltedStateKV(block), positions  # what the source reads
 
     def __call__(self, S: torch.Tensor, running: torch.Tensor, step: int):
-        if self.rows is None:
-            return stepped_self_kv(self.block, self.emb, S, self.positions, step)
-        base = S if self.positions is None else S + self.positions
-        k, v = self.rows(base, running)
-        bk, bv = step_kv_bias(self.block, self.emb.timestep(step, S))
-        return k + bk, v + bv
+        return self.source(S, running, step, None, self)
 
 
 def build_step_embedding(mode: str, embed_dim: int) -> Optional[StepEmbedding]:

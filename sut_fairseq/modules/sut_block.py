@@ -153,6 +153,18 @@ class HaltedStateKV:
                 self.v_rows.view(B, T, H, D).transpose(1, 2))
 
 
+class EveryRowKV:
+    """Self-attention keys/values (B, H, T, D) of every row of S (B, T, d), nothing carried:
+    what incremental decoding uses for its new positions (``HaltedStateKV``'s interface;
+    ``running`` is not read)."""
+
+    def __init__(self, block: SUTBlock):
+        self.block = block
+
+    def __call__(self, S: torch.Tensor, running: Optional[torch.Tensor] = None):
+        return self.block.self_kv(S)
+
+
 class FeedForwardGate(nn.Module):
     """G = sigmoid(W2 · GELU(W1 · LN(a) + b1) + b2), per position and channel, from the
     attention sub-layers' output a (GUT, Ray Chowdhury & Caragea 2024, Eq. 10)."""
