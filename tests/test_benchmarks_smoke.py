@@ -92,6 +92,69 @@ def test_train_step_builds_the_cpvr_models_from_the_recipe():
     assert loss["label_smoothing"] == 0.1 and loss["act_weight"] == 0
 
 
+def _generate_benchmark():
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import generate_throughput
+
+    return generate_throughput
+
+
+def test_generate_throughput_source_lengths_are_wmt_shaped_and_seeded():
+    g = _generate_benchmark()
+    lengths = g.source_lengths(3003, 0).float()   # tokens with </s>, newstest2014's size
+    assert 27 <= lengths.mean() <= 31 and 24 <= lengths.median() <= 27
+    assert lengths.min() >= 3 and lengths.max() <= 151 and (lengths > 81).float().mean() < 0.03
+    assert g.source_lengths(3003, 0).equal(lengths.long()) and not g.source_lengths(3003, 1).equal(lengths.long())
+
+
+def test_generate_throughput_decodes_every_sentence_to_its_maximum_length():
+    """Beam search of the three models on 5 sentences in batches of 2: the rows, the ratio
+    lines, and the generated tokens equal to what the length limit gives, computed here
+    from the sorted source lengths (a batch of width W runs int(a W + b) steps, then </s>)."""
+    a, b, n = 0.1, 2, 5
+    out = run("generate_throughput.py", "--sentences", str(n), "--batch-size", "2", "--beam", "2",
+              "--max-len-a", str(a), "--max-len-b", str(b), "--arch", "sut_base", "transformer_wmt_en_de",
+              "ut_base")
+    lengths = sorted(_generate_benchmark().source_lengths(n, 0).tolist())
+    batches = [lengths[i:i + 2] for i in range(0, n, 2)]
+    expected = sum(len(batch) * (int(a * max(batch) + b) + 1) for batch in batches)
+    assert re.search(rf"; {n} sentences, .*; vocabulary 32768; beam 2, max_len_a {a}, max_len_b {b}; "
+                     rf"--batch-size 2: {len(batches)} batches$", out, re.M), out
+    for arch in ("sut_base", "transformer_wmt_en_de", "ut_base"):
+        m = re.search(rf"^{arch}\s+(\d+\.\d\d) sentences/s\s+(\d+\.\d) generated tokens/s\s+"
+                      r"(\d+\.\d\d) ms/decoder step$", out, re.M)
+        assert m, out
+        sentences_s, tokens_s, ms = map(float, m.groups())
+        assert sentences_s > 0 and ms > 0
+        # tokens/s over sentences/s: the tokens per sentence of the one timed pass (to rounding)
+        rounding = 0.005 / sentences_s + 0.05 / tokens_s
+        assert abs(tokens_s / sentences_s - expected / n) <= 1.01 * rounding * expected / n
+        m = re.search(rf"^{arch}: every sentence ran to its maximum length \((\d+) generated tokens\)", out, re.M)
+        assert m and int(m.group(1)) == expected, (expected, out)
+    assert re.search(r"^sut_base: .* \| decoder steps executed [\d.]+% ", out, re.M), out
+    for other in ("transformer_wmt_en_de", "ut_base"):
+        assert re.search(rf"^sut_base / {other} sentences/s: \d+\.\d\d$", out, re.M), out
+    assert "steps executed" not in out.splitlines()[-1]   # no unlabelled summary at exit
+
+
+def test_generate_throughput_compiled_rows():
+    """--compile: the plugin's model with --compile-step and the transformer's encoder
+    compiled (aot_eager here: the same graphs, no code generation), each after its warm-up."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", SUT_COMPILE_BACKEND="aot_eager")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "generate_throughput.py"),
+                           "--sentences", "3", "--batch-size", "2", "--beam", "2", "--max-len-a", "0.1",
+                           "--max-len-b", "2", "--arch", "sut_tiny", "transformer_wmt_en_de", "--compile"],
+                          capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    for arch in ("sut_tiny", "transformer_wmt_en_de"):
+        assert re.search(rf"^compiled {arch}\s+\d+\.\d\d sentences/s\s+\d+\.\d generated tokens/s\s+"
+                         r"\d+\.\d\d ms/decoder step \(warm-up, compiling: \d+\.\d s\)$", out, re.M), out
+        assert re.search(rf"^compiled {arch}: every sentence ran to its maximum length", out, re.M), out
+        m = re.search(rf"^{arch} compiled / eager sentences/s: (\d+\.\d\d)$", out, re.M)
+        assert m and float(m.group(1)) > 0, out
+
+
 def test_cpu_parallel_runs_the_recipe_both_ways_and_prints_the_ratio():
     out = run("cpu_parallel.py", "--model", "ut-halting", "--updates", "20", "--warmup", "5",
               "--max-tokens", "256")

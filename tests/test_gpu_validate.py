@@ -20,7 +20,7 @@ SCRIPT = os.path.join(REPO, "scripts", "gpu", "validate.py")
 #: variables of the caller that would change what a stage does
 CLEARED = ("PYTEST_ADDOPTS", "SUT_LOGIC_MODELS", "SUT_LOGIC_PROTOCOLS", "SUT_LOGIC_TRAIN_ARGS",
            "SUT_GPU_WORK", "SUT_GPU_VENV", "SUT_GPU_FORCE_INSTALL", "SUT_BASE_PYTHON", "WHEELHOUSE",
-           "TRITON_INTERPRET", "SUT_KERNELS", "NODE_HAS", "SUT_GPU_DEADLINE_S")
+           "TRITON_INTERPRET", "SUT_KERNELS", "NODE_HAS", "SUT_GPU_DEADLINE_S", "SUT_BENCH_STEPS")
 
 
 def load_validate():
@@ -90,6 +90,9 @@ def test_usage_errors_exit_2(tmp_path):
     assert proc.returncode == 2 and "holds other files" in proc.stderr
     proc = run_stage("logic-sut", tmp_path / "o", "--smoke", SUT_LOGIC_MODELS="lstm")
     assert proc.returncode == 2 and "unknown model 'lstm'" in proc.stderr
+    proc = run_stage("bench", tmp_path / "o", "--smoke", SUT_BENCH_STEPS="train generation")
+    assert proc.returncode == 2 and "SUT_BENCH_STEPS: unknown step 'generation'" in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_a_failing_step_is_reported_and_the_next_still_runs(tmp_path):
@@ -201,6 +204,29 @@ def test_gpu_time_plan_fits_the_stage_deadline():
     assert v.logic_plan("logic-baselines", True, {}) == [r for r in baselines if r[2]]
 
 
+def test_bench_plan_runs_everything_on_a_warm_node_and_the_rest_in_a_second_call():
+    """bench: moe_gpu.py and the 4,096-token train_step.py always run (they fit after a fresh
+    install); the 16,384-token train_step.py and generate_throughput.py start when their
+    estimates fit, which on a warm node (no install) they all do; SUT_BENCH_STEPS runs the
+    steps it names, every one required."""
+    v = load_validate()
+    import gpu_bench as b   # beside validate.py, on the path load_validate() set
+
+    assert b.bench_plan(False, {}) == [("moe", True), ("train", True), ("train-16k", False),
+                                       ("generate", False)]
+    assert all(required for _, required in b.bench_plan(True, {}))   # --smoke: every step
+    estimates = {k: e for k, (_, e, _) in b.BENCH_STEPS.items()}
+    assert v.required_estimate("bench", environ={}) == (v.INSTALL_ESTIMATE_S + v.ENV_ESTIMATE_S
+                                                         + estimates["moe"] + estimates["train"])
+    warm = v.required_estimate("bench", install=False, environ={"SUT_BENCH_STEPS": " ".join(estimates)})
+    assert warm == v.ENV_ESTIMATE_S + sum(estimates.values()) <= v.STAGE_DEADLINE_S
+    rest = {"SUT_BENCH_STEPS": "generate,train-16k"}
+    assert b.bench_plan(False, rest) == [("train-16k", True), ("generate", True)]
+    assert v.required_estimate("bench", environ=rest) <= v.STAGE_DEADLINE_S   # even after an install
+    with pytest.raises(v.UsageError, match="unknown step 'x'"):
+        b.bench_plan(False, {"SUT_BENCH_STEPS": "moe x"})
+
+
 # --------------------------------------------------------------------------- smoke runs
 
 def test_smoke_tests_stage(tmp_path):
@@ -217,7 +243,8 @@ def test_smoke_tests_stage(tmp_path):
 def test_smoke_bench_stage(tmp_path):
     out = tmp_path / "out"
     proc = run_stage("bench", out, "--smoke")
-    summary, results = check_passed(proc, out, "bench", ["environment", "moe_gpu.py", "train_step.py"])
+    summary, results = check_passed(proc, out, "bench", ["environment", "moe_gpu.py", "train_step.py",
+                                                         "train_step.py large batch", "generate_throughput.py"])
     assert "TRITON_INTERPRET=1 " in proc.stdout  # the interpreter, as the command shows
     rows = results["results"]["moe_gpu"]["rows"]
     assert {(r["tokens"], r["pass"]) for r in rows} == {(32, "fwd"), (32, "fwd+bwd")}
@@ -230,6 +257,17 @@ def test_smoke_bench_stage(tmp_path):
     assert set(profiles) == set(models) and all(p["aten_calls"] > 0 for p in profiles.values())
     assert profiles["sut_base"]["launches"] == 0 and profiles["sut_base"]["device_busy_ms"] is None
     assert re.search(r"^\| sut_base \| [\d.]+ \| 0 \| \d+ \|  \| \|$", summary, re.M), summary
+    large = results["results"]["train_step_16k"]   # the second batch: 4x the tokens of the first
+    assert "batch 8 x 4 = 32 target tokens" in large["header"] and set(large["models"]) == set(models)
+    assert not large["profiles"]
+    generated = results["results"]["generate"]   # beam search: both models, one pass each (no --compile)
+    assert "6 sentences" in generated["header"] and "beam 2" in generated["header"]
+    assert set(generated["models"]) == {"sut_base", "transformer_wmt_en_de"} and not generated["compiled"]
+    assert all(m["sentences_per_s"] > 0 and m["tokens_per_s"] > 0 and m["ms_per_decoder_step"] > 0
+               and m["full_length"] is True for m in generated["models"].values())
+    assert generated["ratios"]["sut_base / transformer_wmt_en_de"] > 0
+    assert re.search(r"^\| sut_base \| [\d.]+ \| [\d.]+ \| [\d.]+ \|  \| yes \|  \|$", summary, re.M), summary
+    assert [(s["step"], s["required"]) for s in results["budget"]["steps"]][-1] == ("generate_throughput.py", True)
 
 
 def check_logic(proc, out, stage, runs):

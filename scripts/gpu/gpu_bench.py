@@ -1,26 +1,88 @@
-"""The ``bench`` stage: ``benchmarks/moe_gpu.py`` (the Triton expert GEMMs against cuBLAS
-and the reference, forward and forward + backward, host syncs) and
-``benchmarks/train_step.py --device cuda --bf16 --profile 25 --compile`` (sut_base, ut_base
-and transformer_wmt_en_de on the same batch: tokens/s and peak memory eager, then compiled
-with the seconds of each first step, then one profiled eager step each)."""
+"""The ``bench`` stage, one command, eager and compiled:
+
+1. ``benchmarks/moe_gpu.py`` (the Triton expert GEMMs against cuBLAS and the reference,
+   forward and forward + backward, host syncs);
+2. ``benchmarks/train_step.py --device cuda --bf16 --profile 25 --compile`` (sut_base,
+   ut_base and transformer_wmt_en_de on the same 128 x 32 = 4,096-token batch: tokens/s
+   and peak memory eager, then compiled with the seconds of each first step, then one
+   profiled eager step each);
+3. ``benchmarks/train_step.py --device cuda --bf16 --batch 512 --len 32 --compile`` (the
+   same at 16,384 target tokens, no profile);
+4. ``benchmarks/generate_throughput.py --device cuda --bf16 --compile`` (beam 4 over 3,003
+   WMT-shaped synthetic sentences: sentences/s of sut_base and transformer_wmt_en_de, eager
+   then compiled).
+
+1 and 2 always run; 3 and 4 start when their estimate fits the time left (always on a warm
+node, where the package is already importable; not after a fresh install) and, once
+started, must pass. ``SUT_BENCH_STEPS`` names the steps to run (``moe train train-16k
+generate``, any of them): every step it names is required."""
 import itertools
+import os
 import re
 
-from gpu_common import log_lines_of, step_env
+from gpu_common import UsageError, log_lines_of, step_env
 
-#: bench stage: moe_gpu.py (Triton autotuning, then 3 sizes x 2 passes x 3 implementations
-#: x 23 runs) and train_step.py (three WMT-size models, 3 rounds of 2 steps each, eager,
-#: then compiled with --compile: the SUT/UT with --compile-step, the transformer through
-#: torch.compile). Measured on an H200 node, eager only: 17.6 s and 51.4 s; the compiled
-#: half (three compilations) is not measured on a GPU yet: 150 s allowed for it.
+# --------------------------------------------------------------------------- time plan
+# The stage deadline is 540 s at the default --time-limit 600, the install 180 s on a fresh
+# node, the environment step 10 s. Every estimate below is for an H100 or H200 node.
+
+#: moe_gpu.py: Triton autotuning, then 3 sizes x 2 passes x 3 implementations x 23 runs.
+#: Measured 17.6 s (H200) and 31.9 s (H100).
 BENCH_MOE_ESTIMATE_S = 40
+#: train_step.py at 4,096 target tokens: three WMT-size models, 3 rounds of 2 steps each,
+#: eager, then compiled (--compile: the SUT/UT with --compile-step, the transformer through
+#: torch.compile), then one profiled eager step each. Measured eager with the profiles:
+#: 92.3 s on an H100 (51.4 s on an H200 without them), most of it start-up and the first
+#: steps (imports, CUDA, Triton's compilation and autotuning of the expert kernels: the
+#: timed steps are about 4 s); the compiled half (three models' compilations) is not
+#: measured on a GPU yet: about 110 s allowed for it.
 BENCH_TRAIN_STEP_ESTIMATE_S = 200
+#: train_step.py at 16,384 target tokens (512 x 32; eager then compiled, no profile), a
+#: second process after the first: start-up and the three models built twice, about 30 s;
+#: the expert kernels come from Triton's on-disk caches (compiled, autotuned: the
+#: autotuner's key has no row count), about 5 s; the timed steps about 15 s (the 4,096-token
+#: SUT step is host-bound, 294 ms with the device busy 119 ms: at 4x the tokens the device
+#: work grows to about 0.5 s per step, the launches stay about 14,000); the compilations:
+#: the SUT/UT steps are compiled with dynamic batch and length (``maybe_mark_dynamic``), so
+#: inductor's on-disk caches can serve the graphs of the first run and what is left is
+#: tracing, about 15 s per model; the transformer is compiled for static shapes, so its new
+#: shape compiles afresh, about 40 s.
+BENCH_TRAIN_STEP_16K_ESTIMATE_S = 120
+#: generate_throughput.py (3,003 sentences, beam 4, --max-tokens 12000: 9 batches, 633
+#: decoder calls per model, every sentence to its maximum length): start-up (imports, CUDA,
+#: collating the batches) and four model builds, about 25 s; eager, the SUT at 10-30 ms per
+#: incremental decoder call (six recurrence steps with routing and halting, each reading
+#: on the host whether a position still runs: host-bound like its training step; plus the
+#: generator's beam bookkeeping), 6-19 s, the transformer at 5-8 ms, 3-5 s, and the
+#: warm-ups (the encoders on every batch, the first batch's 31 decoder calls), about 25 s
+#: in all; compiled, the SUT's encoder step (--compile-step, forward only, dynamic shapes)
+#: about 30 s to compile, the transformer's encoder twice (a static, then a dynamic
+#: shape), about 25 s, and the same decoding again, about 25 s (the incremental decoder
+#: steps stay eager).
+BENCH_GENERATE_ESTIMATE_S = 130
+
+#: The stage's steps in order: SUT_BENCH_STEPS key -> (step name, GPU estimate s, run
+#: without SUT_BENCH_STEPS whatever the time left). On a warm node all four fit the
+#: deadline (10 + 490 s of 540); after a fresh install (180 s) the first two do, and the
+#: other two are skipped for lack of time (a second, warm call runs them:
+#: ``SUT_BENCH_STEPS="train-16k generate"``, docs/gpu.md).
+BENCH_STEPS = {"moe": ("moe_gpu.py", BENCH_MOE_ESTIMATE_S, True),
+               "train": ("train_step.py", BENCH_TRAIN_STEP_ESTIMATE_S, True),
+               "train-16k": ("train_step.py large batch", BENCH_TRAIN_STEP_16K_ESTIMATE_S, False),
+               "generate": ("generate_throughput.py", BENCH_GENERATE_ESTIMATE_S, False)}
 
 SMOKE_MOE_ARGS = ["--device", "cpu", "--tokens", "32", "--dim", "16", "--hidden", "16",
                   "--experts", "4", "--topk", "2", "--repeats", "1", "--dtype", "bf16"]
 SMOKE_TRAIN_STEP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1", "--profile", "5"]
+SMOKE_TRAIN_STEP_16K_ARGS = ["--batch", "8", "--len", "4", "--vocab", "64", "--repeats", "1"]
+#: the default 32k vocabulary (a tiny one would let the random models emit </s>), 6
+#: sentences of a few generated tokens each, eager only
+SMOKE_GENERATE_ARGS = ["--sentences", "6", "--batch-size", "2", "--beam", "2", "--max-len-a", "0.1",
+                       "--max-len-b", "2"]
 GPU_MOE_ARGS = ["--tokens", "4096", "8192", "16384", "--dtype", "bf16"]
 GPU_TRAIN_STEP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", "--compile"]
+GPU_TRAIN_STEP_16K_ARGS = ["--device", "cuda", "--bf16", "--batch", "512", "--len", "32", "--compile"]
+GPU_GENERATE_ARGS = ["--device", "cuda", "--bf16", "--compile"]
 #: "== profile ARCH: W ms wall under the profiler, L kernel launches, O aten operator calls[, device busy D ms (P%)]"
 PROFILE_ROW = re.compile(r"^== profile (\S+): ([\d.]+) ms wall under the profiler, (\d+) kernel launches, "
                          r"(\d+) aten operator calls(?:, device busy ([\d.]+) ms)?")
@@ -32,15 +94,125 @@ RATIO_ROW = re.compile(r"^((?:compiled: )?\S+ / \S+) tokens/s: ([\d.]+)")
 #: "[N threads] compiled ARCH  MS ms/step  TOK target tokens/s (first step, compiling: S s)"
 COMPILED_ROW = re.compile(r"^\[.*\] compiled (\S+)\s+([\d.]+) ms/step\s+(\d+) target tokens/s "
                           r"\(first step, compiling: ([\d.]+) s\)")
+#: generate_throughput.py: "[compiled ]ARCH  S sentences/s  T generated tokens/s  D ms/decoder
+#: step[  P GiB peak][ (warm-up, compiling: W s)]", its ratios and whether every sentence
+#: ran to its maximum length
+GENERATE_ROW = re.compile(r"^(compiled )?(\S+)\s+([\d.]+) sentences/s\s+([\d.]+) generated tokens/s\s+"
+                          r"([\d.]+) ms/decoder step(?:\s+([\d.]+) GiB peak)?"
+                          r"(?: \(warm-up, compiling: ([\d.]+) s\))?\s*$")
+GENERATE_RATIO = re.compile(r"^((?:compiled: )?\S+ / \S+|\S+ compiled / eager) sentences/s: ([\d.]+)")
+GENERATE_LENGTHS = re.compile(r"^(compiled )?(\S+): (every sentence ran to its maximum length|"
+                              r"\d+ of \d+ sentences ended before their maximum length)")
+GENERATE_MODELS = ("sut_base", "transformer_wmt_en_de")
+TRAIN_MODELS = ("sut_base", "ut_base", "transformer_wmt_en_de")
+
+
+def bench_plan(smoke=False, environ=None):
+    """The steps to run: [(key, required)] (required: run whatever the time left; the
+    others start when their estimate fits). UsageError for an unknown SUT_BENCH_STEPS key."""
+    environ = os.environ if environ is None else environ
+    named = environ.get("SUT_BENCH_STEPS", "").replace(",", " ").split()
+    unknown = [k for k in named if k not in BENCH_STEPS]
+    if unknown:
+        raise UsageError(f"SUT_BENCH_STEPS: unknown step {unknown[0]!r} (choose from {', '.join(BENCH_STEPS)})")
+    if named:
+        return [(k, True) for k in BENCH_STEPS if k in named]
+    return [(k, smoke or always) for k, (_, _, always) in BENCH_STEPS.items()]
+
+
+def bench_required_estimate(environ=None):
+    """Estimated seconds of the bench stage's required steps (install and environment aside)."""
+    return sum(BENCH_STEPS[k][1] for k, required in bench_plan(False, environ) if required)
+
+
+def parse_train_step(lines):
+    """train_step.py's output -> {header, models, ratios, profiles, compiled}."""
+    out = {"header": next((l for l in lines if "target tokens" in l), None), "models": {},
+           "ratios": {}, "profiles": {}, "compiled": {}}
+    for line in lines:
+        m = TRAIN_ROW.match(line)
+        if m:
+            out["models"][m.group(1)] = {"ms_per_step": int(m.group(2)), "tokens_per_s": int(m.group(3)),
+                                         "peak_gib": float(m.group(4)) if m.group(4) else None}
+        m = RATIO_ROW.match(line)
+        if m:
+            out["ratios"][m.group(1)] = float(m.group(2))
+        m = COMPILED_ROW.match(line)
+        if m:
+            out["compiled"][m.group(1)] = {"ms_per_step": float(m.group(2)), "tokens_per_s": int(m.group(3)),
+                                           "first_step_s": float(m.group(4))}
+        m = PROFILE_ROW.match(line)
+        if m:
+            out["profiles"][m.group(1)] = {"wall_ms": float(m.group(2)), "launches": int(m.group(3)),
+                                           "aten_calls": int(m.group(4)),
+                                           "device_busy_ms": float(m.group(5)) if m.group(5) else None}
+    return out
+
+
+def parse_generate(lines):
+    """generate_throughput.py's output -> {header, models, compiled, ratios}; a model's
+    ``full_length``: whether every sentence ran to its maximum length."""
+    out = {"header": next((l for l in lines if " sentences, source tokens" in l), None), "models": {},
+           "compiled": {}, "ratios": {}}
+    for line in lines:
+        m = GENERATE_ROW.match(line)
+        if m:
+            out["compiled" if m.group(1) else "models"][m.group(2)] = {
+                "sentences_per_s": float(m.group(3)), "tokens_per_s": float(m.group(4)),
+                "ms_per_decoder_step": float(m.group(5)),
+                "peak_gib": float(m.group(6)) if m.group(6) else None,
+                **({"warm_up_s": float(m.group(7))} if m.group(7) else {})}
+        m = GENERATE_RATIO.match(line)
+        if m:
+            out["ratios"][m.group(1)] = float(m.group(2))
+        m = GENERATE_LENGTHS.match(line)
+        if m:
+            row = out["compiled" if m.group(1) else "models"].get(m.group(2))
+            if row is not None:
+                row["full_length"] = m.group(3).startswith("every")
+    return out
+
+
+def train_table(title, r):
+    text = ["", f"{title} ({r['header'] or ''}):", "",
+            "| model | ms/step | tokens/s | peak GiB |", "|---|---:|---:|---:|"]
+    text += [f"| {a} | {m['ms_per_step']} | {m['tokens_per_s']} | "
+             f"{'' if m['peak_gib'] is None else m['peak_gib']} |" for a, m in r["models"].items()]
+    if r["compiled"]:
+        text += ["", "Compiled (`--compile`):", "",
+                 "| model | ms/step | tokens/s | first step (compiling) s |", "|---|---:|---:|---:|"]
+        text += [f"| {a} | {m['ms_per_step']:.0f} | {m['tokens_per_s']} | {m['first_step_s']:.1f} |"
+                 for a, m in r["compiled"].items()]
+    return text + [""] + [f"- {k} tokens/s: {v:.2f}" for k, v in r["ratios"].items()]
+
+
+def generate_table(r):
+    text = ["", f"Beam search, `generate_throughput.py` ({r['header'] or ''}):", "",
+            "| model | sentences/s | generated tokens/s | ms/decoder step | peak GiB | "
+            "every sentence to its maximum length | warm-up (compiling) s |",
+            "|---|---:|---:|---:|---:|---|---:|"]
+    for prefix, rows in (("", r["models"]), ("compiled ", r["compiled"])):
+        for a, m in rows.items():
+            cells = [f"{prefix}{a}", f"{m['sentences_per_s']:.2f}", f"{m['tokens_per_s']:.1f}",
+                     f"{m['ms_per_decoder_step']:.2f}", "" if m["peak_gib"] is None else f"{m['peak_gib']}",
+                     {True: "yes", False: "no", None: ""}[m.get("full_length")],
+                     f"{m['warm_up_s']:.1f}" if "warm_up_s" in m else ""]
+            text.append("| " + " | ".join(cells) + " |")
+    return text + [""] + [f"- {k} sentences/s: {v:.2f}" for k, v in r["ratios"].items()]
 
 
 def stage_bench(stage, python):
-    """moe_gpu.py then train_step.py; their numbers into results.json and summary.md."""
+    """The plan's steps in order; their numbers into results.json and summary.md."""
     env = step_env(stage, python)
+    plan = bench_plan(stage.smoke)
+    stage.budget = {"steps": [{"step": BENCH_STEPS[k][0], "estimate_s": BENCH_STEPS[k][1],
+                               "required": r} for k, r in plan],
+                    "note": "GPU estimates (gpu_bench.py), not measurements: correct them from the "
+                            "measured times above"}
     moe_args = SMOKE_MOE_ARGS if stage.smoke else GPU_MOE_ARGS
     tokens = [int(t) for t in itertools.takewhile(lambda a: not a.startswith("--"),
                                                   moe_args[moe_args.index("--tokens") + 1:])]
-    moe_rows, train_rows, ratios, profiles, header, compiled_rows = [], {}, {}, {}, {}, {}
+    moe_rows, header, parsed = [], {}, {}
 
     def moe_check(step):
         lines = log_lines_of(stage, step)
@@ -62,50 +234,58 @@ def stage_bench(stage, python):
             return f"host syncs in the Triton path: {syncs[0]['host_syncs']}"
         return None
 
-    extra = {"TRITON_INTERPRET": "1"} if stage.smoke else None
-    stage.run("moe_gpu.py", [python, "benchmarks/moe_gpu.py", *moe_args],
-              env=step_env(stage, python, extra), env_prefix=extra,
-              estimate=BENCH_MOE_ESTIMATE_S,
-              timeout=stage.remaining() - BENCH_TRAIN_STEP_ESTIMATE_S, check=moe_check)
+    def train_check(key, profiled):
+        def check(step):
+            r = parsed[key] = parse_train_step(log_lines_of(stage, step))
+            missing = [a for a in TRAIN_MODELS if a not in r["models"]]
+            if missing:
+                return f"no rows for {missing} in the output"
+            if not stage.smoke and any(m["peak_gib"] is None for m in r["models"].values()):
+                return "no peak memory in the output"
+            unprofiled = [a for a in r["models"] if a not in r["profiles"]] if profiled else []
+            if unprofiled:
+                return f"no profile of {unprofiled} in the output"
+            return None
+        return check
 
-    def train_check(step):
-        lines = log_lines_of(stage, step)
-        header["train_step"] = next((l for l in lines if "target tokens" in l), None)
-        for line in lines:
-            m = TRAIN_ROW.match(line)
-            if m:
-                train_rows[m.group(1)] = {"ms_per_step": int(m.group(2)), "tokens_per_s": int(m.group(3)),
-                                          "peak_gib": float(m.group(4)) if m.group(4) else None}
-            m = RATIO_ROW.match(line)
-            if m:
-                ratios[m.group(1)] = float(m.group(2))
-            m = COMPILED_ROW.match(line)
-            if m:
-                compiled_rows[m.group(1)] = {"ms_per_step": float(m.group(2)),
-                                             "tokens_per_s": int(m.group(3)),
-                                             "first_step_s": float(m.group(4))}
-            m = PROFILE_ROW.match(line)
-            if m:
-                profiles[m.group(1)] = {"wall_ms": float(m.group(2)), "launches": int(m.group(3)),
-                                        "aten_calls": int(m.group(4)),
-                                        "device_busy_ms": float(m.group(5)) if m.group(5) else None}
-        missing = [a for a in ("sut_base", "ut_base", "transformer_wmt_en_de") if a not in train_rows]
+    generate_args = SMOKE_GENERATE_ARGS if stage.smoke else GPU_GENERATE_ARGS
+
+    def generate_check(step):
+        r = parsed["generate"] = parse_generate(log_lines_of(stage, step))
+        passes = ("models", "compiled") if "--compile" in generate_args else ("models",)
+        missing = [f"{p} {a}" for p in passes for a in GENERATE_MODELS if a not in r[p]]
         if missing:
             return f"no rows for {missing} in the output"
-        if not stage.smoke and any(r["peak_gib"] is None for r in train_rows.values()):
+        if not stage.smoke and any(m["peak_gib"] is None for m in r["models"].values()):
             return "no peak memory in the output"
-        unprofiled = [a for a in train_rows if a not in profiles]
-        if unprofiled:
-            return f"no profile of {unprofiled} in the output"
         return None
 
-    stage.run("train_step.py", [python, "benchmarks/train_step.py",
-                                *(SMOKE_TRAIN_STEP_ARGS if stage.smoke else GPU_TRAIN_STEP_ARGS)],
-              env=env, estimate=BENCH_TRAIN_STEP_ESTIMATE_S, check=train_check)
-    stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows},
-                          "train_step": {"header": header.get("train_step"), "models": train_rows,
-                                         "ratios": ratios, "profiles": profiles,
-                                         "compiled": compiled_rows}})
+    smoke_moe_env = {"TRITON_INTERPRET": "1"} if stage.smoke else None
+    argv = {"moe": [python, "benchmarks/moe_gpu.py", *moe_args],
+            "train": [python, "benchmarks/train_step.py",
+                      *(SMOKE_TRAIN_STEP_ARGS if stage.smoke else GPU_TRAIN_STEP_ARGS)],
+            "train-16k": [python, "benchmarks/train_step.py",
+                          *(SMOKE_TRAIN_STEP_16K_ARGS if stage.smoke else GPU_TRAIN_STEP_16K_ARGS)],
+            "generate": [python, "benchmarks/generate_throughput.py", *generate_args]}
+    checks = {"moe": moe_check, "train": train_check("train", True),
+              "train-16k": train_check("train-16k", False), "generate": generate_check}
+    for i, (key, required) in enumerate(plan):
+        name, estimate, _ = BENCH_STEPS[key]
+        later = sum(BENCH_STEPS[k][1] for k, _ in plan[i + 1:])
+        if not required and not stage.smoke and stage.remaining() < estimate:
+            stage.skip(name, f"not started: estimated {estimate} s, {stage.remaining():.0f} s left",
+                       required=False)
+            continue
+        # a step may use the time the later steps' estimates leave, and at least its own
+        timeout = max(min(estimate, stage.remaining()), stage.remaining() - later)
+        moe = key == "moe"
+        stage.run(name, argv[key], env=step_env(stage, python, smoke_moe_env) if moe else env,
+                  env_prefix=smoke_moe_env if moe else None, estimate=estimate, timeout=timeout,
+                  check=checks[key])
+    stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows}})
+    for key, result in (("train", "train_step"), ("train-16k", "train_step_16k"), ("generate", "generate")):
+        if key in parsed:
+            stage.results[result] = parsed[key]
     text = []
     if moe_rows:
         text += [f"MoE-FFD expert GEMMs ({header.get('moe') or ''}):", "",
@@ -114,17 +294,10 @@ def stage_bench(stage, python):
         text += [f"| {r['tokens']} | {r['pass']} | {r['triton_ms']:.3f} | {r['triton_tflops']:.1f} | "
                  f"{r['dense_ms']:.3f} | {r['dense_tflops']:.1f} | {r['reference_ms']:.3f} | "
                  f"{r['triton_over_dense']:.2f} | {r['host_syncs']} |" for r in moe_rows]
-    if train_rows:
-        text += ["", f"One training step ({header.get('train_step') or ''}):", "",
-                 "| model | ms/step | tokens/s | peak GiB |", "|---|---:|---:|---:|"]
-        text += [f"| {a} | {r['ms_per_step']} | {r['tokens_per_s']} | "
-                 f"{'' if r['peak_gib'] is None else r['peak_gib']} |" for a, r in train_rows.items()]
-        if compiled_rows:
-            text += ["", "Compiled (`--compile`):", "",
-                     "| model | ms/step | tokens/s | first step (compiling) s |", "|---|---:|---:|---:|"]
-            text += [f"| {a} | {r['ms_per_step']:.0f} | {r['tokens_per_s']} | {r['first_step_s']:.1f} |"
-                     for a, r in compiled_rows.items()]
-        text += [""] + [f"- {k} tokens/s: {v:.2f}" for k, v in ratios.items()]
+    for key, title in (("train", "One training step"), ("train-16k", "One training step, the large batch")):
+        if parsed.get(key, {}).get("models"):
+            text += train_table(title, parsed[key])
+    profiles = parsed.get("train", {}).get("profiles")
     if profiles:
         text += ["", "One profiled step per model (`train_step.py --profile`; the operations are in "
                  f"`{stage.name}.log`):", "",
@@ -134,8 +307,12 @@ def stage_bench(stage, python):
             busy, wall = r["device_busy_ms"], r["wall_ms"]
             busy_cells = " | |" if busy is None else f"{busy:.1f} | {100 * busy / wall:.0f} |"
             text.append(f"| {a} | {wall:.1f} | {r['launches']} | {r['aten_calls']} | {busy_cells}")
+    if parsed.get("generate", {}).get("models"):
+        text += generate_table(parsed["generate"])
+        text += ["", "(Randomly initialised models: a sentence whose beams never end in </s> runs to "
+                 "its batch's maximum length, int(max_len_a x source width + max_len_b), the same "
+                 "work per sentence for every model.)"]
     if stage.smoke and text:
         text.insert(0, "(--smoke: CPU and Triton's interpreter; the numbers check the scripts and mean nothing)\n")
     if text:
         stage.extra_sections.append(("Results", "\n".join(text)))
-

@@ -10,9 +10,13 @@ STAGE is one of
                       layers against the reference, incremental decoding, no host syncs;
 * ``tests-train``     ``pytest -m gpu -q tests/test_gpu_train.py`` (fairseq-train in fp32, fp16
                       and bf16) and ``python -m sut_fairseq.selftest``;
-* ``bench``           ``benchmarks/moe_gpu.py`` (bf16, 4096 8192 16384 tokens) and
-                      ``benchmarks/train_step.py --device cuda --bf16`` (sut_base, ut_base,
-                      transformer_wmt_en_de on the same batch: tokens/s and peak memory);
+* ``bench``           ``benchmarks/moe_gpu.py`` (bf16, 4096 8192 16384 tokens),
+                      ``benchmarks/train_step.py --device cuda --bf16 --compile`` at 4,096
+                      and 16,384 target tokens (sut_base, ut_base, transformer_wmt_en_de on
+                      the same batch: tokens/s and peak memory, eager and compiled) and
+                      ``benchmarks/generate_throughput.py`` (beam 4, 3,003 sentences:
+                      sentences/s of sut_base and transformer_wmt_en_de, eager and compiled;
+                      the last two when the time is left: on a warm node);
 * ``logic-sut``       the logic Table 5 recipe (``scripts/logic/table5.py``, the ``full``
                       configuration under a wall-clock cap) for ``sut`` on the standard
                       protocol (buckets 7 and 12) and, if time is left, compositional split A;
@@ -46,8 +50,9 @@ the commands, not of the GPU).
 Environment: ``PYTHON`` (the Python of the steps; no search), ``WHEELHOUSE`` (default
 ``wheelhouse`` in the repository), ``NODE_HAS`` (passed to make install-offline),
 ``SUT_GPU_VENV``, ``SUT_GPU_FORCE_INSTALL=1``, ``SUT_GPU_WORK`` (data and runs; default
-``/tmp/sut-gpu``), ``SUT_GPU_DEADLINE_S`` (a lower deadline), ``SUT_LOGIC_MODELS`` /
-``SUT_LOGIC_PROTOCOLS`` / ``SUT_LOGIC_TRAIN_ARGS`` (docs/gpu.md).
+``/tmp/sut-gpu``), ``SUT_GPU_DEADLINE_S`` (a lower deadline), ``SUT_BENCH_STEPS`` (the bench
+steps to run), ``SUT_LOGIC_MODELS`` / ``SUT_LOGIC_PROTOCOLS`` / ``SUT_LOGIC_TRAIN_ARGS``
+(docs/gpu.md).
 
 This file is the stage runner; the work is in the modules beside it, standard library
 only: ``gpu_common.py`` (paths, limits, files), ``gpu_stage.py`` (steps, logs, summary),
@@ -62,7 +67,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:  # the stage modules beside this file (also when loaded by path)
     sys.path.insert(0, HERE)
 
-from gpu_bench import BENCH_MOE_ESTIMATE_S, BENCH_TRAIN_STEP_ESTIMATE_S, stage_bench  # noqa: E402
+from gpu_bench import bench_plan, bench_required_estimate, stage_bench  # noqa: E402
 from gpu_common import (DEADLINE_MARGIN_S, FAILED, MAX_FILE_MIB, MAX_OUT_FILES, PASSED,  # noqa: E402
                         SMOKE_DEADLINE_S, STAGE_DEADLINE_S, TIME_LIMIT_S, NodeOptions, UsageError,
                         deadline_s)
@@ -113,7 +118,7 @@ def required_estimate(stage_name, install=True, environ=None):
         _, pytest_s, selftest = TEST_STAGES[stage_name]
         return total + pytest_s + (TESTS_SELFTEST_ESTIMATE_S if selftest else 0)
     if stage_name == "bench":
-        return total + BENCH_MOE_ESTIMATE_S + BENCH_TRAIN_STEP_ESTIMATE_S
+        return total + bench_required_estimate(environ)
     if stage_name == "cpvr":
         return (total + CPVR_GENERATE_ESTIMATE_S + CPVR_TRAIN_OVERHEAD_S + CPVR_MIN_TRAIN_S
                 + CPVR_EVALUATE_ESTIMATE_S + CPVR_REPORT_ESTIMATE_S)
@@ -208,6 +213,8 @@ def main(argv=None):
         deadline_s(smoke, options.time_limit_s)
         if name.startswith("logic"):
             validate_logic_names(logic_plan(name, smoke))
+        if name == "bench":
+            bench_plan(smoke)  # an unknown SUT_BENCH_STEPS key is a usage error
         check_out(out, name)
     except UsageError as err:
         print(f"validate.py: error: {err}\n{USAGE}", file=sys.stderr)

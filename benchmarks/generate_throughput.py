@@ -1,0 +1,251 @@
+"""Beam-search throughput, sentences/s, of ``sut_base`` against fairseq's
+``transformer_wmt_en_de`` (and ``ut_base`` with ``--arch``) on the same synthetic
+WMT-shaped test set, through fairseq's own ``SequenceGenerator`` as fairseq-generate runs it.
+
+The test set: ``--sentences`` sources (default 3,003, the size of newstest2014) over a
+``--vocab``-entry joined dictionary (default 32,768, shared embeddings, as a 32k joined
+BPE). Each source has n subword tokens and </s>, n = round(LogNormal(mu = 3.2, sigma =
+0.5)) clipped to 2..150, drawn with ``--seed`` (mean n about 28, median 24, about 1 in
+100 above 80: chosen to resemble a WMT test set such as newstest2014 under a 32k joined
+BPE, sentences of some 20-25 words and a long tail, not fitted to it); the tokens are
+uniform over the dictionary's ordinary symbols.
+
+Batches are fairseq-generate's: the sources sorted by length, then
+``LanguagePairDataset.batch_by_size`` with ``--max-tokens`` (default 12,000,
+fairseq-generate's default when no size is given) or ``--batch-size``, left-padded; with
+``--required-batch-size-multiple 1`` (fairseq-generate's default 8 drops a last batch
+whose size is not a multiple of 8, fairseq issue #5036: 3 of the 3,003 sentences here).
+Search: beam ``--beam`` (4), length penalty 1, ``max_len = int(max_len_a * W + max_len_b)``
+with W the batch's padded source width (</s> included) and max_len_a 1.2, max_len_b 10,
+usual for WMT (fairseq's own defaults are 0 and 200).
+
+The models are randomly initialised (seeded). Such a model almost never puts </s> among
+a beam's best candidates, so every sentence runs to its batch's maximum length for every
+model: the work per sentence is the same across models, and the generated tokens equal
+the sum over sentences of max_len + 1 (fairseq-generate's count, </s> included). The
+output says whether that held.
+
+All models are built first, and each is warmed up, untimed: the encoder's forward on every
+batch (with ``--compile`` the compilations of every source shape, which would otherwise
+recompile inside the timed pass: a second shape, a width past a specialisation) and the
+decoding of the first batch (allocator, kernel caches). Then one timed pass over all
+batches, the models taking turns batch by batch (a slow phase of a shared machine hits all
+of them alike); progress on stderr. Printed per model::
+
+    ARCH  S sentences/s  T generated tokens/s  D ms/decoder step [P GiB peak]
+    ARCH: every sentence ran to its maximum length (N generated tokens) [| steps executed ...]
+
+(D: the timed pass's time over its decoder calls, one per step and batch; P, on CUDA: the
+most memory allocated while it decoded, every model's weights resident; for the SUT/UT the
+plugin's executed-step accounting of the timed pass), then
+``sut_base / transformer_wmt_en_de sentences/s: R`` (and ``/ ut_base``).
+
+``--compile``: then every model again, compiled: the SUT/UT with ``--compile-step`` (the
+encoder's full forward runs its recurrence step as one compiled graph; the incremental
+decoder step stays eager, ``sut_fairseq/modules/compiled_step.py``) and the transformer
+with its encoder's forward through ``torch.compile`` (its incremental decoder eager too).
+Rows ``compiled ARCH ... (warm-up, compiling: S s)``, ``ARCH compiled / eager
+sentences/s: R`` and ``compiled: sut_base / transformer_wmt_en_de sentences/s: R``.
+
+    python benchmarks/generate_throughput.py [--sentences 3003] [--beam 4] [--max-tokens 12000]
+        [--batch-size N] [--arch sut_base transformer_wmt_en_de ut_base] [--seed 0]
+        [--device cuda --bf16] [--compile]
+"""
+import argparse
+import logging
+import os
+import sys
+import time
+
+import torch
+
+logging.disable(logging.WARNING)
+
+from fairseq.data import LanguagePairDataset  # noqa: E402
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+from sut_fairseq.models.standalone import build_model, synthetic_dictionary  # noqa: E402
+from sut_fairseq.modules import accounting  # noqa: E402
+from sut_fairseq.modules.compiled_step import compile_backend  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from train_step import is_recurrent, to_device  # noqa: E402
+
+MODELS = ["sut_base", "transformer_wmt_en_de"]
+#: log-normal source lengths (subword tokens before </s>): exp(N(MU, SIGMA)), clipped
+LENGTH_MU, LENGTH_SIGMA, MIN_LENGTH, MAX_LENGTH = 3.2, 0.5, 2, 150
+
+
+def source_lengths(n: int, seed: int) -> torch.Tensor:
+    """(n,) source lengths in tokens, </s> included (docstring above)."""
+    g = torch.Generator().manual_seed(seed)
+    words = torch.empty(n, dtype=torch.float64).log_normal_(LENGTH_MU, LENGTH_SIGMA, generator=g)
+    return words.round().clamp(MIN_LENGTH, MAX_LENGTH).long() + 1
+
+
+def make_batches(n: int, vocab: int, seed: int, max_tokens=None, batch_size=None):
+    """(the dictionary, fairseq-generate's batches of ``n`` synthetic sources): each batch
+    a collated sample, ``net_input.src_tokens`` (B, W) left-padded, ``id`` (B,)."""
+    d = synthetic_dictionary(vocab)
+    g = torch.Generator().manual_seed(seed + 1)
+    sources = [torch.cat([torch.randint(d.nspecial, len(d), (int(length) - 1,), generator=g),
+                          torch.tensor([d.eos()])]) for length in source_lengths(n, seed)]
+    dataset = LanguagePairDataset(sources, [len(s) for s in sources], d, shuffle=False)
+    order = dataset.ordered_indices()
+    batches = dataset.batch_by_size(order, max_tokens=max_tokens, max_sentences=batch_size,
+                                    required_batch_size_multiple=1)
+    return d, [dataset.collater([dataset[i] for i in batch]) for batch in batches]
+
+
+def max_len(sample, a: float, b: int) -> int:
+    """The generator's length limit for a batch: int(a * W + b), W its padded width."""
+    return int(a * sample["net_input"]["src_tokens"].size(1) + b)
+
+
+def build(arch: str, vocab: int, compiled: bool = False, device=torch.device("cpu"),
+          dtype=torch.float32):
+    """``arch`` in eval mode on ``device`` (seeded); ``compiled``: the plugin's models with
+    ``--compile-step``, fairseq's transformer with its encoder's forward compiled."""
+    torch.manual_seed(0)
+    extra = {"compile_step": True} if compiled and is_recurrent(arch) else {}
+    model = build_model(arch, dict_size=vocab, share_all_embeddings=True, **extra)
+    model.eval().to(device=device, dtype=dtype)
+    if compiled and not is_recurrent(arch):  # the generator calls encoder.forward_torchscript
+        model.encoder.forward = torch.compile(model.encoder.forward, backend=compile_backend())
+    return model
+
+
+def decode(generator, model, sample, device):
+    """(seconds, the length of every sentence's best hypothesis with </s>, the generator's
+    decoder calls: its longest hypothesis) of decoding one batch."""
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    hypos = generator.generate([model], sample)  # under torch.no_grad, as in fairseq-generate
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return (time.perf_counter() - start, [len(h[0]["tokens"]) for h in hypos],
+            max(len(x["tokens"]) for h in hypos for x in h))
+
+
+def warm_up(model, generator, batches, device) -> float:
+    """Seconds of the encoder's forward on every batch (with --compile: compiling every
+    source shape) and of decoding the first batch."""
+    start = time.perf_counter()
+    with torch.no_grad():
+        for sample in batches:
+            model.encoder.forward_torchscript(sample["net_input"])
+    return time.perf_counter() - start + decode(generator, model, batches[0], device)[0]
+
+
+def time_models(archs, d, batches, args, device, dtype, compiled: bool = False) -> dict:
+    """Build and warm up every arch, then decode the batches with the models taking turns
+    (the first batch by every model, then the second, ...), so that a slow phase of a shared
+    machine hits all of them alike. Per arch a dict of its figures; ``peak``: the largest
+    allocated CUDA memory while it decoded (every model's weights resident)."""
+    models = {arch: build(arch, len(d), compiled, device, dtype) for arch in archs}
+    generators = {arch: SequenceGenerator([m], d, beam_size=args.beam, max_len_a=args.max_len_a,
+                                          max_len_b=args.max_len_b) for arch, m in models.items()}
+    warm = {arch: warm_up(models[arch], generators[arch], batches, device) for arch in archs}
+    meters = {arch: getattr(m, "step_meter", None) for arch, m in models.items()}  # SUT/UT accounting
+    for meter in filter(None, meters.values()):
+        meter.reset()
+    seconds, lengths, calls, peak = ({a: 0.0 for a in archs}, {a: [] for a in archs},
+                                     {a: 0 for a in archs}, {})
+    for i, sample in enumerate(batches, 1):
+        for arch in archs:
+            if device.type == "cuda":
+                torch.cuda.reset_peak_memory_stats()
+            t, got, c = decode(generators[arch], models[arch], sample, device)
+            seconds[arch] += t
+            lengths[arch].append(got)
+            calls[arch] += c
+            if device.type == "cuda":
+                peak[arch] = max(peak.get(arch, 0), torch.cuda.max_memory_allocated())
+        print(f"[batch {i}/{len(batches)}, {sample['nsentences']} x {sample['net_input']['src_tokens'].size(1)}] "
+              + ", ".join(f"{a} {seconds[a]:.1f} s" for a in archs), file=sys.stderr, flush=True)
+    figures = {}
+    for arch in archs:
+        limit = models[arch].max_decoder_positions() - 1
+        expected = [[min(max_len(s, args.max_len_a, args.max_len_b), limit) + 1] * len(got)
+                    for s, got in zip(batches, lengths[arch])]
+        tokens = sum(map(sum, lengths[arch]))
+        figures[arch] = {
+            "sentences_s": sum(map(len, lengths[arch])) / seconds[arch], "tokens_s": tokens / seconds[arch],
+            "ms_per_call": 1e3 * seconds[arch] / calls[arch], "tokens": tokens,
+            "short": sum(g < w for b, e in zip(lengths[arch], expected) for g, w in zip(b, e)),
+            "expected": sum(map(sum, expected)), "warm_s": warm[arch], "peak": peak.get(arch),
+            "steps": meters[arch].summary() if meters[arch] is not None else ""}
+    return figures
+
+
+def row(arch: str, r: dict, prefix: str = "") -> str:
+    memory = f" {r['peak'] / 2 ** 30:7.2f} GiB peak" if r["peak"] is not None else ""
+    return (f"{prefix}{arch:24s} {r['sentences_s']:9.2f} sentences/s {r['tokens_s']:10.1f} generated "
+            f"tokens/s {r['ms_per_call']:8.2f} ms/decoder step{memory}")
+
+
+def print_ratios(figures: dict, prefix: str = "") -> None:
+    for other in ("transformer_wmt_en_de", "ut_base"):
+        if {"sut_base", other} <= figures.keys():
+            print(f"{prefix}sut_base / {other} sentences/s: "
+                  f"{figures['sut_base']['sentences_s'] / figures[other]['sentences_s']:.2f}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="+", default=MODELS, help=f"models (default: {' '.join(MODELS)})")
+    parser.add_argument("--sentences", type=int, default=3003)
+    parser.add_argument("--beam", type=int, default=4)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help="source tokens per batch (default 12000 when --batch-size is not given)")
+    parser.add_argument("--batch-size", type=int, default=None, help="sentences per batch")
+    parser.add_argument("--max-len-a", type=float, default=1.2,
+                        help="max_len = int(a * source width + b) (fairseq's default a: 0)")
+    parser.add_argument("--max-len-b", type=int, default=10, help="(fairseq's default b: 200)")
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    parser.add_argument("--bf16", action="store_true", help="parameters and activations in bfloat16")
+    parser.add_argument("--compile", action="store_true",
+                        help="then every model compiled: the SUT/UT with --compile-step, the "
+                             "transformer's encoder through torch.compile")
+    args = parser.parse_args()
+    if args.max_tokens is None and args.batch_size is None:
+        args.max_tokens = 12000
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("generate_throughput.py: --device cuda needs a CUDA device")
+    device, dtype = torch.device(args.device), torch.bfloat16 if args.bf16 else torch.float32
+    d, batches = make_batches(args.sentences, args.vocab, args.seed, args.max_tokens, args.batch_size)
+    lengths = torch.cat([b["net_input"]["src_lengths"] for b in batches]).float()
+    where = (torch.cuda.get_device_name() if device.type == "cuda"
+             else f"cpu, {torch.get_num_threads()} threads")
+    size = f"--max-tokens {args.max_tokens}" if args.max_tokens else f"--batch-size {args.batch_size}"
+    print(f"torch {torch.__version__}, {where}, {'bf16' if args.bf16 else 'fp32'}; {args.sentences} "
+          f"sentences, source tokens with </s> mean {lengths.mean():.1f}, max {lengths.max():.0f}; "
+          f"vocabulary {len(d)}; beam {args.beam}, max_len_a {args.max_len_a}, max_len_b {args.max_len_b}; "
+          f"{size}: {len(batches)} batches")
+    batches = [to_device(b, device) for b in batches]
+    print("randomly initialised models: every sentence should run to its maximum length "
+          "(no </s> before it), the same work per sentence for every model", flush=True)
+    passes = [("", False)] + ([("compiled ", True)] if args.compile else [])
+    figures = {}
+    for prefix, compiled in passes:
+        figures[prefix] = time_models(args.arch, d, batches, args, device, dtype, compiled)
+        for arch, r in figures[prefix].items():
+            warm = f" (warm-up, compiling: {r['warm_s']:.1f} s)" if compiled else ""
+            print(row(arch, r, prefix) + warm, flush=True)
+            held = (f"{r['short']} of {args.sentences} sentences ended before their maximum length "
+                    f"({r['tokens']} generated tokens of {r['expected']})" if r["short"] else
+                    f"every sentence ran to its maximum length ({r['tokens']} generated tokens)")
+            print(f"{prefix}{arch}: {held} {r['steps']}".rstrip())
+        print_ratios(figures[prefix], "compiled: " if compiled else "")
+    accounting._METERS.clear()  # printed above per model, not again unlabelled at exit
+    if args.compile:
+        for arch in args.arch:
+            print(f"{arch} compiled / eager sentences/s: "
+                  f"{figures['compiled '][arch]['sentences_s'] / figures[''][arch]['sentences_s']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
