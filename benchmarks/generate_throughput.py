@@ -65,7 +65,6 @@ from fairseq.data import LanguagePairDataset  # noqa: E402
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from sut_fairseq.models.standalone import build_model, synthetic_dictionary  # noqa: E402
-from sut_fairseq.modules import accounting  # noqa: E402
 from sut_fairseq.modules.compiled_step import compile_backend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -240,7 +239,6 @@ def main():
                     f"every sentence ran to its maximum length ({r['tokens']} generated tokens)")
             print(f"{prefix}{arch}: {held} {r['steps']}".rstrip())
         print_ratios(figures[prefix], "compiled: " if compiled else "")
-    accounting._METERS.clear()  # printed above per model, not again unlabelled at exit
     if args.compile:
         for arch in args.arch:
             print(f"{arch} compiled / eager sentences/s: "

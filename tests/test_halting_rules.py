@@ -201,3 +201,20 @@ def test_step_meter_counts_eval_forwards_only():
     model.train()
     model(src, None, prev)
     assert meter.executed == executed
+
+
+@pytest.mark.parametrize("argv0, registered", [
+    ("/venv/bin/fairseq-generate", True), ("fairseq-interactive", True),
+    ("/site-packages/fairseq_cli/generate.py", True), ("fairseq-train", False),
+    ("benchmarks/generate_throughput.py", False), ("data-prep/cpvr/generate_data.py", False)])
+def test_the_exit_summary_is_printed_by_fairseq_generation_tools_only(argv0, registered, monkeypatch):
+    """fairseq-generate / -interactive print each model's executed-step summary at exit;
+    other programs that build models (benchmarks, training) do not."""
+    from sut_fairseq.modules import accounting
+
+    monkeypatch.setattr(accounting, "_METERS", [])
+    monkeypatch.setattr(accounting.atexit, "register", lambda fn: None)
+    monkeypatch.setattr(accounting.sys, "argv", [argv0])
+    meter = accounting.StepMeter({"enc": 1, "dec": 1})
+    accounting.register_for_exit_summary(meter)
+    assert accounting._METERS == ([meter] if registered else [])

@@ -68,12 +68,14 @@ class StepMeter:
 
 
 _METERS = []
+#: fairseq's generation tools, as console scripts or as ``python -m fairseq_cli.X``
+_GENERATION_TOOLS = ("fairseq-generate", "fairseq-interactive", "generate.py", "interactive.py")
 
 
 def register_for_exit_summary(meter: StepMeter) -> None:
     """Print the meter's summary when a generation tool exits."""
     tool = os.path.basename(sys.argv[0]) if sys.argv else ""
-    if "generate" in tool or "interactive" in tool:
+    if tool in _GENERATION_TOOLS:
         if not _METERS:
             atexit.register(_print_summaries)
         _METERS.append(meter)  # strong reference: the model is gone by exit time
