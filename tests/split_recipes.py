@@ -7,6 +7,8 @@ import os
 import subprocess
 import sys
 
+from cli_helpers import run_in_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 #: A tiny model and batch for the smoke runs (every model of the grids accepts these).
 TINY_MODEL = ("--encoder-embed-dim 16 --att-head-dim 4 --ffd-hidden-dim 16 --encoder-layers 3 "
@@ -26,6 +28,17 @@ def run(command, check=True):
     """Run ``command`` from the repository root on one thread; its CompletedProcess."""
     proc = subprocess.run([str(c) for c in command], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=600)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
+def in_process(command, check=True):
+    """``run`` for a command that starts no tool (a dry run, an argument check):
+    ``[sys.executable, SCRIPT, *args]`` called in the test's process (``run_in_process``),
+    without the seconds a new interpreter spends importing torch and fairseq."""
+    assert command[0] == sys.executable
+    proc = run_in_process(command[1], command[2:], cwd=ROOT, env={**os.environ, "OMP_NUM_THREADS": "1"})
     if check and proc.returncode != 0:
         raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
     return proc

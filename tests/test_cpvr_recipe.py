@@ -9,6 +9,8 @@ import sys
 
 import pytest
 
+from cli_helpers import run_in_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(ROOT, "scripts", "cpvr")
 HOPS = os.path.join(SCRIPTS, "hops.py")
@@ -29,6 +31,18 @@ def run(command, check=True):
     return proc
 
 
+def in_process(command, check=True):
+    """``run`` for a command that starts no tool (a dry run, an argument check):
+    ``[sys.executable, SCRIPT, *args]`` called in the test's process (``run_in_process``),
+    without the seconds a new interpreter spends importing torch and fairseq."""
+    assert command[0] == sys.executable
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = run_in_process(command[1], command[2:], env=env, cwd=ROOT)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+    return proc
+
+
 def commands(out, name):
     """The printed command lines (``+ ...``) that run ``name``."""
     return [l[2:].split() for l in out.splitlines() if l.startswith("+ ") and name in l.split(" > ")[0]]
@@ -39,8 +53,8 @@ def value(command, option):
 
 
 def test_dry_run_gives_every_model_the_same_budget_and_batches(tmp_path):
-    out = run([sys.executable, HOPS, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-               "--dry-run", "--max-update", "1234"]).stdout
+    out = in_process([sys.executable, HOPS, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+                      "--dry-run", "--max-update", "1234"]).stdout
     stages = [l.split(":")[1].split()[0] for l in out.splitlines() if l.startswith("=== stage")]
     assert stages == ["data", "train", "evaluate", "report"]
     (gen,) = commands(out, "generate.py")
@@ -59,10 +73,10 @@ def test_dry_run_gives_every_model_the_same_budget_and_batches(tmp_path):
 
 
 def test_stage_range_and_unknown_model(tmp_path):
-    out = run([sys.executable, HOPS, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-               "--stage", "train", "--stop-stage", "train", "--models", "hyper-ut", "--dry-run"]).stdout
+    out = in_process([sys.executable, HOPS, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+                      "--stage", "train", "--stop-stage", "train", "--models", "hyper-ut", "--dry-run"]).stdout
     assert len(commands(out, "fairseq-train")) == 1 and not commands(out, "fairseq-generate")
-    proc = run([sys.executable, HOPS, "--models", "lstm", "--dry-run"], check=False)
+    proc = in_process([sys.executable, HOPS, "--models", "lstm", "--dry-run"], check=False)
     assert proc.returncode == 2 and "invalid choice: 'lstm'" in proc.stderr
 
 

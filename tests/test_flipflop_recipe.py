@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from split_recipes import (ROOT, check_smoke, commands, load_script, run,
+from split_recipes import (ROOT, check_smoke, commands, in_process, load_script,
                            smoke, stages, value)
 
 SCRIPTS = os.path.join(ROOT, "scripts", "flipflop")
@@ -24,8 +24,8 @@ CHUNKED = ("tlb", "gutlb", "sut-chunked")
 
 
 def test_dry_run_cpu_grid_gives_every_model_the_same_budget(tmp_path):
-    out = run([sys.executable, TABLE3, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-               "--dry-run", "--max-update", "1234"]).stdout
+    out = in_process([sys.executable, TABLE3, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+                      "--dry-run", "--max-update", "1234"]).stdout
     assert stages(out) == ["data", "train", "evaluate", "report"]
     (gen,) = commands(out, "generate.py")
     assert value(gen, "--config") == "small" and "--binarize" in gen
@@ -60,8 +60,8 @@ def test_dry_run_cpu_grid_gives_every_model_the_same_budget(tmp_path):
 
 
 def test_dry_run_full_configuration_scales_data_and_models(tmp_path):
-    out = run([sys.executable, TABLE3, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-               "--dry-run", "--config", "full", "--stop-stage", "train"]).stdout
+    out = in_process([sys.executable, TABLE3, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+                      "--dry-run", "--config", "full", "--stop-stage", "train"]).stdout
     assert value(commands(out, "generate.py")[0], "--config") == "paper"
     trains = dict(zip(recipe.MODELS, commands(out, "fairseq-train")))
     assert {value(t, "--encoder-embed-dim") for t in trains.values()} == {"512"}
@@ -70,7 +70,7 @@ def test_dry_run_full_configuration_scales_data_and_models(tmp_path):
     assert value(trains["ut"], "--act-weight") == "0.1" and value(trains["tlb"], "--act-weight") == "0"
     assert value(trains["tlb"], "--encoder-chunk-size") == "10" and value(trains["gutlb"], "--encoder-memory-slots") == "10"
     assert value(trains["sut-chunked"], "--att-heads") == "4" and value(trains["sut-chunked"], "--ffd-hidden-dim") == "1024"
-    refused = run([sys.executable, TABLE3, "--config", "huge", "--dry-run"], check=False)
+    refused = in_process([sys.executable, TABLE3, "--config", "huge", "--dry-run"], check=False)
     assert refused.returncode == 2 and "unknown --config 'huge': choose from cpu, full" in refused.stderr
 
 

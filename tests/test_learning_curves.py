@@ -6,6 +6,8 @@ import sys
 
 import pytest
 
+from cli_helpers import run_in_process
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "logic", "learning_curves.py")
 sys.path.insert(0, os.path.join(ROOT, "scripts", "logic"))
@@ -42,8 +44,9 @@ def test_script_writes_png_and_table_and_refuses_a_log_without_validation(tmp_pa
     assert "SUT (acc. %, minutes)" in table.read_text()
     empty = tmp_path / "empty.log"
     empty.write_text(LOG.splitlines()[0] + "\n")
-    bad = subprocess.run([sys.executable, SCRIPT, f"X={empty}", "--out", str(tmp_path / "x.png")],
-                         capture_output=True, text=True)
+    # the first call above is a real process (the script's entry point); the others run its
+    # main in the test's process (run_in_process): they start no tool
+    bad = run_in_process(SCRIPT, [f"X={empty}", "--out", str(tmp_path / "x.png")])
     assert bad.returncode != 0 and "no validation" in bad.stderr
     assert not (tmp_path / "x.png").exists()
 
@@ -52,9 +55,8 @@ def test_saved_curves_round_trip_and_points_without_time_are_drawn_by_updates_on
     log = tmp_path / "train.log"
     log.write_text(LOG)
     curves = tmp_path / "curves"
-    done = subprocess.run([sys.executable, SCRIPT, f"SUT bias -3={log}", "--out",
-                           str(tmp_path / "a.png"), "--save-curves", str(curves)],
-                          capture_output=True, text=True)
+    done = run_in_process(SCRIPT, [f"SUT bias -3={log}", "--out", str(tmp_path / "a.png"),
+                                   "--save-curves", str(curves)])
     assert done.returncode == 0, done.stderr
     saved = curves / "SUT_bias_-3.json"
     import json
@@ -67,9 +69,8 @@ def test_saved_curves_round_trip_and_points_without_time_are_drawn_by_updates_on
     untimed.write_text(json.dumps({"label": "old", "source": "docs table", "points": [
         {"updates": 1000, "accuracy": 77.5, "seconds": None}]}))
     table = tmp_path / "t.md"
-    done = subprocess.run([sys.executable, SCRIPT, f"SUT={saved}", f"Old={untimed}", "--out",
-                           str(tmp_path / "b.png"), "--table", str(table)],
-                          capture_output=True, text=True)
+    done = run_in_process(SCRIPT, [f"SUT={saved}", f"Old={untimed}", "--out", str(tmp_path / "b.png"),
+                                   "--table", str(table)])
     assert done.returncode == 0, done.stderr
     assert "| 1,000 | 77.76 (6) | 77.50 (–) |" in table.read_text()
     assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -78,7 +79,6 @@ def test_saved_curves_round_trip_and_points_without_time_are_drawn_by_updates_on
 def test_a_malformed_curve_file_is_refused_by_name(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"points": [{"updates": "1k", "accuracy": 80, "seconds": null}]}')
-    done = subprocess.run([sys.executable, SCRIPT, f"X={bad}", "--out", str(tmp_path / "x.png")],
-                          capture_output=True, text=True)
+    done = run_in_process(SCRIPT, [f"X={bad}", "--out", str(tmp_path / "x.png")])
     assert done.returncode != 0 and "bad.json is not a curve file" in done.stderr
     assert not (tmp_path / "x.png").exists()

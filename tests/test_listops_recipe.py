@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from split_recipes import (ROOT, check_smoke, commands, load_script, run,
+from split_recipes import (ROOT, check_smoke, commands, in_process, load_script,
                            smoke, stages, value)
 
 SCRIPTS = os.path.join(ROOT, "scripts", "listops")
@@ -23,8 +23,8 @@ SPLITS = ["test-iid", "test-len200-300", "test-len500-600", "test-len900-1000", 
 
 
 def test_dry_run_cpu_grid(tmp_path):
-    out = run([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-               "--dry-run", "--seeds", "1", "2"]).stdout
+    out = in_process([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+                      "--dry-run", "--seeds", "1", "2"]).stdout
     assert stages(out) == ["data", "train", "evaluate", "report"]
     assert value(commands(out, "generate.py")[0], "--config") == "small"
     trains = commands(out, "fairseq-train")
@@ -44,17 +44,17 @@ def test_dry_run_cpu_grid(tmp_path):
 
 
 def test_dry_run_full_configuration_and_split_choice(tmp_path):
-    out = run([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-               "--dry-run", "--config", "full", "--models", "ut", "sut-chunked",
-               "--splits", "test-iid", "test-args15"]).stdout
+    out = in_process([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
+                      "--dry-run", "--config", "full", "--models", "ut", "sut-chunked",
+                      "--splits", "test-iid", "test-args15"]).stdout
     assert value(commands(out, "generate.py")[0], "--config") == "paper"
     ut, sut = commands(out, "fairseq-train")
     assert value(ut, "--encoder-embed-dim") == "512" and value(ut, "--act-weight") == "0.1"
     assert value(ut, "--lr-scheduler") == "inverse_sqrt" and value(ut, "--batch-size") == "32"
     assert value(sut, "--att-heads") == "4" and value(sut, "--ffd-hidden-dim") == "512"
     assert [value(g, "--gen-subset") for g in commands(out, "fairseq-generate")] == ["test", "test5"] * 2
-    bad = run([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--dry-run", "--stage", "evaluate",
-               "--splits", "test-len2"], check=False)
+    bad = in_process([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--dry-run", "--stage",
+                      "evaluate", "--splits", "test-len2"], check=False)
     assert bad.returncode != 0 and "no test split 'test-len2'" in bad.stderr + bad.stdout
 
 

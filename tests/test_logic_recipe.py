@@ -12,6 +12,8 @@ import sys
 
 import pytest
 
+from cli_helpers import run_in_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "scripts", "logic")
 TABLE5 = os.path.join(SCRIPTS, "table5.py")
@@ -40,6 +42,17 @@ def load_script(name):
 
 def run(command, timeout=300, check=True):
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=ENV)
+    if check:
+        assert proc.returncode == 0, f"{command[:2]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc
+
+
+def in_process(command, check=True):
+    """``run`` for a command that starts no tool (a dry run, an argument check, a scorer):
+    ``[sys.executable, SCRIPT, *args]`` called in the test's process (``run_in_process``),
+    without the seconds a new interpreter spends importing torch and fairseq."""
+    assert command[0] == sys.executable
+    proc = run_in_process(command[1], command[2:], env=ENV)
     if check:
         assert proc.returncode == 0, f"{command[:2]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc
@@ -107,7 +120,7 @@ def check_model_flags(model, argv):
 
 def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
     data, work = tmp_path / "data", tmp_path / "work"
-    out = run([sys.executable, TABLE5, "--dry-run", "--data-dir", str(data), "--work-dir", str(work)]).stdout
+    out = in_process([sys.executable, TABLE5, "--dry-run", "--data-dir", str(data), "--work-dir", str(work)]).stdout
     assert not data.exists() and not work.exists()
     # data: generated when missing, then each protocol prepared and binarized
     (gen,) = commands(out, "generate.py")
@@ -146,8 +159,8 @@ def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
 
 
 def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
-    out = run([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
-               "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "--buckets", "all"]).stdout
+    out = in_process([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
+                      "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "--buckets", "all"]).stdout
     trains = commands(out, "fairseq-train")
     assert len(trains) == 4
     for argv in trains:
@@ -159,9 +172,9 @@ def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
     subsets = [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")]
     assert subsets[:13] == ["test"] + [f"test{k}" for k in range(1, 13)]  # bucket 0 is split "test"
     # one budget override applies to every model
-    out = run([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
-               "--work-dir", str(tmp_path / "w"), "--protocols", "A", "--stop-time-hours", "0.25",
-               "--max-update", "777"]).stdout
+    out = in_process([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
+                      "--work-dir", str(tmp_path / "w"), "--protocols", "A", "--stop-time-hours", "0.25",
+                      "--max-update", "777"]).stdout
     assert [(value(a, "--stop-time-hours"), value(a, "--max-update")) for a in commands(out, "fairseq-train")] \
         == [("0.25", "777")] * 4
     assert not (tmp_path / "d").exists()
@@ -175,8 +188,8 @@ def test_dry_run_replaces_incomplete_data_directories_and_only_those(tmp_path):
     (data / "original" / "train0").write_text("# ( a ) ( b )\n")  # 1 of 26 files
     (data / "A").mkdir()
     (data / "A" / "train.src").write_text("a #SEP# b\n")  # text only, no bin/
-    out = run([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(data),
-               "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "A"]).stdout
+    out = in_process([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(data),
+                      "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "A"]).stdout
     (gen,) = commands(out, "generate.py")
     assert "--overwrite" in gen
     prepared = {value(c, "--protocol"): c for c in commands(out, "prepare.py")}
@@ -187,7 +200,9 @@ def test_dry_run_replaces_incomplete_data_directories_and_only_those(tmp_path):
 @pytest.mark.parametrize("model", recipe.MODELS)
 def test_train_py_dry_run(model, tmp_path):
     for reduced in (False, True):
-        out = run([sys.executable, TRAIN, model, "--data", "BIN", "--save-dir", str(tmp_path / "ck"),
+        # one of the eight as a real ``python train.py`` (its entry point), the rest in process
+        runner = run if (model, reduced) == (recipe.MODELS[0], False) else in_process
+        out = runner([sys.executable, TRAIN, model, "--data", "BIN", "--save-dir", str(tmp_path / "ck"),
                    "--dry-run"] + (["--reduced"] if reduced else [])
                   + ["--", "--encoder-layers", "2", "--patience", "3"]).stdout
         (argv,) = commands(out, "fairseq-train")
@@ -227,7 +242,7 @@ def test_bucket_names():
 
 def test_evaluate_dry_run_threshold_and_analysis(tmp_path):
     base = ["--data", "D", "--checkpoint", "C.pt", "--out-dir", str(tmp_path / "e"), "--dry-run"]
-    out = run([sys.executable, EVALUATE, "sut", *base, "--threshold", "0.8", "--buckets", "0,12"]).stdout
+    out = in_process([sys.executable, EVALUATE, "sut", *base, "--threshold", "0.8", "--buckets", "0,12"]).stdout
     generates = commands(out, "fairseq-generate")
     assert [value(a, "--gen-subset") for a in generates] == ["test", "test12"]
     assert all(value(a, "--model-overrides") == "{'halting_threshold': 0.8}" for a in generates)
@@ -235,10 +250,10 @@ def test_evaluate_dry_run_threshold_and_analysis(tmp_path):
                                                                                 os.path.join("D", "test12.tgt")]
     (halting,) = commands(out, HALTING_DEPTH)
     assert value(halting, "--threshold") == "0.8" and halting[3] == os.path.join("D", "bin")
-    out = run([sys.executable, EVALUATE, "transformer", *base, "--threshold", "0.8"]).stdout
+    out = run([sys.executable, EVALUATE, "transformer", *base, "--threshold", "0.8"]).stdout  # a real process
     assert not any("--model-overrides" in a for a in commands(out, "fairseq-generate"))
     assert not commands(out, HALTING_DEPTH)
-    out = run([sys.executable, EVALUATE, "ut-halting", *base, "--protocol", "C"]).stdout
+    out = in_process([sys.executable, EVALUATE, "ut-halting", *base, "--protocol", "C"]).stdout
     assert [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")] == ["test"]
     assert not commands(out, HALTING_DEPTH)  # Figure 4 is per operator count: standard only
     assert not (tmp_path / "e").exists()
@@ -335,14 +350,14 @@ def test_scorer_fails_loudly_when_fewer_examples_were_scored_than_the_split_has(
     write_generate_output(tmp_path / "gen.txt", [(i, "#", "#") for i in range(8)])
     with pytest.raises(ValueError, match=r"scored 8 examples but .*test12.tgt has 10 lines.*missing.*\[8, 9\]"):
         accuracy.score(str(tmp_path / "gen.txt"), str(tmp_path / "test12.tgt"))
-    proc = run([sys.executable, ACCURACY, str(tmp_path / "gen.txt"), "--reference",
-                str(tmp_path / "test12.tgt"), "--json", str(tmp_path / "s.json")], check=False)
+    proc = in_process([sys.executable, ACCURACY, str(tmp_path / "gen.txt"), "--reference",
+                       str(tmp_path / "test12.tgt"), "--json", str(tmp_path / "s.json")], check=False)
     assert proc.returncode != 0 and "has 10 lines" in proc.stderr and "--required-batch-size-multiple 1" in proc.stderr
     assert not (tmp_path / "s.json").exists()
     # complete output passes and writes the JSON
     write_generate_output(tmp_path / "gen.txt", [(i, "#", "#") for i in range(10)])
-    proc = run([sys.executable, ACCURACY, str(tmp_path / "gen.txt"), "--reference",
-                str(tmp_path / "test12.tgt"), "--json", str(tmp_path / "s.json")])
+    proc = in_process([sys.executable, ACCURACY, str(tmp_path / "gen.txt"), "--reference",
+                       str(tmp_path / "test12.tgt"), "--json", str(tmp_path / "s.json")])
     assert "all 10 lines" in proc.stdout and json.load(open(tmp_path / "s.json"))["accuracy"] == 100.0
 
 
@@ -380,14 +395,14 @@ def test_smoke_stages_stop_after_train_and_resume_at_evaluate(smoke):
 
 
 def test_stage_options_are_checked(tmp_path):
-    proc = run([sys.executable, TABLE5, "--data-dir", str(tmp_path), "--stage", "report",
-                "--stop-stage", "train", "--dry-run"], check=False)
+    proc = in_process([sys.executable, TABLE5, "--data-dir", str(tmp_path), "--stage", "report",
+                       "--stop-stage", "train", "--dry-run"], check=False)
     assert proc.returncode != 0 and "--stage report comes after --stop-stage train" in proc.stderr
-    proc = run([sys.executable, TABLE5, "--stage", "decode", "--dry-run"], check=False)
+    proc = in_process([sys.executable, TABLE5, "--stage", "decode", "--dry-run"], check=False)
     assert proc.returncode == 2 and "unknown stage 'decode'" in proc.stderr
-    out = run([sys.executable, TABLE5, "--data-dir", str(tmp_path / "d"), "--work-dir",
-               str(tmp_path / "w"), "--stage", "2", "--stop-stage", "3", "--models", "sut",
-               "--protocols", "A", "--dry-run"]).stdout
+    out = in_process([sys.executable, TABLE5, "--data-dir", str(tmp_path / "d"), "--work-dir",
+                      str(tmp_path / "w"), "--stage", "2", "--stop-stage", "3", "--models", "sut",
+                      "--protocols", "A", "--dry-run"]).stdout
     assert len(commands(out, "fairseq-train")) == 1 and len(commands(out, "fairseq-generate")) == 1
     assert not commands(out, "prepare.py") and not commands(out, "summarize.py")
 
@@ -435,7 +450,7 @@ def test_smoke_writes_table_json_and_figure(smoke):
 
 
 def test_smoke_rerun_skips_the_finished_run(smoke):
-    out = run(smoke["command"]).stdout
+    out = in_process(smoke["command"]).stdout  # every run done: no tool started
     assert "done before" in out and not commands(out, "fairseq-train") and not commands(out, "prepare.py")
 
 

@@ -13,6 +13,8 @@ import sys
 import pytest
 import torch
 
+from cli_helpers import run_in_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPTS = os.path.join(REPO, "scripts", "wmt14")
 FIXTURE = os.path.join(REPO, "tests", "fixtures", "wmt14")
@@ -161,11 +163,16 @@ def test_no_momha_keeps_the_parameter_count():
     assert count(att_heads=1, att_head_dim=256) == count()
 
 
+TABLES = os.path.join(SCRIPTS, "tables.py")
+
+
 def test_tables_dry_run_prints_every_stage():
+    # dry runs start no tool: tables.py's main, and the train.py / evaluate.py --dry-run it
+    # runs, in the test's process (run_in_process); the end-to-end fixture below runs them
+    # as real processes
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "2", "--prep", "/prep",
-                          "--ngpus", "16", "--dry-run"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_in_process(TABLES, ["2", "--prep", "/prep", "--ngpus", "16", "--dry-run"], env=env,
+                         children_in_process=True)
     assert out.returncode == 0, out.stderr
     stages = [l for l in out.stdout.splitlines() if l.startswith("=== stage")]
     assert [s.split(":")[1].split()[0] for s in stages] == ["data", "train", "evaluate", "report"]
@@ -175,24 +182,21 @@ def test_tables_dry_run_prints_every_stage():
     assert len(trains) == 5 and len(generates) == 5
     assert all("--update-freq 2" in l for l in trains)
     assert all("--beam 8 --lenpen 0.4" in l for l in generates)
-    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", "/prep",
-                          "--ngpus", "16", "--stage", "train", "--stop-stage", "train", "--dry-run"],
-                         env=env, capture_output=True, text=True, timeout=300)
+    out = run_in_process(TABLES, ["1", "--prep", "/prep", "--ngpus", "16", "--stage", "train",
+                                  "--stop-stage", "train", "--dry-run"], env=env, children_in_process=True)
     assert out.returncode == 0, out.stderr
     archs = re.findall(r"--arch (\S+)", out.stdout)
     assert archs == ["transformer_wmt_en_de", "ut_base", "sut_base", "ut_big", "sut_big"]
     assert "fairseq-generate" not in out.stdout and "prepare.py" not in out.stdout
-    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", "/p",
-                          "--runs", "sut_tiny", "--dry-run"], env=env, capture_output=True, text=True,
-                         timeout=300)
+    out = run_in_process(TABLES, ["1", "--prep", "/p", "--runs", "sut_tiny", "--dry-run"], env=env,
+                         children_in_process=True)
     assert out.returncode == 2 and "'sut_tiny' is not a run of Table 1" in out.stderr
 
 
 def test_tables_with_sentencepiece_prepare_train_and_evaluate_data_bin_spm():
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    out = subprocess.run([sys.executable, os.path.join(SCRIPTS, "tables.py"), "1", "--prep", "/prep",
-                          "--runs", "sut_base", "--subword", "spm", "--stop-stage", "train",
-                          "--dry-run"], env=env, capture_output=True, text=True, timeout=300)
+    out = run_in_process(TABLES, ["1", "--prep", "/prep", "--runs", "sut_base", "--subword", "spm",
+                                  "--stop-stage", "train", "--dry-run"], env=env, children_in_process=True)
     assert out.returncode == 0, out.stderr
     assert "prepare.py --workdir /prep --subword spm" in out.stdout
     train = [l for l in out.stdout.splitlines() if l.startswith("+ ") and "fairseq-train" in l]
