@@ -5,6 +5,7 @@ import importlib.util
 import io
 import logging
 import os
+import random
 import re
 import subprocess
 import sys
@@ -70,7 +71,7 @@ def _load_script(path):
     """The script as a module (once per path), under a name of its own: not ``__main__``,
     so its ``if __name__ == "__main__"`` block does not run."""
     if path not in _SCRIPTS:
-        name = "cli_script_" + re.sub(r"\W", "_", os.path.relpath(path, os.path.dirname(os.path.dirname(path))))
+        name = "cli_script" + re.sub(r"\W", "_", path)
         spec = importlib.util.spec_from_file_location(name, path)
         module = importlib.util.module_from_spec(spec)
         with _sibling_modules(os.path.dirname(path)):
@@ -88,6 +89,27 @@ def _exit_status(code, stderr):
         return code
     print(code, file=stderr)
     return 1
+
+
+@contextlib.contextmanager
+def _restored_random_state():
+    """Python's, numpy's and torch's global generators (a generator script seeds them),
+    torch's thread count and default dtype as they were before."""
+    numpy = sys.modules.get("numpy")
+    torch = sys.modules.get("torch")
+    saved = (random.getstate(), numpy.random.get_state() if numpy else None,
+             (torch.get_rng_state(), torch.get_num_threads(), torch.get_default_dtype()) if torch else None)
+    try:
+        yield
+    finally:
+        random.setstate(saved[0])
+        if saved[1] is not None:
+            numpy.random.set_state(saved[1])
+        if saved[2] is not None:
+            torch.set_rng_state(saved[2][0])
+            if torch.get_num_threads() != saved[2][1]:
+                torch.set_num_threads(saved[2][1])
+            torch.set_default_dtype(saved[2][2])
 
 
 @contextlib.contextmanager
@@ -175,7 +197,8 @@ def run_in_process(script, args=(), env=None, cwd=None, children_in_process=Fals
     ``main``'s return value is the status where the script's entry point is
     ``sys.exit(main())``. ``sys.argv``, ``sys.path``, ``os.environ`` (``env``: the
     environment for the call, as subprocess's ``env``), the working directory
-    (``cwd``), logging and the warning filters are as they were afterwards.
+    (``cwd``), logging, the warning filters, the global random generators (Python's,
+    numpy's, torch's) and torch's thread count are as they were afterwards.
     With ``children_in_process``, the repository's Python scripts that the script itself
     runs with ``subprocess.run`` and inherited output (a recipe's dry run of its train.py)
     are run in process the same way, their output in this one's.
@@ -187,7 +210,7 @@ def run_in_process(script, args=(), env=None, cwd=None, children_in_process=Fals
     saved_argv = sys.argv
     sys.argv = [path, *argv]
     try:
-        with _sibling_modules(os.path.dirname(path)), _restored_globals(env, cwd), \
+        with _sibling_modules(os.path.dirname(path)), _restored_globals(env, cwd), _restored_random_state(), \
                 warnings.catch_warnings(), contextlib.redirect_stdout(stdout), \
                 contextlib.redirect_stderr(stderr), \
                 (_python_children_in_process() if children_in_process else contextlib.nullcontext()):

@@ -6,13 +6,12 @@ import io
 import json
 import os
 import random
-import subprocess
-import sys
 import tarfile
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from cli_helpers import run_in_process
 from sut_fairseq.data import cfq
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -472,7 +471,9 @@ def test_download_accepts_a_url_and_fails_clearly_offline(tmp_path):
 # --------------------------------------------------------------------------- the CLI
 
 def run_prepare(*args):
-    return subprocess.run([sys.executable, PREPARE, *args], capture_output=True, text=True, timeout=120)
+    """prepare.py without --binarize (no tool started) in the test's process
+    (cli_helpers.run_in_process); test_cfq_pipeline.py runs it as a real process."""
+    return run_in_process(PREPARE, args)
 
 
 def test_cli_prepares_from_a_url(tmp_path):

@@ -15,6 +15,7 @@ from argparse import Namespace
 import pytest
 import torch
 
+from cli_helpers import run_in_process
 from sut_fairseq.checkpoint_safety import CHECKPOINT_GLOBALS
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -37,6 +38,19 @@ def load_script(name):
 
 def run(command, timeout=300):
     proc = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, f"{command[:2]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout
+
+
+def in_process(command, check=True):
+    """``run`` for a command that starts no tool (a dry run, a finished grid, a scorer):
+    ``[sys.executable, SCRIPT, *args]`` called in the test's process (``run_in_process``),
+    without the seconds a new interpreter spends importing torch and fairseq; the
+    CompletedProcess unless ``check`` (then its stdout, as ``run``)."""
+    assert command[0] == sys.executable
+    proc = run_in_process(command[1], command[2:])
+    if not check:
+        return proc
     assert proc.returncode == 0, f"{command[:2]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout
 
@@ -109,14 +123,14 @@ def test_checkpoint_of_the_exact_match_task_needs_only_allow_listed_globals(pipe
 
 def test_a_finished_run_is_skipped(pipeline):
     data, work, _, _ = pipeline
-    out = run([sys.executable, TABLE4, "--data", data, "--work-dir", work, "--splits", "mcd1",
-               "--variants", "halting", "--seeds", "1", "--smoke"])
+    out = in_process([sys.executable, TABLE4, "--data", data, "--work-dir", work, "--splits", "mcd1",
+                      "--variants", "halting", "--seeds", "1", "--smoke"])  # every run done: no tool
     assert "done before" in out and "+ " not in out
 
 
 def test_dry_run_prints_the_whole_table4_grid(tmp_path):
-    out = run([sys.executable, TABLE4, "--data", str(tmp_path / "d"), "--work-dir", str(tmp_path / "w"),
-               "--dry-run"])
+    out = in_process([sys.executable, TABLE4, "--data", str(tmp_path / "d"), "--work-dir",
+                      str(tmp_path / "w"), "--dry-run"])
     trains = [shlex.split(l[2:].split(" > ")[0]) for l in out.splitlines()
               if l.startswith("+ ") and "fairseq-train" in l]
     assert len(trains) == 4 * 2 * 5  # splits x variants x seeds
@@ -172,8 +186,8 @@ def test_exact_match_counts_strictly_and_order_insensitively(tmp_path):
          "SELECT count ( * ) WHERE { ?x0 people.person.gender <unk> }"),  # <unk> never matches
         (Q1, "SELECT DISTINCT ?x0 WHERE { ?x0"),      # unparsable
     ])
-    out = run([sys.executable, EXACT_MATCH, str(tmp_path / "gen.txt"), "--reference", str(ref),
-               "--json", str(tmp_path / "r.json")])
+    out = in_process([sys.executable, EXACT_MATCH, str(tmp_path / "gen.txt"), "--reference", str(ref),
+                      "--json", str(tmp_path / "r.json")])
     assert "exact match 25.00% (1 / 4 examples; all 4 lines" in out and "order-insensitive 50.00%" in out
     result = json.load(open(tmp_path / "r.json"))
     assert (result["correct"], result["total"], result["order_insensitive_correct"]) == (1, 4, 2)
@@ -187,8 +201,8 @@ def test_exact_match_fails_unless_every_line_is_scored(tmp_path):
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "scored 2 examples but" in proc.stderr and "has 3 lines" in proc.stderr
     write_generate_output(tmp_path / "gen.txt", [(Q1, Q1), (Q3, Q2), (Q3, Q3)])
-    proc = subprocess.run([sys.executable, EXACT_MATCH, str(tmp_path / "gen.txt"), "--reference", str(ref)],
-                          capture_output=True, text=True)
+    proc = in_process([sys.executable, EXACT_MATCH, str(tmp_path / "gen.txt"), "--reference", str(ref)],
+                      check=False)
     assert proc.returncode == 1 and "T-1 is" in proc.stderr and "but line 2 of" in proc.stderr
 
 

@@ -10,10 +10,10 @@ import subprocess
 import sys
 from collections import Counter
 from fractions import Fraction
-from types import SimpleNamespace
 
 import pytest
 
+from cli_helpers import run_in_process
 from sut_fairseq.data import cpvr
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -353,21 +353,9 @@ def _run(*args):
 
 def _main(*args):
     """generate.py's ``main`` in this process (the command's code without the few seconds
-    of a fresh interpreter importing torch and fairseq): (exit status, stdout, stderr)."""
-    import contextlib
-    import importlib.util
-    import io
-
-    spec = importlib.util.spec_from_file_location("cpvr_generate", GENERATE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            status = module.main([str(a) for a in args])
-        except SystemExit as exit_:
-            status = exit_.code
-    return SimpleNamespace(returncode=status, stdout=out.getvalue(), stderr=err.getvalue())
+    of a fresh interpreter importing torch and fairseq; cli_helpers.run_in_process): its
+    exit status, stdout and stderr."""
+    return run_in_process(GENERATE, args)
 
 
 def _lines(path):
@@ -381,7 +369,7 @@ TINY = ("--length", 6, "--max-value", 20, "--train-per-hop", 120, "--valid-per-h
 
 def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     out = tmp_path / "cpvr"
-    result = _run("--out", out, *TINY)
+    result = _main("--out", out, *TINY)  # test_generate_cli_binarize runs the real command
     assert result.returncode == 0, result.stderr
     tests = [f"test{n}" for n in range(1, 7)]
     expected = sorted([f"{s}.{e}" for s in ["train", "valid"] + tests for e in ("src", "tgt")]

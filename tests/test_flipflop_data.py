@@ -10,7 +10,7 @@ from collections import Counter
 
 import pytest
 
-from cli_helpers import check_refusals, read_lines, run_binarized, run_cli
+from cli_helpers import check_refusals, read_lines, run_binarized, run_in_process
 from sut_fairseq.data import flipflop
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -221,7 +221,9 @@ TINY = ("--train-length", 16, "--train-size", 80, "--valid-size", 3, "--test-siz
 
 def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     out = tmp_path / "ff"
-    result = run_cli(GENERATE, "--out", out, *TINY)
+    # generation and its refusals in the test's process (run_in_process: no interpreter
+    # start-up); test_generate_cli_binarize runs the script as a real process
+    result = run_in_process(GENERATE, ["--out", out, *TINY])
     assert result.returncode == 0, result.stderr
     tests = ["test16-p0.5", "test16-p0.9", "test32-p0.5", "test32-p0.9"]
     expected = sorted([f"{s}.{e}" for s in ["train", "valid"] + tests for e in ("src", "tgt")]
@@ -250,11 +252,11 @@ def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     assert "| test32-p0.9 | 12 | 32 |" in result.stdout and "previous-bit baseline" in result.stdout
 
     before = (out / "train.src").read_text()
-    refused = run_cli(GENERATE, "--out", out, *TINY, "--seed", 5)
+    refused = run_in_process(GENERATE, ["--out", out, *TINY, "--seed", 5])
     assert refused.returncode == 2 and "is not empty" in refused.stderr and "--overwrite" in refused.stderr
     assert (out / "train.src").read_text() == before
     (out / "stale.txt").write_text("old")
-    replaced = run_cli(GENERATE, "--out", out, *TINY, "--seed", 5, "--overwrite")
+    replaced = run_in_process(GENERATE, ["--out", out, *TINY, "--seed", 5, "--overwrite"])
     assert replaced.returncode == 0, replaced.stderr
     assert not (out / "stale.txt").exists() and (out / "train.src").read_text() != before
     assert sorted(os.listdir(tmp_path)) == ["ff"]                # no temporary sibling left

@@ -11,7 +11,7 @@ from collections import Counter
 
 import pytest
 
-from cli_helpers import check_refusals, read_lines, run_binarized, run_cli
+from cli_helpers import check_refusals, read_lines, run_binarized, run_in_process
 from sut_fairseq.data import listops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -227,7 +227,9 @@ TINY = ("--train-size", 150, "--valid-size", 10, "--iid-test-size", 20, "--test-
 
 def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     out = tmp_path / "lo"
-    result = run_cli(GENERATE, "--out", out, *TINY)
+    # generation and its refusals in the test's process (run_in_process: no interpreter
+    # start-up); test_generate_cli_binarize runs the script as a real process
+    result = run_in_process(GENERATE, ["--out", out, *TINY])
     assert result.returncode == 0, result.stderr
     splits = {"train": 150, "valid": 10, "test-iid": 20, "test-len200-300": 4, "test-args10": 4}
     assert sorted(os.listdir(out)) == sorted([f"{s}.{e}" for s in splits for e in ("src", "tgt")]
@@ -247,10 +249,10 @@ def test_generate_cli_writes_refuses_and_overwrites(tmp_path):
     assert "| test-len200-300 | 4 |" in result.stdout and "labels 0–9 (%)" in result.stdout
 
     before = (out / "train.src").read_text()
-    refused = run_cli(GENERATE, "--out", out, *TINY, "--seed", 4)
+    refused = run_in_process(GENERATE, ["--out", out, *TINY, "--seed", 4])
     assert refused.returncode == 2 and "is not empty" in refused.stderr
     assert (out / "train.src").read_text() == before
-    replaced = run_cli(GENERATE, "--out", out, *TINY, "--seed", 4, "--overwrite")
+    replaced = run_in_process(GENERATE, ["--out", out, *TINY, "--seed", 4, "--overwrite"])
     assert replaced.returncode == 0, replaced.stderr
     assert (out / "train.src").read_text() != before
     assert sorted(os.listdir(tmp_path)) == ["lo"]

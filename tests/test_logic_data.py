@@ -10,6 +10,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from cli_helpers import run_in_process
 from sut_fairseq.data import logic_inference as li
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -366,6 +367,12 @@ def _run(*args):
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=120)
 
 
+def _in_process(script, *args):
+    """``_run`` in the test's process (cli_helpers.run_in_process: no interpreter start-up);
+    prepare.py without --binarize starts no tool."""
+    return run_in_process(script, args)
+
+
 def _lines(path):
     with open(path) as handle:
         return handle.read().splitlines()
@@ -378,8 +385,8 @@ def test_generate_and_prepare_clis(tmp_path):
     assert "orig train" in result.stdout and "|     12 |" in result.stdout
     assert len(os.listdir(raw)) == 26
 
-    result = _run(PREPARE, "--data", str(raw), "--out", str(std), "--protocol", "standard",
-                  "--check-relations")
+    result = _in_process(PREPARE, "--data", str(raw), "--out", str(std), "--protocol", "standard",
+                         "--check-relations")
     assert result.returncode == 0, result.stderr
     n_train_files = sum(len(_lines(raw / f"train{k}")) for k in range(7))
     train, valid = _lines(std / "train.src"), _lines(std / "valid.src")
@@ -393,7 +400,7 @@ def test_generate_and_prepare_clis(tmp_path):
             relation, left, right = r.split("\t")
             assert s == f"{left} #SEP# {right}" and t == relation
 
-    result = _run(PREPARE, "--data", str(raw), "--out", str(comp), "--protocol", "A")
+    result = _in_process(PREPARE, "--data", str(raw), "--out", str(comp), "--protocol", "A")
     assert result.returncode == 0, result.stderr
     assert sorted(os.listdir(comp)) == ["test.src", "test.tgt", "train.src", "train.tgt",
                                         "valid.src", "valid.tgt"]
@@ -401,8 +408,8 @@ def test_generate_and_prepare_clis(tmp_path):
     assert not any("( and ( not a ) )" in s for s in _lines(comp / "train.src"))
 
     os.remove(raw / "test12")
-    result = _run(PREPARE, "--data", str(raw), "--out", str(tmp_path / "x"))
+    result = _in_process(PREPARE, "--data", str(raw), "--out", str(tmp_path / "x"))
     assert result.returncode != 0 and "test12" in result.stderr
     (raw / "train3").write_text("=\ta\n")
-    result = _run(PREPARE, "--data", str(raw), "--out", str(tmp_path / "y"), "--protocol", "B")
+    result = _in_process(PREPARE, "--data", str(raw), "--out", str(tmp_path / "y"), "--protocol", "B")
     assert result.returncode != 0 and f"{raw / 'train3'}:1:" in result.stderr
