@@ -22,6 +22,8 @@ import sys
 
 import pytest
 
+from cli_helpers import run_in_process
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 GENERATE = os.path.join(REPO, "data-prep", "logic", "generate.py")
 LOGIC_PREPARE = os.path.join(REPO, "data-prep", "logic", "prepare.py")
@@ -49,8 +51,12 @@ from sut_fairseq.data import cfq as cfq_module, logic_inference, output_dir as o
 
 
 def run(script, *args, env=None):
-    return subprocess.run([sys.executable, script, *map(str, args)], capture_output=True,
-                          text=True, timeout=120, env=env)
+    """``python SCRIPT ARGS`` in the test's process (cli_helpers.run_in_process: the
+    script's main with its output captured and its exit status, without the seconds of a
+    fresh interpreter importing torch and fairseq); the tools a script starts (the fake
+    fairseq-preprocess) are still processes, with ``env``. test_logic_data.py,
+    test_logic_recipe.py and test_cfq_pipeline.py run these scripts as real processes."""
+    return run_in_process(script, args, env=env)
 
 
 def snapshot(root):
