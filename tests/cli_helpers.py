@@ -205,7 +205,6 @@ def run_in_process(script, args=(), env=None, cwd=None, children_in_process=Fals
     A ``subprocess.CompletedProcess`` with ``stdout``/``stderr`` as text."""
     path = os.path.abspath(str(script))
     argv = [str(a) for a in args]
-    module, main_exits = _load_script(path)
     stdout, stderr = io.StringIO(), io.StringIO()
     saved_argv = sys.argv
     sys.argv = [path, *argv]
@@ -219,7 +218,8 @@ def run_in_process(script, args=(), env=None, cwd=None, children_in_process=Fals
             for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
                 warnings.filterwarnings("ignore", category=category)
             warnings.showwarning = _show_warning
-            try:
+            try:  # loaded (the first time) here: what its imports print or configure is undone
+                module, main_exits = _load_script(path)
                 returned = module.main(argv)
                 code = _exit_status(returned if main_exits else None, stderr)
             except SystemExit as exit_:
