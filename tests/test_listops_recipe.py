@@ -73,7 +73,9 @@ def test_report_sets_models_beside_the_majority_and_the_paper(tmp_path):
             "splits": {s: {"accuracy": acc if s == "test-iid" else 20.0, "mean_encoder_steps": 4.0}
                        for s in SPLITS}}))
     text = summarize.summarize(str(work), str(data))
-    assert "| GUT | 2,000 | 40/40 | 75.0 | 20.0 | 20.0 | 20.0 | 20.0 | 20.0 |" in text
+    # two seeds: mean ± sample standard deviation (80 and 70: 75.0 ± 7.1; equal values: ± 0.0)
+    assert "| GUT | 2,000 | 40/40 | 75.0 ± 7.1 | " + " | ".join(["20.0 ± 0.0"] * 5) + " |" in text
+    assert "| UT | 2,000 | 40 | 60.0 | 20.0 |" in text  # one seed: the value alone
     assert text.index("| UT |") < text.index("| GUT |")
     assert "| *majority label of the split* | – | – | *17.0* |" in text
     assert "| *paper: TLB* | – | – | *58.3* | *37.7* | *30.5* | *25.0* | *37.3* | *37.0* |" in text

@@ -202,3 +202,19 @@ def test_spearman_on_exact_examples():
     assert spearman([1, 2, 3], [1.0, 3.0, 2.0]) == pytest.approx(0.5)
     assert spearman([1, 2, 3], [2.0, 2.0, 2.0]) is None
     assert spearman([1], [2.0]) is None
+
+
+def test_line_plot_draws_error_bars_for_the_series_that_have_them(tmp_path, monkeypatch):
+    """``errors`` (label -> ± per point) gives that series error bars; the others plain lines."""
+    import matplotlib.axes
+
+    drawn = []
+    errorbar = matplotlib.axes.Axes.errorbar
+    monkeypatch.setattr(matplotlib.axes.Axes, "errorbar",
+                        lambda self, x, y, yerr=None, **kw: drawn.append((kw["label"], list(yerr)))
+                        or errorbar(self, x, y, yerr=yerr, **kw))
+    png = tmp_path / "e.png"
+    line_plot(str(png), {"a": ([0, 1], [3.0, 4.0]), "b": ([0, 1], [1.0, 2.0])}, "x", "y", "t",
+              errors={"a": [0.5, 1.5]})
+    assert drawn == [("a", [0.5, 1.5])]
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

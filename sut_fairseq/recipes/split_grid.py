@@ -250,7 +250,9 @@ def metric_table(models: Dict[str, Dict], splits: Sequence[str], metric: str,
                  headers: Optional[Dict[str, str]] = None, digits: int = 1,
                  info: bool = True) -> str:
     """A markdown table: one row per model, one column per split, the seed mean of
-    ``metric`` ("–" where there is none); with ``info`` also parameters and updates."""
+    ``metric`` and, where a model has more than one seed, its sample standard deviation
+    (``mean ± sd``; "–" where there is no value); with ``info`` also parameters and the
+    updates of each seed."""
     headers = headers or {}
     header = ["model"] + (["params", "updates"] if info else []) + [headers.get(s, s) for s in splits]
     rows = []
@@ -261,7 +263,11 @@ def metric_table(models: Dict[str, Dict], splits: Sequence[str], metric: str,
                       "/".join(f"{u:,}" for u in m["updates"] if u is not None) or "–"]
         for s in splits:
             value = m[metric].get(s)
-            cells.append("–" if value is None else f"{value[0]:.{digits}f}")
+            if value is None:
+                cells.append("–")
+            else:
+                mean, std, n = value
+                cells.append(f"{mean:.{digits}f}" + (f" ± {std:.{digits}f}" if n > 1 else ""))
         rows.append(cells)
     return markdown_table(header, rows)
 
@@ -284,15 +290,18 @@ def add_rows(table: str, rows: Sequence[Sequence[str]]) -> str:
 
 def accuracy_plot(path: str, models: Dict[str, Dict], splits: Sequence[str], title: str,
                   metric: str = "accuracy", ylabel: str = "accuracy (%)") -> None:
-    """One line per model over the test splits (named on the x axis), as a PNG."""
+    """One line per model over the test splits (named on the x axis), as a PNG; the seed
+    mean, with error bars of ± one standard deviation where a model has several seeds."""
     from .summary import line_plot
 
-    series = OrderedDict()
+    series, errors = OrderedDict(), {}
     for m in models.values():
-        points = [(k, m[metric][s][0]) for k, s in enumerate(splits) if m[metric].get(s)]
-        series[m["label"]] = ([k for k, _ in points], [v for _, v in points])
+        points = [(k, *m[metric][s]) for k, s in enumerate(splits) if m[metric].get(s)]
+        series[m["label"]] = ([p[0] for p in points], [p[1] for p in points])
+        if any(p[3] > 1 for p in points):  # the seeds' sample standard deviation
+            errors[m["label"]] = [p[2] for p in points]
     line_plot(path, series, "test split", ylabel, title, xticks=list(range(len(splits))),
-              xticklabels=list(splits))
+              xticklabels=list(splits), errors=errors)
 
 
 def json_ready(models: Dict[str, Dict]) -> Dict[str, Dict]:

@@ -66,10 +66,12 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]],
 
 def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[float]]],
               xlabel: str, ylabel: str, title: str, xticks: Optional[List[float]] = None,
-              xticklabels: Optional[Sequence[str]] = None) -> None:
+              xticklabels: Optional[Sequence[str]] = None,
+              errors: Optional[Mapping[str, Sequence[float]]] = None) -> None:
     """One line per series (label -> (x, y)), markers on the points, written atomically as
     a PNG (matplotlib's Agg backend: no display needed). ``xticklabels`` names the
-    ``xticks`` (slanted: for split names)."""
+    ``xticks`` (slanted: for split names); ``errors`` (label -> one value per point) draws
+    error bars of ± that value."""
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # not its start-up and font search
@@ -80,7 +82,11 @@ def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[fl
     fig, ax = plt.subplots(figsize=(5.0, 3.6))
     try:
         for label, (x, y) in series.items():
-            ax.plot(list(x), list(y), marker="o", label=label)
+            if errors and label in errors:
+                ax.errorbar(list(x), list(y), yerr=list(errors[label]), marker="o", capsize=3,
+                            label=label)
+            else:
+                ax.plot(list(x), list(y), marker="o", label=label)
         if xticks is not None:
             ax.set_xticks(xticks)
             if xticklabels is not None:
