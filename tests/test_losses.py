@@ -10,8 +10,8 @@ from sut_fairseq.modules.router import RouterStats
 
 
 def _stats(probs, picks=None):
-    s = RouterStats()
     probs = torch.as_tensor(probs, dtype=torch.float64)
+    s = RouterStats(probs.size(1))
     if picks is None:
         picks = probs.argmax(1, keepdim=True)
     s.add(probs, picks)
@@ -34,13 +34,24 @@ def test_mim_matches_direct_formula_over_several_calls():
     rows the Router never sees (padding, halted) are tested through a real forward below."""
     torch.manual_seed(0)
     p = torch.softmax(torch.randn(10, 5, dtype=torch.float64), -1)
-    s = RouterStats()
+    s = RouterStats(5)
     s.add(p[:4], p[:4].argmax(1, keepdim=True))
     s.add(p[4:], p[4:].argmax(1, keepdim=True))  # two steps accumulate
     g = p.mean(0)
     expect = -(p * p.log()).sum(1).mean() + (g * g.log()).sum()
     assert mim_loss(s).item() == pytest.approx(expect.item(), rel=1e-6)
     assert s.count.item() == 10
+
+
+def test_losses_of_a_router_that_saw_nothing_or_one_position():
+    """Nothing recorded: both losses are exactly 0. One position (|X| = 1, one pick):
+    g(e) = g(e|x), so L_MIM = H(g) - H(g) = 0, and L_switch = E · g(e*) for its pick e*
+    (E = 2, g = (0.7, 0.3), pick 0: 1.4)."""
+    empty = RouterStats(3)
+    assert mim_loss(empty).item() == 0.0 and switch_loss(empty).item() == 0.0
+    one = _stats([[0.7, 0.3]], picks=torch.tensor([[0]]))
+    assert mim_loss(one).item() == pytest.approx(0.0, abs=1e-12)
+    assert switch_loss(one).item() == pytest.approx(1.4, rel=1e-12)
 
 
 def test_switch_loss_balanced_and_collapsed():
@@ -195,7 +206,7 @@ def test_router_on_every_row_equals_router_on_active_rows():
     active[0] = False
     outs = []
     for route in (router.forward, router.route_every_row):
-        router.stats = RouterStats()
+        router.stats = RouterStats(6)
         routing = route(x, active)
         outs.append((routing, router.stats))
     router.stats = None

@@ -23,9 +23,8 @@ from ..modules.router import EPS, Router, RouterStats
 
 
 def mim_loss(stats: RouterStats) -> torch.Tensor:
-    """L_MIM = H(e|x) - H(e) of one router's recorded statistics (0 if it saw nothing)."""
-    if stats.count is None:
-        return torch.zeros(())
+    """L_MIM = H(e|x) - H(e) of one router's recorded statistics (0 if it saw nothing:
+    every sum is 0)."""
     n = stats.count.clamp_min(1.0)
     marginal = stats.sum_probs / n
     h_marginal = -(marginal * torch.log(marginal + EPS)).sum()
@@ -34,9 +33,7 @@ def mim_loss(stats: RouterStats) -> torch.Tensor:
 
 
 def switch_loss(stats: RouterStats) -> torch.Tensor:
-    """E · Σ_e f_e · g(e) (= 1 when balanced; E when collapsed)."""
-    if stats.count is None:
-        return torch.zeros(())
+    """E · Σ_e f_e · g(e) (= 1 when balanced; E when collapsed; 0 if it saw nothing)."""
     n = stats.count.clamp_min(1.0)
     fraction = stats.assignments / stats.assignments.sum().clamp_min(1.0)
     return stats.sum_probs.numel() * (fraction * stats.sum_probs / n).sum()

@@ -25,15 +25,13 @@ EPS = 1e-9
 class RouterStats:
     """Sums over the (position, step) pairs a router saw during one recorded forward."""
 
-    def __init__(self, num_experts: Optional[int] = None, device=None):
-        """With ``num_experts`` the sums start at zero tensors (what a compiled step
-        needs: the same attribute types at every call); without, at None until the first
-        ``add``."""
-        zeros = (lambda *shape: torch.zeros(shape, device=device)) if num_experts else (lambda *_: None)
-        self.sum_probs: Optional[torch.Tensor] = zeros(num_experts)  # (E,)   Σ_x g(e|x)
-        self.sum_neg_entropy: Optional[torch.Tensor] = zeros()  # ()  Σ_x Σ_e g log g
-        self.count: Optional[torch.Tensor] = zeros()  # ()     |X|
-        self.assignments: Optional[torch.Tensor] = zeros(num_experts)  # (E,) top-k picks per expert
+    def __init__(self, num_experts: int, device=None):
+        """The sums start at zero tensors on ``device`` (the same attribute types at every
+        call, which a compiled step needs; a router that saw nothing has zero losses)."""
+        self.sum_probs = torch.zeros(num_experts, device=device)  # (E,)  Σ_x g(e|x)
+        self.sum_neg_entropy = torch.zeros((), device=device)  # ()  Σ_x Σ_e g log g
+        self.count = torch.zeros((), device=device)  # ()  |X|
+        self.assignments = torch.zeros(num_experts, device=device)  # (E,) top-k picks per expert
 
     def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor,
             active: Optional[torch.Tensor] = None):
@@ -52,14 +50,10 @@ class RouterStats:
         picks = probs.new_zeros(E).scatter_add_(
             0, expert_idxs.reshape(-1), weight.repeat_interleave(expert_idxs.size(1)))
         count = weight.sum()
-        if self.count is None:
-            self.sum_probs, self.sum_neg_entropy = sum_probs, neg_ent
-            self.count, self.assignments = count, picks
-        else:
-            self.sum_probs = self.sum_probs + sum_probs
-            self.sum_neg_entropy = self.sum_neg_entropy + neg_ent
-            self.count = self.count + count
-            self.assignments = self.assignments + picks
+        self.sum_probs = self.sum_probs + sum_probs
+        self.sum_neg_entropy = self.sum_neg_entropy + neg_ent
+        self.count = self.count + count
+        self.assignments = self.assignments + picks
 
 
 class Router(nn.Module):
