@@ -78,3 +78,38 @@ def test_half_precision_scale_is_not_rounded():
     kept = y[y != 0].float()
     expected = torch.tensor(65536 / (65536 - round(0.1 * 65536))).bfloat16().float()
     assert torch.equal(kept, torch.full_like(kept, expected.item()))
+
+
+def test_module_in_training_drops_and_accepts_the_closed_interval():
+    """``Dropout(p)`` in training mode is ``dropout(x, p, True)`` (same seed, same mask);
+    p = 0 and p = 1 are valid (the identity and all zeros), p < 0 is refused."""
+    x = torch.randn(2000)
+    module = Dropout(0.3).train()
+    torch.manual_seed(5)
+    y = module(x)
+    torch.manual_seed(5)
+    assert torch.equal(y, dropout(x, 0.3, True)) and not torch.equal(y, x)
+    assert Dropout(0.0).train()(x) is x
+    assert torch.count_nonzero(Dropout(1.0).train()(x)) == 0
+    with pytest.raises(ValueError, match=r"got -0.1"):
+        Dropout(-0.1)
+
+
+def test_a_probability_below_the_mask_resolution_is_the_identity():
+    """p < 2^-17 rounds to no dropped level: x itself, no mask drawn."""
+    x = torch.randn(100)
+    assert dropout(x, 1e-6, True) is x
+
+
+def test_compiled_code_uses_torch_dropout(monkeypatch):
+    """While ``torch.compile`` traces (``is_compiling``), dropout is ``F.dropout`` with the
+    same p (inductor draws its mask); the CPU mask and its own generator are not used."""
+    import sut_fairseq.modules.dropout as module
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    monkeypatch.setattr(module, "_keep_mask", lambda *a: pytest.fail("the CPU mask under compilation"))
+    torch.manual_seed(2)
+    y = dropout(torch.ones(100_000), 0.3, True)
+    kept = (y != 0).float().mean().item()
+    assert abs(kept - 0.7) < 5 * (0.21 / 100_000) ** 0.5
+    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.7))
