@@ -91,6 +91,13 @@ def test_bfloat16_logits_accumulate_in_float32():
 def test_bad_shapes_are_named():
     with pytest.raises(ValueError, match=r"\(N, V\).*\(3, 4, 5\)"):
         label_smoothed_cross_entropy(torch.zeros(3, 4, 5), torch.zeros(3, dtype=torch.long), 0.1, PAD)
+    # V = 1 has no other class to smooth onto; V = 2 is the smallest valid vocabulary
+    with pytest.raises(ValueError, match=r"^label smoothing needs a vocabulary of at least 2; got 1$"):
+        label_smoothed_cross_entropy(torch.zeros(3, 1), torch.zeros(3, dtype=torch.long), 0.1, PAD)
+    two = torch.tensor([[0.5, -0.5], [1.0, 2.0]], dtype=torch.float64)
+    target = torch.tensor([0, 1])
+    torch.testing.assert_close(label_smoothed_cross_entropy(two, target, 0.1, PAD)[0],
+                               reference(two, target, 0.1)[0], rtol=1e-12, atol=0)
 
 
 @pytest.mark.parametrize("ignore_prefix_size", [0, 1])
