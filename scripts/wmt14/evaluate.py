@@ -89,6 +89,48 @@ def append_row(table: str, row: str) -> None:
         handle.write(row + "\n")
 
 
+def show_plan(average, generate, gen_out, score_cmd) -> int:
+    """``--dry-run``: print the commands the evaluation would run."""
+    if average:
+        recipe.show(average)
+    recipe.show(generate, gen_out)
+    recipe.show(score_cmd)
+    return 0
+
+
+def decode(average, generate, gen_out) -> None:
+    """Average the best checkpoints (if asked) and run fairseq-generate into ``gen_out``."""
+    from sut_fairseq.eval import average_checkpoints
+
+    if average:
+        # the printed command, run in this process (it has imported torch and fairseq already)
+        recipe.show(average)
+        if average_checkpoints.main(average[3:]) != 0:
+            raise recipe.RecipeError("checkpoint averaging failed")
+    recipe.run(generate, gen_out)
+
+
+def record(args, checkpoint: str, tokenised_cell: str, sacre, result: dict) -> int:
+    """Parameters and MACs of ``checkpoint``, the table row (printed, appended to
+    ``--table``) and ``eval.json`` (``result`` plus the fields every evaluation has)."""
+    from sut_fairseq.eval.model_info import count_parameters, measure_macs
+    from sut_fairseq.recipes import write_json_atomic
+
+    params = count_parameters(checkpoint, args.data)
+    macs = measure_macs(checkpoint, args.data)
+    name = args.name or os.path.basename(os.path.normpath(args.checkpoint_dir))
+    row = f"| {name} | {params / 1e6:.1f}M ({params:,}) | {tokenised_cell} | {sacre.score:.2f} | {macs} |"
+    print("\n" + TABLE_HEADER + row)
+    print(f"SacreBLEU signature: {sacre.signature}")
+    result = {"model": name, "checkpoint": checkpoint, "params": params, "macs": macs, **result,
+              "sacrebleu": sacre.score, "sacrebleu_detail": sacre.detail,
+              "sacrebleu_signature": sacre.signature, "beam": args.beam, "lenpen": args.lenpen}
+    write_json_atomic(os.path.join(args.checkpoint_dir, "eval.json"), result)
+    if args.table:
+        append_row(args.table, row)
+    return 0
+
+
 def evaluate(args) -> int:
     subword, spm_model = recipe.subword_of(args.data, args.subword, args.spm_model)
     if subword == "spm":
@@ -104,27 +146,16 @@ def evaluate(args) -> int:
     score_cmd = [sys.executable, "-m", "sut_fairseq.eval.bleu", "--hyp", hyp_tok,
                  "--tok-ref", tok_ref, "--raw-ref", raw_ref, "--compound-split", args.compound_split]
     if args.dry_run:
-        if average:
-            recipe.show(average)
-        recipe.show(generate, gen_out)
-        recipe.show(score_cmd)
-        return 0
+        return show_plan(average, generate, gen_out, score_cmd)
 
     for path, what in ((tok_ref, "tokenised reference"), (raw_ref, "raw reference")):
         if not os.path.isfile(path):
             raise recipe.RecipeError(f"missing {what} {path} (run data-prep/wmt14_en_de/prepare.py, "
                                      "or pass --tok-ref/--raw-ref)")
-    from sut_fairseq.eval import average_checkpoints, bleu
-    from sut_fairseq.eval.model_info import count_parameters, measure_macs
-    from sut_fairseq.recipes import scoring, write_json_atomic, write_lines_atomic
+    from sut_fairseq.eval import bleu
+    from sut_fairseq.recipes import scoring, write_lines_atomic
 
-    if average:
-        # the printed command, run in this process (it has imported torch and fairseq already)
-        recipe.show(average)
-        if average_checkpoints.main(average[3:]) != 0:
-            raise recipe.RecipeError("checkpoint averaging failed")
-    recipe.run(generate, gen_out)
-
+    decode(average, generate, gen_out)
     recipe.show(score_cmd)  # run in this process; refuses unless every test sentence was decoded
     try:
         hyps, tok, sacre, detok = scoring.bleu(gen_out, tok_ref, raw_ref, "de", args.compound_split)
@@ -133,22 +164,9 @@ def evaluate(args) -> int:
     write_lines_atomic(hyp_tok, hyps)
     write_lines_atomic(hyp_detok, detok)
     print(bleu.format_scores(tok, sacre))
-
-    params = count_parameters(checkpoint, args.data)
-    macs = measure_macs(checkpoint, args.data)
-    name = args.name or os.path.basename(os.path.normpath(args.checkpoint_dir))
-    row = f"| {name} | {params / 1e6:.1f}M ({params:,}) | {tok.score:.2f} | {sacre.score:.2f} | {macs} |"
-    print("\n" + TABLE_HEADER + row)
-    print(f"SacreBLEU signature: {sacre.signature}")
-    result = {"model": name, "checkpoint": checkpoint, "params": params, "macs": macs,
-              "bleu_tokenized": tok.score, "bleu_tokenized_detail": tok.detail,
-              "bleu_tokenized_signature": tok.signature, "sacrebleu": sacre.score,
-              "sacrebleu_detail": sacre.detail, "sacrebleu_signature": sacre.signature,
-              "beam": args.beam, "lenpen": args.lenpen, "sentences": len(hyps)}
-    write_json_atomic(os.path.join(args.checkpoint_dir, "eval.json"), result)
-    if args.table:
-        append_row(args.table, row)
-    return 0
+    return record(args, checkpoint, f"{tok.score:.2f}", sacre, {
+        "bleu_tokenized": tok.score, "bleu_tokenized_detail": tok.detail,
+        "bleu_tokenized_signature": tok.signature, "sentences": len(hyps)})
 
 
 def detokenised_hypotheses(path: str) -> dict:
@@ -179,24 +197,14 @@ def evaluate_spm(args, spm_model: str) -> int:
     hyp_detok = os.path.join(args.checkpoint_dir, "hyp.detok.de")
     score_cmd = ["sacrebleu", raw_ref, "--input", hyp_detok]
     if args.dry_run:
-        if average:
-            recipe.show(average)
-        recipe.show(generate, gen_out)
-        recipe.show(score_cmd)
-        return 0
+        return show_plan(average, generate, gen_out, score_cmd)
     if not os.path.isfile(raw_ref):
         raise recipe.RecipeError(f"missing raw reference {raw_ref} (run data-prep/wmt14_en_de/"
                                  "prepare.py, or pass --raw-ref)")
-    from sut_fairseq.eval import average_checkpoints, bleu
-    from sut_fairseq.eval.model_info import count_parameters, measure_macs
-    from sut_fairseq.recipes import scoring, write_json_atomic, write_lines_atomic
+    from sut_fairseq.eval import bleu
+    from sut_fairseq.recipes import scoring, write_lines_atomic
 
-    if average:
-        recipe.show(average)
-        if average_checkpoints.main(average[3:]) != 0:
-            raise recipe.RecipeError("checkpoint averaging failed")
-    recipe.run(generate, gen_out)
-
+    decode(average, generate, gen_out)
     recipe.show(score_cmd)  # run in this process; refuses unless every test sentence was decoded
     try:
         examples, raw_refs = scoring.aligned(gen_out, raw_ref, check_targets=False)
@@ -208,22 +216,9 @@ def evaluate_spm(args, spm_model: str) -> int:
     write_lines_atomic(hyp_detok, hyps)
     print(f"SacreBLEU (SentencePiece-decoded vs raw reference): {sacre.score:.2f}\n"
           f"    {sacre.detail}\n    signature: {sacre.signature}")
-
-    params = count_parameters(checkpoint, args.data)
-    macs = measure_macs(checkpoint, args.data)
-    name = args.name or os.path.basename(os.path.normpath(args.checkpoint_dir))
-    row = f"| {name} | {params / 1e6:.1f}M ({params:,}) | n/a (spm) | {sacre.score:.2f} | {macs} |"
-    print("\n" + TABLE_HEADER + row)
-    print(f"SacreBLEU signature: {sacre.signature}")
-    result = {"model": name, "checkpoint": checkpoint, "params": params, "macs": macs,
-              "subword": "spm", "spm_model": os.path.abspath(spm_model),
-              "bleu_tokenized": None, "sacrebleu": sacre.score,
-              "sacrebleu_detail": sacre.detail, "sacrebleu_signature": sacre.signature,
-              "beam": args.beam, "lenpen": args.lenpen, "sentences": len(hyps)}
-    write_json_atomic(os.path.join(args.checkpoint_dir, "eval.json"), result)
-    if args.table:
-        append_row(args.table, row)
-    return 0
+    return record(args, checkpoint, "n/a (spm)", sacre, {
+        "subword": "spm", "spm_model": os.path.abspath(spm_model), "bleu_tokenized": None,
+        "sentences": len(hyps)})
 
 
 def parse_args(argv=None):
