@@ -39,7 +39,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq import utils
 
-from .sut_block import HaltedStateKV
 
 STEP_EMBEDDINGS = ("none", "timestep", "coordinate")
 
@@ -171,22 +170,6 @@ class SteppedPreNormKV:
 def stepped_kv(block, emb: StepEmbedding):
     """The key/value source of ``S_{l-1} + E_l`` for the block's LayerNorm placement."""
     return SteppedPreNormKV(block, emb) if block.normalize_before else SteppedKV(block, emb)
-
-
-class SteppedStateKV:
-    """Self-attention keys/values of ``S_{l-1} + E_l`` over one full-forward recurrence
-    (``stepped_kv`` with the changed rows of S carried: ``HaltedStateKV``).
-
-    Call once per step as ``(S (B, T, d), running (B, T) bool, step l)``; returns keys
-    and values (B, H, T, D) each.
-    """
-
-    def __init__(self, block, emb: StepEmbedding, positions: Optional[torch.Tensor]):
-        self.source = stepped_kv(block, emb)
-        self.rows, self.coords = HaltedStateKV(block), positions  # what the source reads
-
-    def __call__(self, S: torch.Tensor, running: torch.Tensor, step: int):
-        return self.source(S, running, step, None, self)
 
 
 def build_step_embedding(mode: str, embed_dim: int) -> Optional[StepEmbedding]:
