@@ -53,12 +53,6 @@ def key_padding(cache: Dict, size: int) -> torch.Tensor:
     return i.unsqueeze(0) < (size - 1 - cache["count"]).unsqueeze(1)
 
 
-def step_keys(cache: Dict, step: int, k: torch.Tensor, v: torch.Tensor):
-    """The chunk's keys/values (B, H, g, D) at ``step`` with the new token's (B, H, 1, D) last."""
-    return (torch.cat([cache["self_k"][step - 1], k], 2),
-            torch.cat([cache["self_v"][step - 1], v], 2))
-
-
 def advance(cache: Dict, new_k: List[torch.Tensor], new_v: List[torch.Tensor], S: torch.Tensor,
             real: torch.Tensor, steps: torch.Tensor, size: int, memory=None,
             prefix: Optional[Prefix] = None) -> Tuple[Dict, torch.Tensor, torch.Tensor]:
