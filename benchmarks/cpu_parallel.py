@@ -8,9 +8,10 @@ the first ``--warmup`` updates. Prints one line per setting and the ratio.
 
     python benchmarks/cpu_parallel.py [--model sut] [--updates 120] [--max-tokens 2048]
         [--data DIR]   # binarized logic data; default: generated into a temporary folder
+        [--pairs 20000]  # pairs generated without --data
 
-Without ``--data`` it generates 20,000 logic pairs (``data-prep/logic/generate.py``) and
-prepares the standard protocol (``prepare.py --binarize``), about 15 s. The training
+Without ``--data`` it generates ``--pairs`` logic pairs (``data-prep/logic/generate.py``) and
+prepares the standard protocol (``prepare.py --binarize``), about 15 s for 20,000. The training
 command is the logic recipe's ``reduced`` one for ``--model`` (``scripts/logic/train.py``:
 configs/logic/MODEL.json over common.json), with validation and checkpoints off and the
 update budget and tokens per update of this benchmark.
@@ -31,10 +32,10 @@ import logic_recipe as recipe  # noqa: E402
 UPS = re.compile(r"\bnum_updates=(\d+).*?\bups=([\d.]+)|\bups=([\d.]+).*?\bnum_updates=(\d+)")
 
 
-def make_data(work: str) -> str:
+def make_data(work: str, pairs: int) -> str:
     original, out = os.path.join(work, "original"), os.path.join(work, "standard")
     for command in ([sys.executable, os.path.join(ROOT, "data-prep", "logic", "generate.py"),
-                     "--out", original, "--pairs", "20000", "--seed", "1", "--no-progress"],
+                     "--out", original, "--pairs", str(pairs), "--seed", "1", "--no-progress"],
                     [sys.executable, os.path.join(ROOT, "data-prep", "logic", "prepare.py"),
                      "--data", original, "--out", out, "--protocol", "standard", "--binarize"]):
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -86,9 +87,10 @@ def main():
     parser.add_argument("--warmup", type=int, default=20, help="updates left out of the average")
     parser.add_argument("--max-tokens", type=int, default=2048, help="tokens per update in all")
     parser.add_argument("--data", default=None, help="binarized logic data (default: generated)")
+    parser.add_argument("--pairs", type=int, default=20000, help="logic pairs generated without --data")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as work:
-        data = args.data or make_data(work)
+        data = args.data or make_data(work, args.pairs)
         one = train_args(data, args.model, args.max_tokens, args.updates, os.path.join(work, "a"))
         ups_threads = ups_after(run([one], threads=2), args.warmup)
         with socket.socket() as s:

@@ -157,7 +157,7 @@ def test_generate_throughput_compiled_rows():
 
 def test_cpu_parallel_runs_the_recipe_both_ways_and_prints_the_ratio():
     out = run("cpu_parallel.py", "--model", "ut-halting", "--updates", "20", "--warmup", "5",
-              "--max-tokens", "256")
+              "--max-tokens", "256", "--pairs", "2000")
     assert "--arch sut_logic --att-experts 1" in out and "--encoder-normalize-before" in out, out
     assert out.count("--distributed-rank") == 2, out
     assert re.search(r"^one process, 2 threads: +\d+\.\d{3} updates/s$", out, re.M), out

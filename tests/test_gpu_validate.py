@@ -2,8 +2,12 @@
 ``--smoke`` into a temporary OUT, plus the failures it must report (usage errors, a step
 that fails, an install that cannot work) and the time plan of the GPU stages.
 
-The smoke runs are subprocesses with one thread; every stage's smoke is part of the
-default run, so the script cannot rot."""
+The smoke runs are subprocesses with one thread. The default run has the smokes of the
+``tests``, ``bench`` and ``logic-sut`` stages; the ``logic-baselines`` smoke (the same
+stage code with other models) and the ``cpvr`` smoke (minutes of process start-ups) are
+``slow``: the ``cpvr`` stage's plan runs by default against a stand-in Python that writes
+what the recipe would (``test_cpvr_stage_*``), and the recipe itself has its own smoke in
+test_cpvr_recipe.py."""
 import importlib.util
 import json
 import os
@@ -300,6 +304,7 @@ def test_smoke_logic_sut_stage(tmp_path):
     assert "--stop-time-hours 0.05" in summary and "--max-update 3" in summary
 
 
+@pytest.mark.slow  # the same stage code as logic-sut's smoke (gpu_logic.py) with other models
 def test_smoke_logic_baselines_stage(tmp_path):
     out = tmp_path / "out"
     proc = run_stage("logic-baselines", out, "--smoke", timeout=600)
@@ -314,6 +319,116 @@ def test_cpvr_time_plan_leaves_training_time_on_a_fresh_node():
     assert v.cpvr_train_cap(after_data) >= v.CPVR_MIN_TRAIN_S
     assert v.cpvr_train_cap(after_data) == (after_data - v.CPVR_TRAIN_OVERHEAD_S
                                             - v.CPVR_EVALUATE_ESTIMATE_S - v.CPVR_REPORT_ESTIMATE_S)
+
+
+#: A stand-in for the stage's Python: writes what data-prep/cpvr/generate.py, hops.py
+#: (train / evaluate, one model) and summarize.py would, and records every call.
+FAKE_CPVR_PYTHON = r"""#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["FAKE_CALLS"], "a") as f:
+    f.write(json.dumps(args) + "\n")
+def value(name):
+    return args[args.index(name) + 1]
+script = os.path.basename(args[0])
+if script == "generate.py":
+    if os.environ.get("FAKE_DATA_FAILS"):
+        sys.exit("generate.py: failed")
+    out = value("--out")
+    os.makedirs(os.path.join(out, "bin"), exist_ok=True)
+    for name in ("stats.json", "baselines.json", os.path.join("bin", "dict.src.txt")):
+        open(os.path.join(out, name), "w").write("{{}}")
+elif script == "hops.py":
+    run = os.path.join(value("--work-dir"), value("--models"), "seed1")
+    os.makedirs(run, exist_ok=True)
+    updates = int(value("--max-update")) if "--max-update" in args else 0
+    if value("--stage") == "train":
+        open(os.path.join(run, "train.log"), "w").write("| ups 2.5 | train_wall 7 |\n")
+        json.dump({{"updates": updates, "params": 1234}}, open(os.path.join(run, "train.json"), "w"))
+    else:
+        train = json.load(open(os.path.join(run, "train.json")))
+        json.dump(dict(train, accuracy={{"1": 0.5, "9": 0.25}}, encoder_depth={{"1": 1.0, "9": 2.0}}),
+                  open(os.path.join(run, "result.json"), "w"))
+elif script == "summarize.py":
+    work = args[1]
+    open(os.path.join(work, "hops.md"), "w").write("| hops |\n")
+    json.dump({{"models": ["ut"]}}, open(os.path.join(work, "hops.json"), "w"))
+    for name in ("accuracy.png", "depth.png"):
+        open(os.path.join(work, name), "wb").write(b"\x89PNG")
+else:
+    sys.exit("unexpected call: " + " ".join(args))
+"""
+
+
+def run_cpvr_stage(tmp_path, monkeypatch, smoke=True, **env):
+    """gpu_cpvr.stage_cpvr in this process with the stand-in Python; (stage, calls)."""
+    monkeypatch.syspath_prepend(os.path.dirname(SCRIPT))
+    for name in CLEARED:
+        monkeypatch.delenv(name, raising=False)
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    python = tmp_path / "python"
+    python.write_text(FAKE_CPVR_PYTHON.format(python=sys.executable))
+    python.chmod(0o755)
+    calls = tmp_path / "calls.jsonl"
+    calls.write_text("")
+    monkeypatch.setenv("FAKE_CALLS", str(calls))
+    monkeypatch.setenv("SUT_GPU_WORK", str(tmp_path / "work"))
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    from gpu_cpvr import stage_cpvr
+    from gpu_stage import Stage
+    stage = Stage("cpvr", str(tmp_path / "out"), smoke)
+    os.makedirs(stage.out, exist_ok=True)
+    stage_cpvr(stage, str(python))
+    return stage, [json.loads(line) for line in calls.read_text().splitlines()]
+
+
+def test_cpvr_stage_plans_side_by_side_runs_and_continues_them_in_a_second_call(tmp_path, monkeypatch):
+    stage, calls = run_cpvr_stage(tmp_path, monkeypatch)
+    steps = {s["name"]: s for s in stage.steps}
+    assert list(steps) == ["cpvr data: generate", "cpvr: train", "cpvr: evaluate", "cpvr: report"]
+    assert {s["status"] for s in stage.steps} == {"PASSED"}, stage.steps
+    # the three models side by side: one process per model, each with the same arguments
+    trains = [c for c in calls if c[0].endswith("hops.py") and "train" in c]
+    assert sorted(c[-1] for c in trains) == ["hyper-ut", "sut", "ut"]
+    assert all(c[:-2] == trains[0][:-2] for c in trains)
+    train = trains[0]
+    assert train[train.index("--max-update") + 1] == "3" and train[train.index("--hops") + 1] == "1,9"
+    assert "--cpu" in train and train[train.index("--config") + 1] == "gpu"
+    assert steps["cpvr: train"]["argv"][:2] == ["bash", "-c"] and steps["cpvr: train"]["argv"][-4:] == [
+        "--", "ut", "sut", "hyper-ut"]
+    runs = stage.results["runs"]
+    assert list(runs) == ["ut", "sut", "hyper-ut"]
+    assert all(r["status"] == "evaluated" and r["updates"] == 3 and r["params"] == 1234
+               and r["accuracy"] == {"1": 0.5, "9": 0.25} and r["updates_per_s"] == 2.5 for r in runs.values())
+    assert stage.results["hops"] == {"models": ["ut"]}
+    assert stage.budget["call"] == 1 and stage.budget["max_update"] == 3
+    assert {"accuracy.png", "depth.png", "hops.md", "summary.md", "results.json"} <= set(os.listdir(stage.out))
+    assert "######## sut / C-PVR:" in open(stage.extra_logs["fairseq-train.log"]).read()
+    # a second call on the same machine: the data reused, the runs trained on (3 more updates)
+    stage, calls = run_cpvr_stage(tmp_path, monkeypatch)
+    assert [s["name"] for s in stage.steps] == ["cpvr: train", "cpvr: evaluate", "cpvr: report"]
+    assert not [c for c in calls if c[0].endswith("generate.py")]
+    assert stage.budget["call"] == 2 and stage.budget["max_update"] == 6
+    assert stage.budget["granted_train_s"] > stage.budget["train_cap_s"]
+    assert all(r["updates"] == 6 for r in stage.results["runs"].values())
+
+
+def test_cpvr_stage_skips_what_cannot_run(tmp_path, monkeypatch):
+    # no data: nothing is trained, evaluated or reported, and the summary says why
+    stage, calls = run_cpvr_stage(tmp_path / "a", monkeypatch, FAKE_DATA_FAILS="1")
+    status = {s["name"]: (s["status"], s["reason"]) for s in stage.steps}
+    assert status["cpvr data: generate"][0] == "FAILED"
+    assert status["cpvr: train"] == ("SKIPPED", "no data")
+    assert status["cpvr: evaluate"] == ("SKIPPED", "no model was trained")
+    assert status["cpvr: report"] == ("SKIPPED", "no model was evaluated")
+    assert {r["status"] for r in stage.results["runs"].values()} == {"not trained"}
+    # on the GPU (no --smoke) with too little time left to train: training is not started
+    stage, calls = run_cpvr_stage(tmp_path / "b", monkeypatch, smoke=False, SUT_GPU_DEADLINE_S="200",
+                                  FAKE_DATA_FAILS="")
+    status = {s["name"]: (s["status"], s["reason"]) for s in stage.steps}
+    assert status["cpvr: train"][0] == "SKIPPED" and "less than 120 s" in status["cpvr: train"][1]
+    assert not [c for c in calls if c[0].endswith("hops.py")]
 
 
 def check_cpvr(proc, out, updates, generated=True):
@@ -340,6 +455,8 @@ def check_cpvr(proc, out, updates, generated=True):
     return summary, results
 
 
+@pytest.mark.slow  # ~2 CPU-minutes of process start-ups; the recipe's own smoke is in test_cpvr_recipe.py,
+# the stage's plan in test_cpvr_stage_plans_side_by_side_runs_and_skips_what_cannot_run
 def test_smoke_cpvr_stage(tmp_path):
     out = tmp_path / "out"
     proc = run_stage("cpvr", out, "--smoke", timeout=600)

@@ -86,22 +86,25 @@ def test_report_sets_models_beside_the_majority_and_the_paper(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def smoke_ut_gut(tmp_path_factory):
-    return smoke(tmp_path_factory.mktemp("listops"), GENERATE, TABLE1, ["ut", "gut"],
+def smoke_gut(tmp_path_factory):
+    """GUT (the depth-wise models' recipe path; UT differs by its configuration only, which
+    the dry runs check)."""
+    return smoke(tmp_path_factory.mktemp("listops"), GENERATE, TABLE1, ["gut"],
                  ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,
                   "--splits", "test-args10"])
 
 
-def test_smoke_ut_and_gut_train_then_resume_at_evaluation(smoke_ut_gut):
-    runs = check_smoke(smoke_ut_gut, ["ut", "gut"], {"test-iid": 8, "test-args10": 4})
+def test_smoke_gut_trains_then_resumes_at_evaluation(smoke_gut):
+    runs = check_smoke(smoke_gut, ["gut"], {"test-iid": 8, "test-args10": 4})
     for result in runs.values():
         assert result["max_steps"] == 3 and 1 <= result["splits"]["test-iid"]["mean_encoder_steps"] <= 3
-    assert "| GUT |" in (smoke_ut_gut["work"] / "table1.md").read_text()
+    assert "| GUT |" in (smoke_gut["work"] / "table1.md").read_text()
 
 
-def test_smoke_tlb_and_gutlb(tmp_path):
-    result = smoke(tmp_path, GENERATE, TABLE1, ["tlb", "gutlb"],
+def test_smoke_gutlb(tmp_path):
+    """GUTLB (the chunk-wise models' path; TLB differs by its configuration)."""
+    result = smoke(tmp_path, GENERATE, TABLE1, ["gutlb"],
                    ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,
                     "--splits", "test-len200-300"])
-    check_smoke(result, ["tlb", "gutlb"], {"test-iid": 8, "test-len200-300": 4})
+    check_smoke(result, ["gutlb"], {"test-iid": 8, "test-len200-300": 4})
     assert "| GUTLB |" in (result["work"] / "table1.md").read_text()
