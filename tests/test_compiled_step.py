@@ -15,6 +15,8 @@
 import copy
 import importlib
 import logging
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -248,6 +250,28 @@ def test_option_builds_compiled_steps_and_compiles_lazily():
         assert isinstance(side.compiled_step, CompiledStep)
         assert side.compiled_step.compiled is None  # nothing compiled before the first forward
     assert make_model().encoder.compiled_step is None
+
+
+def test_an_error_of_the_model_is_not_taken_for_a_compiler_failure(monkeypatch):
+    """Only torch.compile's own errors switch a side to the eager step; any other error
+    in the compiled path reaches the caller."""
+    def wrong(*args, **kwargs):
+        raise ValueError("a shape is wrong")
+
+    monkeypatch.setattr(compiled_step, "run_compiled", wrong)
+    _, compiled = _models({})
+    src, lengths, prev = _batch()
+    with pytest.raises(ValueError, match="a shape is wrong"), torch.no_grad():
+        compiled(src, lengths, prev)
+    assert not compiled.encoder.compiled_step.failed
+
+
+def test_importing_the_plugin_leaves_the_compiler_unloaded():
+    """torch._dynamo costs about a second at every process start (fairseq-train, every
+    recipe script): the plugin imports it only when a step is compiled."""
+    code = "import sys, sut_fairseq; print('torch._dynamo' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
 
 
 def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):

@@ -12,7 +12,6 @@ import logging
 from typing import Dict, List, Optional
 
 import torch
-import torch._dynamo
 import torch.nn as nn
 from fairseq import utils
 from fairseq.models import (
@@ -303,8 +302,9 @@ def run_recurrence(side: nn.Module, x: torch.Tensor, ctx: StepContext, rule=None
                 step, x, ctx.real, side.halting, side.num_steps, ctx.self_padding_mask,
                 te_table=step_embedding_table(side, x), coords=ctx.coords, cross_k=ctx.cross_k,
                 cross_v=ctx.cross_v, cross_padding_mask=ctx.cross_padding_mask)
-        except (torch._dynamo.exc.BackendCompilerFailed, torch._dynamo.exc.Unsupported,
-                torch._dynamo.exc.InternalTorchDynamoError) as error:
+        except Exception as error:  # noqa: BLE001  (the compiler's own errors only, below)
+            if not compiled_step.is_compiler_error(error):
+                raise
             step.disable(error)
     return universal_recurrence(side.step.bind(ctx), x, ctx.real, rule or side.halting,
                                 side.num_steps, **eager_options)

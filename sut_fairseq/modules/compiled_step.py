@@ -59,6 +59,15 @@ def compiler_missing(device: torch.device) -> Optional[str]:
     return None
 
 
+def is_compiler_error(error: BaseException) -> bool:
+    """Whether ``error`` is torch.compile's own failure (the backend's, an unsupported
+    construct, dynamo's internal error), after which the eager step takes over. torch._dynamo
+    is imported here, not with the package: it adds about a second to every process start."""
+    import torch._dynamo.exc as exc
+
+    return isinstance(error, (exc.BackendCompilerFailed, exc.Unsupported, exc.InternalTorchDynamoError))
+
+
 def compile_backend() -> str:
     """``torch.compile``'s backend: ``SUT_COMPILE_BACKEND`` (default ``inductor``; e.g.
     ``aot_eager`` traces and differentiates the same graph without generating code, which
