@@ -47,9 +47,16 @@ with its encoder's forward through ``torch.compile`` (its incremental decoder ea
 Rows ``compiled ARCH ... (warm-up, compiling: S s)``, ``ARCH compiled / eager
 sentences/s: R`` and ``compiled: sut_base / transformer_wmt_en_de sentences/s: R``.
 
+``--compile-decoder``: then every model once more as with ``--compile``, and its
+incremental decoder's whole forward through ``torch.compile`` as well (dynamic shapes,
+graph breaks allowed: fairseq's incremental state and, in the SUT/UT, the recurrence's one
+host read per step split it into several graphs). An experiment, not an option of the
+plugin: it measures whether compiling the decoder step would pay. Rows ``compiled decoder
+ARCH ...`` and ``ARCH compiled decoder / eager sentences/s: R``.
+
     python benchmarks/generate_throughput.py [--sentences 3003] [--beam 4] [--max-tokens 12000]
         [--batch-size N] [--arch sut_base transformer_wmt_en_de ut_base] [--seed 0]
-        [--device cuda --bf16] [--compile]
+        [--device cuda --bf16] [--compile] [--compile-decoder]
 """
 import argparse
 import logging
@@ -101,16 +108,19 @@ def max_len(sample, a: float, b: int) -> int:
     return int(a * sample["net_input"]["src_tokens"].size(1) + b)
 
 
-def build(arch: str, vocab: int, compiled: bool = False, device=torch.device("cpu"),
+def build(arch: str, vocab: int, compiled: str = "", device=torch.device("cpu"),
           dtype=torch.float32):
-    """``arch`` in eval mode on ``device`` (seeded); ``compiled``: the plugin's models with
-    ``--compile-step``, fairseq's transformer with its encoder's forward compiled."""
+    """``arch`` in eval mode on ``device`` (seeded). ``compiled`` "" (eager), "compiled" (the
+    plugin's models with ``--compile-step``, fairseq's transformer with its encoder's
+    forward compiled) or "compiled decoder" (that, and the decoder's forward compiled)."""
     torch.manual_seed(0)
     extra = {"compile_step": True} if compiled and is_recurrent(arch) else {}
     model = build_model(arch, dict_size=vocab, share_all_embeddings=True, **extra)
     model.eval().to(device=device, dtype=dtype)
     if compiled and not is_recurrent(arch):  # the generator calls encoder.forward_torchscript
         model.encoder.forward = torch.compile(model.encoder.forward, backend=compile_backend())
+    if compiled == "compiled decoder":
+        model.decoder.forward = torch.compile(model.decoder.forward, dynamic=True, backend=compile_backend())
     return model
 
 
@@ -137,7 +147,7 @@ def warm_up(model, generator, batches, device) -> float:
     return time.perf_counter() - start + decode(generator, model, batches[0], device)[0]
 
 
-def time_models(archs, d, batches, args, device, dtype, compiled: bool = False) -> dict:
+def time_models(archs, d, batches, args, device, dtype, compiled: str = "") -> dict:
     """Build and warm up every arch, then decode the batches with the models taking turns
     (the first batch by every model, then the second, ...), so that a slow phase of a shared
     machine hits all of them alike. Per arch a dict of its figures; ``peak``: the largest
@@ -209,6 +219,9 @@ def main():
     parser.add_argument("--compile", action="store_true",
                         help="then every model compiled: the SUT/UT with --compile-step, the "
                              "transformer's encoder through torch.compile")
+    parser.add_argument("--compile-decoder", action="store_true",
+                        help="then every model compiled as with --compile and its incremental "
+                             "decoder's forward through torch.compile (an experiment)")
     args = parser.parse_args()
     if args.max_tokens is None and args.batch_size is None:
         args.max_tokens = 12000
@@ -227,9 +240,11 @@ def main():
     batches = [to_device(b, device) for b in batches]
     print("randomly initialised models: every sentence should run to its maximum length "
           "(no </s> before it), the same work per sentence for every model", flush=True)
-    passes = [("", False)] + ([("compiled ", True)] if args.compile else [])
+    passes = ([""] + (["compiled"] if args.compile else [])
+              + (["compiled decoder"] if args.compile_decoder else []))
     figures = {}
-    for prefix, compiled in passes:
+    for compiled in passes:
+        prefix = compiled + " " if compiled else ""
         figures[prefix] = time_models(args.arch, d, batches, args, device, dtype, compiled)
         for arch, r in figures[prefix].items():
             warm = f" (warm-up, compiling: {r['warm_s']:.1f} s)" if compiled else ""
@@ -238,11 +253,11 @@ def main():
                     f"({r['tokens']} generated tokens of {r['expected']})" if r["short"] else
                     f"every sentence ran to its maximum length ({r['tokens']} generated tokens)")
             print(f"{prefix}{arch}: {held} {r['steps']}".rstrip())
-        print_ratios(figures[prefix], "compiled: " if compiled else "")
-    if args.compile:
+        print_ratios(figures[prefix], f"{compiled}: " if compiled else "")
+    for compiled in passes[1:]:
         for arch in args.arch:
-            print(f"{arch} compiled / eager sentences/s: "
-                  f"{figures['compiled '][arch]['sentences_s'] / figures[''][arch]['sentences_s']:.2f}")
+            print(f"{arch} {compiled} / eager sentences/s: "
+                  f"{figures[compiled + ' '][arch]['sentences_s'] / figures[''][arch]['sentences_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -4,6 +4,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -152,6 +154,27 @@ def test_generate_throughput_compiled_rows():
                          r"\d+\.\d\d ms/decoder step \(warm-up, compiling: \d+\.\d s\)$", out, re.M), out
         assert re.search(rf"^compiled {arch}: every sentence ran to its maximum length", out, re.M), out
         m = re.search(rf"^{arch} compiled / eager sentences/s: (\d+\.\d\d)$", out, re.M)
+        assert m and float(m.group(1)) > 0, out
+
+
+@pytest.mark.slow  # compiling the incremental decoders, even with aot_eager: about 100 s
+def test_generate_throughput_compiled_decoder_rows():
+    """--compile-decoder: a pass with every model's decoder forward compiled as well, its
+    rows and its ratio to the eager pass."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", SUT_COMPILE_BACKEND="aot_eager")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "generate_throughput.py"),
+                           "--sentences", "3", "--batch-size", "2", "--beam", "2", "--max-len-a", "0.1",
+                           "--max-len-b", "2", "--arch", "sut_tiny", "transformer_wmt_en_de",
+                           "--compile-decoder"],
+                          capture_output=True, text=True, env=env, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert not re.search(r"^compiled (sut_tiny|transformer)", out, re.M), out   # no --compile pass
+    for arch in ("sut_tiny", "transformer_wmt_en_de"):
+        assert re.search(rf"^compiled decoder {arch}\s+\d+\.\d\d sentences/s\s+\d+\.\d generated tokens/s\s+"
+                         r"\d+\.\d\d ms/decoder step \(warm-up, compiling: \d+\.\d s\)$", out, re.M), out
+        assert re.search(rf"^compiled decoder {arch}: every sentence ran to its maximum length", out, re.M), out
+        m = re.search(rf"^{arch} compiled decoder / eager sentences/s: (\d+\.\d\d)$", out, re.M)
         assert m and float(m.group(1)) > 0, out
 
 
