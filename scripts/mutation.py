@@ -17,7 +17,9 @@ test files changed since its last run (a new or sharper test), mutmut's map of w
 tests run which function is collected again and the surviving mutants are tried again.
 ``--report`` tests nothing and prints the table of what is there.
 
-The score counts a mutant as killed when a test failed (or timed out) on it. Mutants
+The score counts a mutant as killed when a test failed (or timed out) on it; timed-out
+mutants are tried once more at the end of every module's run (a loaded machine times
+tests out), so a timeout counted as killed happened twice. Mutants
 listed as equivalent in docs/testing.md (a backquoted mutant name in a row of its
 "Equivalent mutants" table) leave N; every other survivor is printed. The run ends with::
 
@@ -160,12 +162,13 @@ def tests_fingerprint(workdir: str, tests: Tuple[str, ...]) -> str:
 
 def run_module(workdir: str, tests: Tuple[str, ...], max_children: int) -> bool:
     """``mutmut run`` in a synced work directory; with test files changed since the last
-    run, first drop mutmut's tests-per-function map, then retry the survivors. Returns
-    whether mutmut succeeded."""
+    run, first drop mutmut's tests-per-function map, then retry the survivors; then the
+    timed-out mutants once more. Returns whether mutmut succeeded."""
     stamp = os.path.join(workdir, "mutants", "tests.sha256")
     fingerprint = tests_fingerprint(workdir, tests)
-    # no stamp: a fresh work directory (nothing to redo) or results of an unknown test state
-    changed = not os.path.exists(stamp) or open(stamp).read() != fingerprint
+    # no results yet: a fresh work directory, nothing to redo; results without a stamp:
+    # an unknown test state, redone
+    changed = bool(results(workdir)) and (not os.path.exists(stamp) or open(stamp).read() != fingerprint)
     if changed:
         stats = os.path.join(workdir, "mutants", "mutmut-stats.json")
         if os.path.exists(stats):
@@ -175,6 +178,13 @@ def run_module(workdir: str, tests: Tuple[str, ...], max_children: int) -> bool:
     if ok and changed and survivors:
         print(f"   the tests changed: trying the {len(survivors)} survivors again", flush=True)
         ok = mutmut(workdir, "run", "--max-children", str(max_children), *survivors,
+                    check=False).returncode == 0
+    # a loaded machine (another job taking the core) times tests out: every run tries the
+    # timed-out mutants once more, so a timeout that counts as killed happened twice
+    timeouts = [n for n, s in results(workdir).items() if s == "timeout"]
+    if ok and timeouts:
+        print(f"   trying the {len(timeouts)} timed-out mutants again", flush=True)
+        ok = mutmut(workdir, "run", "--max-children", str(max_children), *timeouts,
                     check=False).returncode == 0
     if ok:
         with open(stamp, "w") as f:
