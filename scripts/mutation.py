@@ -52,7 +52,6 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/accounting.py": ("test_accounting.py", "test_halting_rules.py", "test_chunked.py"),
     "sut_fairseq/modules/chunk_cache.py": ("test_chunked.py",),
     "sut_fairseq/modules/chunked_recurrence.py": ("test_chunked.py",),
-    "sut_fairseq/modules/compiled_step.py": ("test_compiled_step.py",),
     "sut_fairseq/modules/dropout.py": ("test_dropout.py",),
     "sut_fairseq/modules/exits.py": ("test_exits.py",),
     "sut_fairseq/modules/expert_init.py": ("test_experts.py",),
@@ -82,6 +81,8 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/data/flipflop.py": ("test_flipflop_data.py",),
     "sut_fairseq/data/listops.py": ("test_listops_data.py",),
     "sut_fairseq/data/logic_inference.py": ("test_logic_data.py",),
+    # last: its tests compile (tens of seconds per mutant)
+    "sut_fairseq/modules/compiled_step.py": ("test_compiled_step.py",),
 }
 # test files never used for a module found by name: training runs, GPU, whole recipes
 HEAVY = re.compile(r"test_(end_to_end|distributed|gpu\w*|\w+_recipe|benchmarks_smoke|exit_sweep|"
