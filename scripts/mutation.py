@@ -50,7 +50,7 @@ TARGET_DIRS = ("sut_fairseq/modules", "sut_fairseq/ops", "sut_fairseq/criterions
 # module -> its own test files (the core's modules and the data generators' samplers)
 TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/accounting.py": ("test_accounting.py", "test_halting_rules.py", "test_chunked.py"),
-    "sut_fairseq/modules/chunk_cache.py": ("test_chunked.py",),
+    "sut_fairseq/modules/chunk_cache.py": ("test_chunk_cache.py", "test_chunked.py"),
     "sut_fairseq/modules/chunked_recurrence.py": ("test_chunked.py",),
     "sut_fairseq/modules/dropout.py": ("test_dropout.py",),
     "sut_fairseq/modules/exits.py": ("test_exits.py",),
