@@ -15,7 +15,8 @@ Resumable: mutmut keeps every mutant's result in the work directory; running aga
 only the mutants without a result (or whose function changed since). When the module's
 test files changed since its last run (a new or sharper test), mutmut's map of which
 tests run which function is collected again and the surviving mutants are tried again.
-``--report`` tests nothing and prints the table of what is there.
+``--report`` tests nothing and prints the table of what is there (mutants an interrupted
+run has not tried yet are counted apart, outside the score).
 
 The score counts a mutant as killed when a test failed (or timed out) on it; timed-out
 mutants are tried once more at the end of every module's run (a loaded machine times
@@ -88,6 +89,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
 HEAVY = re.compile(r"test_(end_to_end|distributed|gpu\w*|\w+_recipe|benchmarks_smoke|exit_sweep|"
                    r"reliability_resume|cfq_pipeline|package_layers|repository|readme\w*|kernels_\w+)\.py$")
 DETECTED = ("killed", "timeout", "segfault")
+PENDING = "not checked"   # mutmut's status of a mutant not tried yet (an interrupted run)
 
 
 def discover() -> Dict[str, Tuple[str, ...]]:
@@ -263,25 +265,30 @@ def main(argv=None) -> int:
             if not run_module(workdir, tests, args.max_children):
                 failed.append(module)
         status = results(workdir)
+        pending = sum(s == PENDING for s in status.values())
+        status = {n: s for n, s in status.items() if s != PENDING}
         equiv = [n for n in status if n in equivalent and status[n] not in DETECTED]
         counted = {n: s for n, s in status.items() if n not in equiv}
         killed = sum(s in DETECTED for s in counted.values())
         survivors = sorted(n for n, s in counted.items() if s not in DETECTED)
-        rows.append((module, len(counted), killed, len(equiv), survivors, counted))
+        rows.append((module, len(counted), killed, len(equiv), survivors, counted, pending))
 
     total = sum(r[1] for r in rows)
     killed = sum(r[2] for r in rows)
-    print("\n| module | mutants | killed | score | equivalent | survivors |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for module, n, k, e, survivors, _ in rows:
+    pending = sum(r[6] for r in rows)
+    print("\n| module | mutants | killed | score | equivalent | survivors | not tried yet |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
+    for module, n, k, e, survivors, _, p in rows:
         score = f"{100.0 * k / n:.1f} %" if n else "not run"
-        print(f"| {module} | {n} | {k} | {score} | {e} | {len(survivors)} |")
-    for module, _, _, _, survivors, counted in rows:
+        print(f"| {module} | {n} | {k} | {score} | {e} | {len(survivors)} | {p} |")
+    for module, _, _, _, survivors, counted, _ in rows:
         for name in survivors:
             print(f"survivor: {name} ({counted[name]}); mutmut show {name}  (in its work directory)")
     not_run = [r[0] for r in rows if r[1] == 0]
     if not_run:
         print(f"not run (no results yet): {', '.join(not_run)}")
+    if pending:
+        print(f"not tried yet (left out of the score): {pending} mutants")
     percent = 100.0 * killed / total if total else 0.0
     print(f"mutation score: {killed} killed of {total} ({percent:.1f}%)")
     if failed:

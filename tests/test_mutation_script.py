@@ -80,3 +80,19 @@ def test_the_equivalent_table_is_read_from_the_testing_page(mutation, monkeypatc
     assert mutation.equivalent_mutants() == {"a.b.x_f__mutmut_3": "never equal here",
                                             "a.b.x_g__mutmut_1": "exact either way",
                                             "a.b.x_g__mutmut_2": "exact either way"}
+
+
+def test_the_report_leaves_untried_mutants_and_equivalents_out_of_the_score(mutation, monkeypatch, capsys):
+    monkeypatch.setattr(mutation, "discover", lambda: {"pkg/a.py": ("test_a.py",), "pkg/b.py": ("test_b.py",)})
+    monkeypatch.setattr(mutation, "equivalent_mutants", lambda: {"a__mutmut_4": "same values"})
+    status = {"a": {"a__mutmut_1": "killed", "a__mutmut_2": "timeout", "a__mutmut_3": "survived",
+                    "a__mutmut_4": "survived", "a__mutmut_5": "not checked"},
+              "b": {"b__mutmut_1": "not checked"}}
+    monkeypatch.setattr(mutation, "results", lambda workdir: status[workdir[-1]])
+    assert mutation.main(["--report", "--workdir", "/w"]) == 0
+    out = capsys.readouterr().out
+    assert "| pkg/a.py | 3 | 2 | 66.7 % | 1 | 1 | 1 |" in out
+    assert "| pkg/b.py | 0 | 0 | not run | 0 | 0 | 1 |" in out
+    assert "survivor: a__mutmut_3 (survived)" in out and "a__mutmut_4 (" not in out
+    assert "not tried yet (left out of the score): 2 mutants" in out
+    assert out.strip().splitlines()[-1] == "mutation score: 2 killed of 3 (66.7%)"
