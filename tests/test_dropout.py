@@ -113,3 +113,43 @@ def test_compiled_code_uses_torch_dropout(monkeypatch):
     kept = (y != 0).float().mean().item()
     assert abs(kept - 0.7) < 5 * (0.21 / 100_000) ** 0.5
     assert torch.allclose(y[y != 0], torch.tensor(1 / 0.7))
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_half_precision_rounds_once_the_product_with_the_exact_scale(dtype):
+    """In fp16/bf16 every kept value is x · 2^16 / (2^16 - round(p · 2^16)) computed in float64
+    and rounded once to x's dtype, and so is the gradient (upstream times the scale): the scale
+    is not first rounded to x's dtype (for p = 0.1 the bf16 scale 1.109375 is 0.16 % off
+    1.11112, which changes the rounded product of about a third of these random x)."""
+    torch.manual_seed(0)
+    x = torch.randn(4096).to(dtype).requires_grad_()
+    upstream = torch.randn(4096).to(dtype)
+    y = dropout(x, 0.1, True)
+    y.backward(upstream)
+    kept = y.detach() != 0
+    scale = 65536 / (65536 - round(0.1 * 65536))
+    expected = (x.detach().double() * scale).to(dtype)
+    expected_grad = (upstream.double() * scale).to(dtype)
+    assert y.dtype == dtype and x.grad.dtype == dtype
+    assert 0.85 < kept.float().mean().item() < 0.95
+    assert torch.equal(y.detach()[kept], expected[kept])
+    assert torch.equal(x.grad[kept], expected_grad[kept])
+    assert torch.count_nonzero(x.grad[~kept]) == 0
+    # the test can tell: the product with the rounded scale differs for many of these x
+    rounded_scale = (x.detach() * torch.tensor(scale, dtype=dtype))[kept]
+    assert (rounded_scale != expected[kept]).float().mean().item() > 0.1
+
+
+def test_float32_kept_values_are_x_times_the_float32_scale():
+    """In fp32 a kept value is x times the scale rounded to fp32 (the product rounded once to
+    fp32: the scaled mask autograd keeps holds fp32 values), the gradient likewise."""
+    torch.manual_seed(0)
+    x = torch.randn(4096, requires_grad=True)
+    upstream = torch.randn(4096)
+    y = dropout(x, 0.1, True)
+    y.backward(upstream)
+    kept = y.detach() != 0
+    scale32 = torch.tensor(65536 / (65536 - round(0.1 * 65536)), dtype=torch.float32).double()
+    torch.testing.assert_close(y.detach()[kept], (x.detach().double() * scale32).float()[kept], rtol=0, atol=0)
+    torch.testing.assert_close(x.grad[kept], (upstream.double() * scale32).float()[kept], rtol=0, atol=0)
+    assert torch.count_nonzero(x.grad[~kept]) == 0

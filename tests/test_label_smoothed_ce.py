@@ -143,3 +143,25 @@ def test_bfloat16_logits_match_a_float64_reference_at_float32_accuracy():
     rounded = exact.grad.bfloat16()
     differ = (half.grad != rounded).float().mean().item()
     assert half.grad.dtype == torch.bfloat16 and differ < 0.01, differ
+
+
+def test_row_sums_of_shifted_bfloat16_logits_are_held_in_float32():
+    """The smoothing term V · lse − Σ_j z_j does not change when every logit of a row moves
+    by the same amount, but its two parts do: with bf16 logits near 100 and V = 300 each row
+    sum Σ_j z_j is near 3·10^4, where bf16's spacing is 128 and fp32's 0.002. The row sums
+    are held in fp32: the loss equals the float64 loss of the same bf16 values to 1e-5
+    relative (a bf16 row sum is off by up to 64 per row, some 1e-4 of the loss), and with
+    ε = 1 − 1/V (no weight on the target, loss = Σ_rows smooth / V) to 1e-5 as well."""
+    logits, target = case(n=64, v=300, dtype=torch.float32, seed=4)
+    half = (logits + 100).bfloat16()
+    exact = half.double()
+    for eps in (0.1, 1 - 1 / 300):
+        loss, nll = label_smoothed_cross_entropy(half, target, eps, PAD)
+        loss_ref, nll_ref = reference(exact, target, eps)
+        assert loss.dtype == torch.float32
+        torch.testing.assert_close(loss.double(), loss_ref, rtol=1e-5, atol=0)
+        torch.testing.assert_close(nll.double(), nll_ref, rtol=1e-5, atol=0)
+    # the smoothing term written out in float64: Σ_rows (V · lse − Σ_j z_j) over kept rows
+    keep = target != PAD
+    smooth = (300 * torch.logsumexp(exact, 1) - exact.sum(1))[keep].sum()
+    torch.testing.assert_close(loss.double(), smooth / 300, rtol=1e-5, atol=0)
