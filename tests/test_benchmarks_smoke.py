@@ -139,43 +139,43 @@ def test_generate_throughput_decodes_every_sentence_to_its_maximum_length():
     assert "steps executed" not in out.splitlines()[-1]   # no unlabelled summary at exit
 
 
-def test_generate_throughput_compiled_rows():
-    """--compile: the plugin's model with --compile-step and the transformer's encoder
-    compiled (aot_eager here: the same graphs, no code generation), each after its warm-up."""
+def compiled_generate_throughput(option, timeout):
+    """generate_throughput.py with ``option`` (--compile or --compile-decoder) on sut_tiny and
+    the transformer at tiny sizes (aot_eager: the same graphs, no code generation); stdout."""
     env = dict(os.environ, OMP_NUM_THREADS="1", SUT_COMPILE_BACKEND="aot_eager")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "generate_throughput.py"),
                            "--sentences", "3", "--batch-size", "2", "--beam", "2", "--max-len-a", "0.1",
-                           "--max-len-b", "2", "--arch", "sut_tiny", "transformer_wmt_en_de", "--compile"],
-                          capture_output=True, text=True, env=env, timeout=600)
+                           "--max-len-b", "2", "--arch", "sut_tiny", "transformer_wmt_en_de", option],
+                          capture_output=True, text=True, env=env, timeout=timeout)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
+    return proc.stdout
+
+
+def check_pass_rows(out, mode):
+    """Both models' rows of the ``mode`` pass (after its warm-up) and their ratio to eager."""
     for arch in ("sut_tiny", "transformer_wmt_en_de"):
-        assert re.search(rf"^compiled {arch}\s+\d+\.\d\d sentences/s\s+\d+\.\d generated tokens/s\s+"
+        assert re.search(rf"^{mode} {arch}\s+\d+\.\d\d sentences/s\s+\d+\.\d generated tokens/s\s+"
                          r"\d+\.\d\d ms/decoder step \(warm-up, compiling: \d+\.\d s\)$", out, re.M), out
-        assert re.search(rf"^compiled {arch}: every sentence ran to its maximum length", out, re.M), out
-        m = re.search(rf"^{arch} compiled / eager sentences/s: (\d+\.\d\d)$", out, re.M)
+        assert re.search(rf"^{mode} {arch}: every sentence ran to its maximum length", out, re.M), out
+        m = re.search(rf"^{arch} {mode} / eager sentences/s: (\d+\.\d\d)$", out, re.M)
         assert m and float(m.group(1)) > 0, out
+
+
+def test_generate_throughput_compiled_rows():
+    """--compile: the plugin's model with --compile-step and the transformer's encoder
+    compiled, each after its warm-up."""
+    out = compiled_generate_throughput("--compile", timeout=600)
+    check_pass_rows(out, "compiled")
+    assert "compiled decoder" not in out
 
 
 @pytest.mark.slow  # compiling the incremental decoders, even with aot_eager: about 100 s
 def test_generate_throughput_compiled_decoder_rows():
     """--compile-decoder: a pass with every model's decoder forward compiled as well, its
-    rows and its ratio to the eager pass."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", SUT_COMPILE_BACKEND="aot_eager")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "generate_throughput.py"),
-                           "--sentences", "3", "--batch-size", "2", "--beam", "2", "--max-len-a", "0.1",
-                           "--max-len-b", "2", "--arch", "sut_tiny", "transformer_wmt_en_de",
-                           "--compile-decoder"],
-                          capture_output=True, text=True, env=env, timeout=900)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    out = proc.stdout
-    assert not re.search(r"^compiled (sut_tiny|transformer)", out, re.M), out   # no --compile pass
-    for arch in ("sut_tiny", "transformer_wmt_en_de"):
-        assert re.search(rf"^compiled decoder {arch}\s+\d+\.\d\d sentences/s\s+\d+\.\d generated tokens/s\s+"
-                         r"\d+\.\d\d ms/decoder step \(warm-up, compiling: \d+\.\d s\)$", out, re.M), out
-        assert re.search(rf"^compiled decoder {arch}: every sentence ran to its maximum length", out, re.M), out
-        m = re.search(rf"^{arch} compiled decoder / eager sentences/s: (\d+\.\d\d)$", out, re.M)
-        assert m and float(m.group(1)) > 0, out
+    rows and its ratio to the eager pass (and no --compile pass)."""
+    out = compiled_generate_throughput("--compile-decoder", timeout=900)
+    assert not re.search(r"^compiled (sut_tiny|transformer)", out, re.M), out
+    check_pass_rows(out, "compiled decoder")
 
 
 def test_cpu_parallel_runs_the_recipe_both_ways_and_prints_the_ratio():
