@@ -245,19 +245,19 @@ def main():
     figures = {}
     for compiled in passes:
         prefix = compiled + " " if compiled else ""
-        figures[prefix] = time_models(args.arch, d, batches, args, device, dtype, compiled)
-        for arch, r in figures[prefix].items():
+        figures[compiled] = time_models(args.arch, d, batches, args, device, dtype, compiled)
+        for arch, r in figures[compiled].items():
             warm = f" (warm-up, compiling: {r['warm_s']:.1f} s)" if compiled else ""
             print(row(arch, r, prefix) + warm, flush=True)
             held = (f"{r['short']} of {args.sentences} sentences ended before their maximum length "
                     f"({r['tokens']} generated tokens of {r['expected']})" if r["short"] else
                     f"every sentence ran to its maximum length ({r['tokens']} generated tokens)")
             print(f"{prefix}{arch}: {held} {r['steps']}".rstrip())
-        print_ratios(figures[prefix], f"{compiled}: " if compiled else "")
+        print_ratios(figures[compiled], f"{compiled}: " if compiled else "")
     for compiled in passes[1:]:
         for arch in args.arch:
             print(f"{arch} {compiled} / eager sentences/s: "
-                  f"{figures[compiled + ' '][arch]['sentences_s'] / figures[''][arch]['sentences_s']:.2f}")
+                  f"{figures[compiled][arch]['sentences_s'] / figures[''][arch]['sentences_s']:.2f}")
 
 
 if __name__ == "__main__":

@@ -171,7 +171,7 @@ def run_module(workdir: str, tests: Tuple[str, ...], max_children: int) -> bool:
     fingerprint = tests_fingerprint(workdir, tests)
     # no results yet: a fresh work directory, nothing to redo; results without a stamp:
     # an unknown test state, redone
-    changed = bool(results(workdir)) and (not os.path.exists(stamp) or open(stamp).read() != fingerprint)
+    changed = (not os.path.exists(stamp) or open(stamp).read() != fingerprint) and bool(results(workdir))
     if changed:
         stats = os.path.join(workdir, "mutants", "mutmut-stats.json")
         if os.path.exists(stats):
