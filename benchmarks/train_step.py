@@ -22,7 +22,9 @@ of them alike while each timed step runs in its model's steady state.
 operator calls (nested ones included), how long the
 device was busy (the sum of the kernels' own times; a step whose device is busy for a small
 part of its wall time is bound by the host, i.e. by launches and Python) and the N
-operations with the most self time on the device (on a CPU: on the host).
+operations with the most self time on the device (on a CPU: on the host). With
+``--compile`` the compiled models are profiled the same way after the eager ones
+(``== profile compiled ARCH: ...``).
 
 ``--arch ... transformer_wmt_en_de+fused-ce`` adds fairseq's transformer trained with the
 plugin's label-smoothed CE op (``sut_fairseq.ops.label_smoothed_ce``, which the SUT/UT
@@ -418,23 +420,38 @@ def sut_graph_breaks(arch: str, sample, vocab: int, halting_bias: float) -> int:
 
 def print_compiled(archs, sample, vocab: int, args, tokens: int, threads: int, name: str,
                    device: torch.device = torch.device("cpu"),
-                   dtype: torch.dtype = torch.float32) -> dict:
+                   dtype: torch.dtype = torch.float32, steps=None) -> dict:
     """Time the archs compiled (``--compile``); print each one's first step (compiling)
-    and steady step, and return tokens/s per arch."""
+    and steady step, and return tokens/s per arch. ``steps``, when a dict is given,
+    receives each arch's (warm) compiled step closure."""
     tag = f"[{threads} thread{'s' if threads > 1 else ''}]"
     first, speed = {}, {}
     for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
-                              device=device, dtype=dtype, compiled=True, first_step=first).items():
+                              device=device, dtype=dtype, compiled=True, first_step=first,
+                              steps=steps).items():
         speed[arch] = tokens / t
         print(f"{tag} compiled {arch:12s} {1e3 * t:8.1f} ms/step {speed[arch]:9.0f} {name} tokens/s "
               f"(first step, compiling: {first[arch]:.1f} s)", flush=True)
     return speed
 
 
+def compile_archs(args, archs) -> list:
+    """The models ``--compile`` names (all of ``archs`` when it names none); each must be
+    one of the timed ``archs``."""
+    named = args.compile or list(archs)
+    unknown = [a for a in named if a not in archs]
+    if unknown:
+        raise SystemExit(f"train_step.py: --compile {unknown[0]}: not among the timed models "
+                         f"({' '.join(archs)})")
+    return named
+
+
 def main_logic(args):
     sample, vocab, src_tokens = make_logic_batch(args.logic_tokens, args.seed)
     tokens = sample["ntokens"]
     archs = args.arch or LOGIC_MODELS
+    if args.compile is not None:
+        compile_archs(args, archs)
     print(f"torch {torch.__version__}; logic batch: {sample['nsentences']} pairs, {src_tokens} "
           f"source tokens (padded {tuple(sample['net_input']['src_tokens'].shape)}), "
           f"{tokens} target tokens; vocabulary {vocab}; {'bf16' if args.bf16 else 'fp32'}")
@@ -458,9 +475,9 @@ def main_logic(args):
             print(f"[{threads} thread{'s' if threads > 1 else ''}] sut_logic / transformer tokens/s: "
                   f"{ratio:.2f} (goal >= 0.4; at the transformer's MACs/s: {mac_ratio:.2f}; "
                   f"sut_logic's MACs/s = {ratio / mac_ratio:.2f}x the transformer's)")
-        if args.compile:
-            compiled = print_compiled(archs, sample, vocab, args, src_tokens, threads, "source",
-                                      dtype=dtype)
+        if args.compile is not None:
+            compiled = print_compiled(compile_archs(args, archs), sample, vocab, args, src_tokens,
+                                      threads, "source", dtype=dtype)
             if {"sut_logic", "transformer"} <= compiled.keys():
                 print(f"compiled: sut_logic / transformer tokens/s: "
                       f"{compiled['sut_logic'] / compiled['transformer']:.2f} (goal >= 0.33)")
@@ -468,7 +485,7 @@ def main_logic(args):
                 if arch in speed and arch in compiled:
                     print(f"[{threads} thread{'s' if threads > 1 else ''}] {arch} compiled / eager "
                           f"tokens/s: {compiled[arch] / speed[arch]:.2f}")
-    if args.compile and "sut_logic" in archs:
+    if args.compile is not None and "sut_logic" in compile_archs(args, archs):
         print(f"graph breaks in the SUT step: "
               f"{sut_graph_breaks('sut_logic', sample, vocab, args.halting_bias)}")
 
@@ -516,11 +533,12 @@ def main():
                         help="wmt: where to run (cuda: the Triton expert kernels)")
     parser.add_argument("--bf16", action="store_true",
                         help="wmt, logic: parameters and activations in bfloat16 (fairseq's --bf16)")
-    parser.add_argument("--compile", action="store_true",
-                        help="wmt, logic: after the eager timing, time every model compiled (the "
+    parser.add_argument("--compile", nargs="*", default=None, metavar="ARCH",
+                        help="wmt, logic: after the eager timing, time the models compiled (the "
                              "plugin's with --compile-step, fairseq's transformer through "
-                             "torch.compile), print the seconds of each first (compiling) step, "
-                             "the compiled ratios and, for the logic SUT, its step's graph breaks")
+                             "torch.compile; every timed model, or the ARCHs named), print the "
+                             "seconds of each first (compiling) step, the compiled ratios and, "
+                             "for the logic SUT, its step's graph breaks")
     parser.add_argument("--profile", type=int, default=0, metavar="N",
                         help="wmt: after the timing, profile one step per model and print its N "
                              "most expensive operations (0: no profile)")
@@ -535,6 +553,8 @@ def main():
         raise SystemExit("train_step.py: --device cuda needs a CUDA device")
     device, dtype = torch.device(args.device), torch.bfloat16 if args.bf16 else torch.float32
     args.arch = args.arch or MODELS
+    if args.compile is not None:
+        compile_archs(args, args.arch)  # a model it names that is not timed: an error now
     sample = make_batch(args.batch, args.len, args.vocab, args.seed)
     tokens = sample["ntokens"]
     where = (torch.cuda.get_device_name() if device.type == "cuda"
@@ -555,16 +575,17 @@ def main():
     fused = "transformer_wmt_en_de" + FUSED_CE
     if {"sut_base", fused} <= speed.keys():
         print(f"sut_base / {fused} tokens/s: {speed['sut_base'] / speed[fused]:.2f}")
-    if args.compile:
-        compiled = print_compiled(args.arch, sample, args.vocab, args, tokens,
-                                  torch.get_num_threads(), "target", device, dtype)
-        for arch in args.arch:
+    compiled_steps = {}
+    if args.compile is not None:
+        compiled = print_compiled(compile_archs(args, args.arch), sample, args.vocab, args, tokens,
+                                  torch.get_num_threads(), "target", device, dtype, compiled_steps)
+        for arch in compiled:
             print(f"{arch} compiled / eager tokens/s: {compiled[arch] / speed[arch]:.2f}")
         if {"sut_base", "transformer_wmt_en_de"} <= compiled.keys():
             print(f"compiled: sut_base / transformer_wmt_en_de tokens/s: "
                   f"{compiled['sut_base'] / compiled['transformer_wmt_en_de']:.2f}")
-    if args.profile:  # the timed models themselves, already warm
-        for arch, step in steps.items():
+    if args.profile:  # the timed models themselves, already warm; eager, then compiled
+        for arch, step in [*steps.items(), *((f"compiled {a}", s) for a, s in compiled_steps.items())]:
             print_profile(arch, step, args.profile, cuda=device.type == "cuda")
 
 

@@ -231,6 +231,26 @@ def test_bench_plan_runs_everything_on_a_warm_node_and_the_rest_in_a_second_call
         b.bench_plan(False, {"SUT_BENCH_STEPS": "moe x"})
 
 
+def test_train_step_parser_keeps_eager_and_compiled_profiles_apart():
+    """train_step.py --profile with --compile prints a compiled model's profile as
+    ``== profile compiled ARCH: ...``: its own row, beside the eager one of the same model."""
+    load_validate()
+    import gpu_bench as b
+
+    r = b.parse_train_step([
+        "== profile sut_base: 299.0 ms wall under the profiler, 5844 kernel launches, "
+        "19047 aten operator calls, device busy 79.0 ms (26%)",
+        "== profile compiled sut_base: 179.4 ms wall under the profiler, 3558 kernel launches, "
+        "6825 aten operator calls, device busy 68.4 ms (38%)",
+        "== profile transformer_wmt_en_de: 53.5 ms wall under the profiler, 996 kernel launches, "
+        "5799 aten operator calls"])
+    assert r["profiles"] == {
+        "sut_base": {"wall_ms": 299.0, "launches": 5844, "aten_calls": 19047, "device_busy_ms": 79.0},
+        "compiled sut_base": {"wall_ms": 179.4, "launches": 3558, "aten_calls": 6825, "device_busy_ms": 68.4},
+        "transformer_wmt_en_de": {"wall_ms": 53.5, "launches": 996, "aten_calls": 5799, "device_busy_ms": None}}
+    assert b.GPU_TRAIN_STEP_ARGS[-3:] == ["--compile", "sut_base", "transformer_wmt_en_de"]
+
+
 # --------------------------------------------------------------------------- smoke runs
 
 def test_smoke_tests_stage(tmp_path):

@@ -136,6 +136,20 @@ def test_extra_options_replace_the_recipe_and_update_freq_can_be_given(capsys):
     assert value(command, "--cpu") == "" and value(command, "--fp16") is None
 
 
+@pytest.mark.parametrize("model,options,compiled", [
+    ("sut_base", ["--precision", "bf16"], True), ("ut_big", ["--precision", "bf16"], True),
+    ("sut_base", ["--precision", "bf16", "--eager"], False),
+    ("sut_base", ["--precision", "bf16", "--cpu"], False),
+    ("sut_base", [], False), ("sut_base", ["--precision", "fp32"], False),
+    ("transformer", ["--precision", "bf16"], False)])
+def test_compiled_step_only_for_the_plugin_models_in_bf16_on_a_gpu(capsys, model, options, compiled):
+    """--compile-step where it was measured faster (the SUT/UT, bf16, a GPU), not with
+    --eager, on a CPU, in fp16 (the default) or fp32, nor for fairseq's transformer."""
+    _, command = dry_run(capsys, model, "--data", "D", *options)
+    assert (value(command, "--compile-step") == "") is compiled
+    assert (value(command, "--bf16") == "") is ("bf16" in options and "--cpu" not in options)
+
+
 def test_every_command_parses_with_fairseq(capsys):
     """fairseq-train's own parser accepts every recipe command (no unknown options)."""
     from fairseq import options
@@ -150,6 +164,9 @@ def test_every_command_parses_with_fairseq(capsys):
             assert (args.att_heads, args.att_head_dim) == (1, 256)
         if ablation == "no-mim":
             assert (args.mim_weight, args.switch_weight) == (0.0, 0.01)
+    _, command = dry_run(capsys, "sut_base", "--data", "DATA", "--precision", "bf16")
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=command[1:])
+    assert args.compile_step is True and args.arch == "sut_base"
 
 
 def test_no_momha_keeps_the_parameter_count():

@@ -11,9 +11,10 @@ STAGE is one of
 * ``tests-train``     ``pytest -m gpu -q tests/test_gpu_train.py`` (fairseq-train in fp32, fp16
                       and bf16) and ``python -m sut_fairseq.selftest``;
 * ``bench``           ``benchmarks/moe_gpu.py`` (bf16, 4096 8192 16384 tokens),
-                      ``benchmarks/train_step.py --device cuda --bf16 --compile`` at 4,096
-                      and 16,384 target tokens (sut_base, ut_base, transformer_wmt_en_de on
-                      the same batch: tokens/s and peak memory, eager and compiled) and
+                      ``benchmarks/train_step.py --device cuda --bf16 --compile sut_base
+                      transformer_wmt_en_de`` at 4,096 and 16,384 target tokens (sut_base,
+                      ut_base, transformer_wmt_en_de on the same batch: tokens/s and peak
+                      memory eager; sut_base and the transformer compiled) and
                       ``benchmarks/generate_throughput.py`` (beam 4, 3,003 sentences:
                       sentences/s of sut_base and transformer_wmt_en_de, eager and compiled;
                       the last two when the time is left: on a warm node);

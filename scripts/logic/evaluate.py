@@ -61,7 +61,8 @@ def evaluate(model, protocol, data, checkpoint, out_dir, buckets=recipe.REPORT_B
     extra = list(generate_extra)
     if threshold is not None and recipe.is_sut_transformer(model):  # fairseq's transformer: no halting
         extra = recipe.merge_flags(["--model-overrides", repr({"halting_threshold": threshold})], extra)
-    analyse = (halting_analysis and protocol == "standard" and recipe.is_sut_transformer(model))
+    analyse = (halting_analysis and protocol == "standard" and recipe.is_sut_transformer(model)
+               and not recipe.is_chunked(model))
     halting_json = os.path.join(out_dir, "halting.json")
     analysis = halting_command(data_bin, checkpoint, splits, halting_json, threshold) if analyse else None
 
@@ -115,7 +116,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    parser.add_argument("model", choices=recipe.MODELS)
+    parser.add_argument("model", choices=recipe.ALL_MODELS)
     parser.add_argument("--data", required=True, help="prepare.py's --out for this protocol")
     parser.add_argument("--data-bin", default=None, help="binarized data (default DATA/bin)")
     parser.add_argument("--protocol", default="standard", choices=recipe.PROTOCOLS)

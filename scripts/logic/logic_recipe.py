@@ -13,6 +13,12 @@ Models (``configs/logic/MODEL.json``, over ``configs/logic/common.json``):
 * ``ut-no-halting`` -- the same with ``--encoder-halting none --decoder-halting none``;
 * ``transformer`` -- fairseq's ``--arch transformer`` at d 128, 4 heads, FFN 512, 6+6 layers.
 
+The recurrent-transformer halting paper's logic models (its Table 2; trained with
+``--models``, not by default): ``gut`` (gated UT, global transition-aware halting, up to 15
+encoder steps), ``tlb`` (chunks of 10, 10 memory slots, 2 steps per chunk) and ``gutlb``
+(TLB's chunks with GUT's block and halting, up to 5 steps per chunk), each the dense UT at
+the logic size (``sut_logic`` with E = k = 1).
+
 Configurations (``common.json`` ``configs``): ``full`` (paper scale, one GPU) and
 ``reduced`` (2 CPU cores, under an hour of training per model on one core). Every model
 gets the same ``--max-update`` budget (the same batches); ``--stop-time-hours`` caps the
@@ -38,7 +44,11 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 CONFIG_DIR = os.path.join(REPO, "configs", "logic")
 DATA_PREP = os.path.join(REPO, "data-prep", "logic")
 
+#: paper Table 5's models: what table5.py trains by default
 MODELS = ("sut", "ut-halting", "ut-no-halting", "transformer")
+#: the recurrent-transformer halting paper's logic models (its Table 2)
+RECURRENT_MODELS = ("gut", "tlb", "gutlb")
+ALL_MODELS = MODELS + RECURRENT_MODELS
 PROTOCOLS = ("standard", "A", "B", "C")
 COMPOSITIONAL = ("A", "B", "C")
 #: Buckets (operator counts) of the standard protocol's test files.
@@ -67,14 +77,20 @@ DEFAULT_GENERATE_BATCH = 256
 # --------------------------------------------------------------------------- configs
 
 #: configs/logic: common.json and one MODEL.json per model (``sut_fairseq.recipes.grid``).
-GRID = ModelGrid(CONFIG_DIR, MODELS)
+GRID = ModelGrid(CONFIG_DIR, ALL_MODELS)
 load_common, load_model, label, has_halting = GRID.common, GRID.model, GRID.label, GRID.has_halting
 model_arch_flags = GRID.model_arch_flags
 
 
 def is_sut_transformer(model: str) -> bool:
-    """Whether the model is one of the plugin's (the halting analysis applies)."""
+    """Whether the model is one of the plugin's (its halting threshold can be set)."""
     return load_model(model)["arch"] != "transformer"
+
+
+def is_chunked(model: str) -> bool:
+    """Whether the model's encoder runs chunk-wise (TLB, GUTLB): its halting is one
+    decision per chunk, which the per-position halting analysis does not read."""
+    return flag_value(load_model(model)["model_flags"], "--encoder-chunk-size") is not None
 
 
 # --------------------------------------------------------------------------- splits

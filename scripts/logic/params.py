@@ -50,7 +50,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default=None, help="binarized data directory (its dict.src.txt)")
     parser.add_argument("--dict-size", type=int, default=LOGIC_DICT_SIZE)
-    parser.add_argument("--models", nargs="+", default=list(recipe.MODELS), choices=recipe.MODELS)
+    parser.add_argument("--models", nargs="+", default=list(recipe.MODELS), choices=recipe.ALL_MODELS)
     args = parser.parse_args(argv)
 
     from fairseq.data import Dictionary

@@ -57,7 +57,7 @@ def load_results(work_dir: str) -> List[Dict]:
 
 
 def _order(models):
-    known = [m for m in recipe.MODELS if m in models]
+    known = [m for m in recipe.ALL_MODELS if m in models]
     return known + sorted(set(models) - set(known))
 
 

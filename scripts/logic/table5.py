@@ -155,7 +155,7 @@ def main(argv=None):
     parser.add_argument("--gen-seed", type=int, default=1, help="generator seed (default 1)")
     parser.add_argument("--reduced", action="store_true",
                         help="the 2-CPU-core configuration (default: full, for a GPU)")
-    parser.add_argument("--models", nargs="+", default=list(recipe.MODELS), choices=recipe.MODELS)
+    parser.add_argument("--models", nargs="+", default=list(recipe.MODELS), choices=recipe.ALL_MODELS)
     parser.add_argument("--protocols", nargs="+", default=list(recipe.PROTOCOLS), choices=recipe.PROTOCOLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
     parser.add_argument("--buckets", default="7..12",

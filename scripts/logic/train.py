@@ -31,7 +31,7 @@ def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
-    parser.add_argument("model", choices=recipe.MODELS)
+    parser.add_argument("model", choices=recipe.ALL_MODELS)
     parser.add_argument("--data", required=True, help="binarized data (prepare.py's OUT/bin)")
     parser.add_argument("--reduced", action="store_true",
                         help="the 2-CPU-core configuration (default: full, for a GPU)")

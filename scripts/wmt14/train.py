@@ -3,12 +3,17 @@
 
     python scripts/wmt14/train.py MODEL --data DATA_BIN [--ablation NAME] [--ngpus N]
         [--max-tokens 8192] [--update-freq N] [--save-dir DIR] [--precision fp16]
-        [--dry-run] [-- extra fairseq-train options]
+        [--eager] [--dry-run] [-- extra fairseq-train options]
 
 MODEL: transformer, ut_base, sut_base, ut_big, sut_big (configs/wmt14/MODEL.json, over
 configs/wmt14/common.json). --ablation (sut_base only): no-mim, no-momha, no-act,
 no-halting (configs/wmt14/ablations.json). Options after ``--`` are passed to fairseq-train
 and replace the recipe's value of the same option.
+
+With ``--precision bf16`` on a GPU the SUT/UT train with ``--compile-step`` (each side's
+recurrence step one compiled graph: 1.49x the eager sut_base step on an H200,
+docs/performance.md); ``--eager`` keeps the eager step. fp16 and the CPU keep it too (the
+compiled step is not measured faster there).
 
 The paper trained on 32 GPUs x 8192 tokens; with other hardware the gradient is
 accumulated over --update-freq = ceil(32 * 8192 / (NGPUS * MAX_TOKENS)) batches, printed
@@ -20,6 +25,13 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import wmt14_recipe as recipe  # noqa: E402
+
+
+def compiles_step(args) -> bool:
+    """Whether the recipe turns on ``--compile-step``: the plugin's models (not fairseq's
+    transformer) in bf16 on a GPU, where the compiled step was measured faster, unless
+    ``--eager``."""
+    return args.model != "transformer" and not args.cpu and args.precision == "bf16" and not args.eager
 
 
 def build_command(args) -> list:
@@ -45,6 +57,8 @@ def build_command(args) -> list:
         hardware.append("--cpu")
     elif args.precision in ("fp16", "bf16"):
         hardware.append(f"--{args.precision}")
+    if compiles_step(args):
+        hardware.append("--compile-step")
     if args.ngpus > 1:
         hardware += ["--distributed-world-size", str(args.ngpus)]
     extra = list(args.extra)
@@ -70,6 +84,9 @@ def parse_args(argv=None):
     parser.add_argument("--save-dir", default=None, help="default checkpoints/wmt14/RUN")
     parser.add_argument("--precision", choices=["fp16", "bf16", "fp32"], default="fp16")
     parser.add_argument("--cpu", action="store_true", help="train on CPU (smoke tests; implies fp32)")
+    parser.add_argument("--eager", action="store_true",
+                        help="with --precision bf16 on a GPU: keep the eager recurrence step "
+                        "(by default the SUT/UT there train with --compile-step)")
     parser.add_argument("--arch", default=None,
                         help="replace the model's --arch, keeping the rest of its recipe "
                         "(e.g. sut_tiny for a smoke test)")
