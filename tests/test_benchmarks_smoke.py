@@ -205,3 +205,22 @@ def test_profile_step_prints_the_groups_of_both_models_and_the_bounds():
     for model in ("sut_logic:", "transformer:"):
         assert model in out
     assert out.count("gather/scatter") >= 2 and "matmul-only R" in out
+
+
+def test_train_step_builds_the_loop_variant_and_checks_what_compile_names(capsys):
+    """``ARCH+loop`` is the model compiled with --compile-loop (eager: the model itself);
+    ``--compile`` naming a model that is not timed stops before any timing."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train_step
+    from sut_fairseq.modules.compiled_step import RecurrenceLoop, RecurrenceStep
+
+    model, _ = train_step.build("sut_logic+loop", 64, 0.5, compiled=True)
+    assert all(isinstance(side.compiled_step.step, RecurrenceLoop) for side in (model.encoder, model.decoder))
+    model, _ = train_step.build("sut_logic", 64, 0.5, compiled=True)
+    assert all(isinstance(side.compiled_step.step, RecurrenceStep) for side in (model.encoder, model.decoder))
+    model, _ = train_step.build("sut_logic+loop", 64, 0.5)
+    assert model.encoder.compiled_step is None
+    with pytest.raises(SystemExit, match="--compile ut_base: not among the timed models"):
+        train_step.main(["--batch", "2", "--len", "4", "--vocab", "64", "--arch", "sut_base",
+                         "--compile", "ut_base"])
+    assert capsys.readouterr().out == ""  # nothing timed

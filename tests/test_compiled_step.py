@@ -23,7 +23,8 @@ import torch
 
 from conftest import make_model, randomise_halting
 from sut_fairseq.modules import compiled_step
-from sut_fairseq.modules.compiled_step import CompiledStep, RecurrenceStep, count_graph_breaks
+from sut_fairseq.modules.compiled_step import (CompiledStep, RecurrenceLoop, RecurrenceStep,
+                                               build_compiled, count_graph_breaks)
 
 VARIANTS = {
     "sut_tiny": {},
@@ -47,15 +48,15 @@ def _batch(seed=0, B=3, S=9, T=7):
     return src, src.ne(1).sum(1), prev
 
 
-def _models(overrides):
-    """(eager model, the same weights with --compile-step), halting units randomised so
-    that positions halt at different steps."""
+def _models(overrides, loop=False):
+    """(eager model, the same weights with --compile-step, or with ``loop`` --compile-loop),
+    halting units randomised so that positions halt at different steps."""
     eager = make_model(**overrides)
     randomise_halting(eager)
     compiled = copy.deepcopy(eager)
     for side in (compiled.encoder, compiled.decoder):
-        side.compiled_step = CompiledStep(RecurrenceStep(side.block, side.halting, side.step_embedding),
-                                          "test")
+        side.compiled_step = build_compiled(side.block, side.halting, side.step_embedding, "test",
+                                            max_steps=side.num_steps if loop else None)
     return eager, compiled
 
 
@@ -101,6 +102,47 @@ def test_compiled_step_equals_eager(variant, monkeypatch):
     _assert_same(eager, compiled, _batch())
 
 
+@pytest.mark.parametrize("variant", ["gut", "act", pytest.param("none", marks=pytest.mark.slow),
+                                     pytest.param("step-embeddings", marks=pytest.mark.slow)])
+def test_compiled_loop_equals_eager(variant, monkeypatch):
+    """--compile-loop: every step of a side in one graph, against the eager loop."""
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    eager, compiled = _models(VARIANTS[variant], loop=True)
+    assert isinstance(compiled.encoder.compiled_step.step, RecurrenceLoop)
+    eager.train(), compiled.train()
+    _assert_same(eager, compiled, _batch())
+
+
+def test_compiled_loop_runs_on_after_every_position_halted(monkeypatch):
+    """Where the eager loop stops early because every position halted, the loop's steps
+    after that change nothing: the outputs, the halting weights and every gradient equal
+    the eager model's (threshold 0.5: every position halts within a few of the 6 steps)."""
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    overrides = dict(halting_threshold=0.5, encoder_layers=6, decoder_layers=6)
+    eager, compiled = _models(overrides, loop=True)
+    eager.train(), compiled.train()
+    batch = _batch()
+    with torch.no_grad():
+        _, extra = eager(*batch)
+    for key in ("halting_encoder", "halting_decoder"):  # the case this test is about
+        assert extra[key].steps.max().item() < 6, (key, extra[key].steps)
+    _assert_same(eager, compiled, batch)
+
+
+def test_the_loop_runs_the_steps_it_was_built_for():
+    model = make_model(compile_loop=True)
+    for side in (model.encoder, model.decoder):
+        assert isinstance(side.compiled_step.step, RecurrenceLoop)
+        assert side.compiled_step.step.max_steps == side.num_steps
+    side = model.encoder
+    with pytest.raises(ValueError, match=f"runs {side.num_steps} steps, not 2"):
+        compiled_step.run_compiled(side.compiled_step.step, torch.zeros(1, 3, 8),
+                                   torch.ones(1, 3, dtype=torch.bool), side.halting, 2,
+                                   torch.zeros(1, 3, dtype=torch.bool))
+
+
 def test_inductor_compiled_step_equals_eager(monkeypatch):
     """sut_tiny through inductor's generated C++, as --compile-step runs on a CPU."""
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "inductor")
@@ -122,10 +164,11 @@ def test_inductor_variants_equal_eager(variant, monkeypatch):
     _assert_same(eager, compiled, _batch())
 
 
-@pytest.mark.parametrize("variant", ["sut_tiny", pytest.param("gut", marks=pytest.mark.slow),
-                                     pytest.param("step-embeddings", marks=pytest.mark.slow)])
-def test_no_graph_break_in_the_step(variant):
-    _, compiled = _models(VARIANTS[variant])
+@pytest.mark.parametrize("variant, loop", [("sut_tiny", False), ("sut_tiny", True),
+                                           pytest.param("gut", False, marks=pytest.mark.slow),
+                                           pytest.param("step-embeddings", False, marks=pytest.mark.slow)])
+def test_no_graph_break_in_the_step(variant, loop):
+    _, compiled = _models(VARIANTS[variant], loop)
     src, lengths, prev = _batch()
     net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
     assert count_graph_breaks(compiled.train(), net_input) == 0

@@ -219,7 +219,7 @@ def test_bench_plan_runs_everything_on_a_warm_node_and_the_rest_in_a_second_call
     assert b.bench_plan(False, {}) == [("moe", True), ("train", True), ("train-16k", False),
                                        ("generate", False)]
     assert all(required for _, required in b.bench_plan(True, {}))   # --smoke: every step
-    estimates = {k: e for k, (_, e, _) in b.BENCH_STEPS.items()}
+    estimates = {k: e for k, (_, e, _) in b.BENCH_STEPS.items() if k not in b.NAMED_ONLY}
     assert v.required_estimate("bench", environ={}) == (v.INSTALL_ESTIMATE_S + v.ENV_ESTIMATE_S
                                                          + estimates["moe"] + estimates["train"])
     warm = v.required_estimate("bench", install=False, environ={"SUT_BENCH_STEPS": " ".join(estimates)})
@@ -249,6 +249,18 @@ def test_train_step_parser_keeps_eager_and_compiled_profiles_apart():
         "compiled sut_base": {"wall_ms": 179.4, "launches": 3558, "aten_calls": 6825, "device_busy_ms": 68.4},
         "transformer_wmt_en_de": {"wall_ms": 53.5, "launches": 996, "aten_calls": 5799, "device_busy_ms": None}}
     assert b.GPU_TRAIN_STEP_ARGS[-3:] == ["--compile", "sut_base", "transformer_wmt_en_de"]
+
+
+def test_the_compiled_loop_step_runs_only_when_named():
+    """SUT_BENCH_STEPS=train-loop: the --compile-loop step (sut_base+loop against the
+    transformer), never part of the default plan, whose estimates it would not fit."""
+    load_validate()
+    import gpu_bench as b
+
+    assert all(k != "train-loop" for k, _ in b.bench_plan(False, {}))
+    assert all(k != "train-loop" for k, _ in b.bench_plan(True, {}))
+    assert b.bench_plan(False, {"SUT_BENCH_STEPS": "train-loop"}) == [("train-loop", True)]
+    assert "sut_base+loop" in b.GPU_TRAIN_LOOP_ARGS and "--compile" in b.GPU_TRAIN_LOOP_ARGS
 
 
 # --------------------------------------------------------------------------- smoke runs

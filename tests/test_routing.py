@@ -39,6 +39,20 @@ def test_make_routing_matches_a_reference(N, k, E):
     assert (routing.num_tokens, routing.k, routing.num_slots, routing.num_experts) == (N, k, N * k, E)
 
 
+@pytest.mark.parametrize("N,k,E", [(7, 2, 3), (60, 4, 24)])
+def test_the_compiled_counting_sort_matches_the_reference(N, k, E):
+    """Under torch.compile the layout is a counting sort (no torch.sort): traced by dynamo
+    and AOTAutograd (``aot_eager``), it equals the reference, stable order included."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(N + E)
+    expert_idxs = torch.randint(0, E + 1, (N, k), generator=g)
+    layout = torch.compile(lambda idx: tuple(vars(make_routing(idx, idx.float(), E)).values())[2:5],
+                           backend="aot_eager", fullgraph=True)
+    sorted_experts, order, offsets = reference_layout(expert_idxs, E)
+    got = layout(expert_idxs)
+    assert [t.tolist() for t in got] == [sorted_experts, order, offsets]
+
+
 def test_a_batch_of_no_op_slots_only_gives_empty_experts():
     expert_idxs = torch.full((3, 2), 4)
     routing = make_routing(expert_idxs, torch.zeros(3, 2), 4)

@@ -65,15 +65,25 @@ BENCH_TRAIN_STEP_16K_ESTIMATE_S = 120
 #: steps stay eager).
 BENCH_GENERATE_ESTIMATE_S = 130
 
+#: train_step.py with --compile-loop (``sut_base+loop``: all steps of a side one graph)
+#: against the transformer, eager, compiled and profiled; run only when SUT_BENCH_STEPS
+#: names it. Not measured on a GPU yet: the unrolled graphs of sut_base's 6 + 6 steps
+#: are 6 times the step's, so their compilation is estimated at 4 minutes.
+BENCH_TRAIN_LOOP_ESTIMATE_S = 330
+
+#: SUT_BENCH_STEPS keys that run only when named
+NAMED_ONLY = ("train-loop",)
+
 #: The stage's steps in order: SUT_BENCH_STEPS key -> (step name, GPU estimate s, run
-#: without SUT_BENCH_STEPS whatever the time left). On a warm node all four fit the
+#: without SUT_BENCH_STEPS whatever the time left; NAMED_ONLY: not without it). On a warm node all four fit the
 #: deadline (10 + 490 s of 540); after a fresh install (180 s) the first two do, and the
 #: other two are skipped for lack of time (a second, warm call runs them:
 #: ``SUT_BENCH_STEPS="train-16k generate"``, docs/gpu.md).
 BENCH_STEPS = {"moe": ("moe_gpu.py", BENCH_MOE_ESTIMATE_S, True),
                "train": ("train_step.py", BENCH_TRAIN_STEP_ESTIMATE_S, True),
                "train-16k": ("train_step.py large batch", BENCH_TRAIN_STEP_16K_ESTIMATE_S, False),
-               "generate": ("generate_throughput.py", BENCH_GENERATE_ESTIMATE_S, False)}
+               "generate": ("generate_throughput.py", BENCH_GENERATE_ESTIMATE_S, False),
+               "train-loop": ("train_step.py --compile-loop", BENCH_TRAIN_LOOP_ESTIMATE_S, False)}
 
 SMOKE_MOE_ARGS = ["--device", "cpu", "--tokens", "32", "--dim", "16", "--hidden", "16",
                   "--experts", "4", "--topk", "2", "--repeats", "1", "--dtype", "bf16"]
@@ -90,6 +100,10 @@ GPU_COMPILE = ["--compile", "sut_base", "transformer_wmt_en_de"]
 GPU_TRAIN_STEP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", *GPU_COMPILE]
 GPU_TRAIN_STEP_16K_ARGS = ["--device", "cuda", "--bf16", "--batch", "512", "--len", "32", *GPU_COMPILE]
 GPU_GENERATE_ARGS = ["--device", "cuda", "--bf16", "--compile"]
+GPU_TRAIN_LOOP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", "--arch", "sut_base+loop",
+                       "transformer_wmt_en_de", "--compile"]
+SMOKE_TRAIN_LOOP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1",
+                         "--arch", "sut_base+loop", "transformer_wmt_en_de"]
 #: "== profile [compiled ]ARCH: W ms wall under the profiler, L kernel launches, O aten operator calls[, device busy D ms (P%)]"
 PROFILE_ROW = re.compile(r"^== profile ((?:compiled )?\S+): ([\d.]+) ms wall under the profiler, (\d+) kernel launches, "
                          r"(\d+) aten operator calls(?:, device busy ([\d.]+) ms)?")
@@ -112,6 +126,7 @@ GENERATE_LENGTHS = re.compile(r"^(compiled )?(\S+): (every sentence ran to its m
                               r"\d+ of \d+ sentences ended before their maximum length)")
 GENERATE_MODELS = ("sut_base", "transformer_wmt_en_de")
 TRAIN_MODELS = ("sut_base", "ut_base", "transformer_wmt_en_de")
+LOOP_MODELS = ("sut_base+loop", "transformer_wmt_en_de")
 
 
 def bench_plan(smoke=False, environ=None):
@@ -124,7 +139,7 @@ def bench_plan(smoke=False, environ=None):
         raise UsageError(f"SUT_BENCH_STEPS: unknown step {unknown[0]!r} (choose from {', '.join(BENCH_STEPS)})")
     if named:
         return [(k, True) for k in BENCH_STEPS if k in named]
-    return [(k, smoke or always) for k, (_, _, always) in BENCH_STEPS.items()]
+    return [(k, smoke or always) for k, (_, _, always) in BENCH_STEPS.items() if k not in NAMED_ONLY]
 
 
 def bench_required_estimate(environ=None):
@@ -241,10 +256,10 @@ def stage_bench(stage, python):
             return f"host syncs in the Triton path: {syncs[0]['host_syncs']}"
         return None
 
-    def train_check(key, profiled):
+    def train_check(key, profiled, models=TRAIN_MODELS):
         def check(step):
             r = parsed[key] = parse_train_step(log_lines_of(stage, step))
-            missing = [a for a in TRAIN_MODELS if a not in r["models"]]
+            missing = [a for a in models if a not in r["models"]]
             if missing:
                 return f"no rows for {missing} in the output"
             if not stage.smoke and any(m["peak_gib"] is None for m in r["models"].values()):
@@ -273,9 +288,12 @@ def stage_bench(stage, python):
                       *(SMOKE_TRAIN_STEP_ARGS if stage.smoke else GPU_TRAIN_STEP_ARGS)],
             "train-16k": [python, "benchmarks/train_step.py",
                           *(SMOKE_TRAIN_STEP_16K_ARGS if stage.smoke else GPU_TRAIN_STEP_16K_ARGS)],
-            "generate": [python, "benchmarks/generate_throughput.py", *generate_args]}
+            "generate": [python, "benchmarks/generate_throughput.py", *generate_args],
+            "train-loop": [python, "benchmarks/train_step.py",
+                           *(SMOKE_TRAIN_LOOP_ARGS if stage.smoke else GPU_TRAIN_LOOP_ARGS)]}
     checks = {"moe": moe_check, "train": train_check("train", True),
-              "train-16k": train_check("train-16k", False), "generate": generate_check}
+              "train-16k": train_check("train-16k", False), "generate": generate_check,
+              "train-loop": train_check("train-loop", not stage.smoke, LOOP_MODELS)}
     for i, (key, required) in enumerate(plan):
         name, estimate, _ = BENCH_STEPS[key]
         later = sum(BENCH_STEPS[k][1] for k, _ in plan[i + 1:])
@@ -290,7 +308,8 @@ def stage_bench(stage, python):
                   env_prefix=smoke_moe_env if moe else None, estimate=estimate, timeout=timeout,
                   check=checks[key])
     stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows}})
-    for key, result in (("train", "train_step"), ("train-16k", "train_step_16k"), ("generate", "generate")):
+    for key, result in (("train", "train_step"), ("train-16k", "train_step_16k"), ("generate", "generate"),
+                        ("train-loop", "train_step_loop")):
         if key in parsed:
             stage.results[result] = parsed[key]
     text = []
@@ -301,10 +320,13 @@ def stage_bench(stage, python):
         text += [f"| {r['tokens']} | {r['pass']} | {r['triton_ms']:.3f} | {r['triton_tflops']:.1f} | "
                  f"{r['dense_ms']:.3f} | {r['dense_tflops']:.1f} | {r['reference_ms']:.3f} | "
                  f"{r['triton_over_dense']:.2f} | {r['host_syncs']} |" for r in moe_rows]
-    for key, title in (("train", "One training step"), ("train-16k", "One training step, the large batch")):
+    for key, title in (("train", "One training step"), ("train-16k", "One training step, the large batch"),
+                       ("train-loop", "One training step, --compile-loop")):
         if parsed.get(key, {}).get("models"):
             text += train_table(title, parsed[key])
-    profiles = parsed.get("train", {}).get("profiles")
+    profiles = {**parsed.get("train", {}).get("profiles", {}),
+                **{f"{a} (--compile-loop run)": r
+                   for a, r in parsed.get("train-loop", {}).get("profiles", {}).items()}}
     if profiles:
         text += ["", "One profiled step per model (`train_step.py --profile`; the operations are in "
                  f"`{stage.name}.log`):", "",

@@ -175,6 +175,11 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             "(docs/performance.md#compiled-steps): the full forward of training "
                             "and validation; chunk-wise, hyper-module and early-exit sides and "
                             "incremental decoding keep the eager step")
+        parser.add_argument("--compile-loop", action="store_true",
+                            help="like --compile-step, but all L steps of a side as one compiled "
+                            "graph (unrolled, no host read between steps, no early exit; exact: "
+                            "steps after every position halted change nothing); meant for GPUs "
+                            "(docs/performance.md#compiled-steps)")
         # regularisation and positions
         parser.add_argument("--dropout", type=float, metavar="P", help="dropout on sub-layer outputs")
         parser.add_argument("--attention-dropout", type=float, metavar="P", help="dropout on attention weights")
@@ -277,14 +282,15 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
     side.compiled_step = None
-    if args.compile_step:
+    if args.compile_step or args.compile_loop:
         reasons = compiled_step.unsupported(args, prefix)
         if reasons:
             logger.warning("--compile-step: the %s keeps the eager step (not covered: %s)",
                            prefix, ", ".join(reasons))
         else:
-            side.compiled_step = compiled_step.CompiledStep(
-                compiled_step.RecurrenceStep(side.block, side.halting, side.step_embedding), prefix)
+            side.compiled_step = compiled_step.build_compiled(
+                side.block, side.halting, side.step_embedding, prefix,
+                max_steps=side.num_steps if args.compile_loop else None)
 
 
 def run_recurrence(side: nn.Module, x: torch.Tensor, ctx: StepContext, rule=None,

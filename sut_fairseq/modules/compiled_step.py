@@ -143,8 +143,54 @@ class RecurrenceStep(nn.Module):
                 k_rows, v_rows)
 
 
+class RecurrenceLoop(nn.Module):
+    """All L steps of a side as one function (``--compile-loop``): ``RecurrenceStep`` L
+    times, unrolled into one graph when compiled, with no host read between steps. For a
+    GPU, where one graph for the whole recurrence fuses across steps (the shared weights'
+    gradients summed inside the backward graph rather than one addition per step).
+
+    Exact: once no position runs, a step changes nothing (h_l, S_l, the step counts, c,
+    the weighted sum and the carried keys/values keep their values where ``running`` is
+    false, and α_l = 0 there), so the L steps return what the early-exiting loop of
+    ``run_compiled`` returns; the α of the steps after the exit are zeros, which add
+    nothing to the halting weights. What it gives up is the early exit's saving, a
+    forward that stops when every position has halted."""
+
+    def __init__(self, step: RecurrenceStep, max_steps: int):
+        super().__init__()
+        self.step, self.max_steps = step, max_steps
+
+    def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
+                real: torch.Tensor, c: torch.Tensor, log_remain: torch.Tensor,
+                weighted_sum: torch.Tensor, steps: torch.Tensor,
+                self_padding_mask: torch.Tensor, threshold: Optional[torch.Tensor] = None,
+                changed: Optional[torch.Tensor] = None, k_rows: Optional[torch.Tensor] = None,
+                v_rows: Optional[torch.Tensor] = None, te_table: Optional[torch.Tensor] = None,
+                **block_inputs):
+        """The inputs of ``RecurrenceStep.forward`` for step 1, with ``te_table`` (L, d)
+        TE(1..L) in place of ``te``. Returns S_L (B, T, d), steps (B, T), c, log_remain
+        (B, T), weighted_sum (B, T, d) and the α of the decisions for steps 2..L, a tuple
+        of (B, T) (empty for the rule ``none``): the halting state ``run_compiled``
+        finishes."""
+        alphas = []
+        for l in range(1, self.max_steps + 1):
+            te = None if te_table is None else te_table[l - 1]
+            (h, S, steps, running_next, c_next, log_remain_next, weighted_sum_next, alpha,
+             k_rows, v_rows) = self.step(h, S, running, real, c, log_remain, weighted_sum, steps,
+                                         self_padding_mask, threshold, changed, k_rows, v_rows,
+                                         te, **block_inputs)
+            changed = running if self.step.carries_kv else None  # the rows whose S changed
+            if l < self.max_steps:  # the decision for step l + 1
+                running, c, log_remain, weighted_sum = (running_next, c_next, log_remain_next,
+                                                        weighted_sum_next)
+                if alpha is not None:
+                    alphas.append(alpha)
+        return S, steps, c, log_remain, weighted_sum, tuple(alphas)
+
+
 class CompiledStep:
-    """``RecurrenceStep`` compiled on first use (``torch.compile(fullgraph=True)``).
+    """``RecurrenceStep`` (or ``RecurrenceLoop``) compiled on first use
+    (``torch.compile(fullgraph=True)``).
 
     A failure to compile is reported once, in one line, and the side falls back to the
     eager step for the rest of the process (``failed``)."""
@@ -180,7 +226,7 @@ class CompiledStep:
 
 
 #: the dimensions of a step's inputs that change from batch to batch (B, T, S_src)
-_DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": (), "threshold": ()}
+_DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": (), "te_table": (), "threshold": ()}
 
 
 def mark_batch_dims(inputs: dict) -> None:
@@ -194,8 +240,17 @@ def mark_batch_dims(inputs: dict) -> None:
 
 
 def step_module(step: Callable) -> RecurrenceStep:
-    """The ``RecurrenceStep`` of a step or of its ``CompiledStep``."""
-    return step.step if isinstance(step, CompiledStep) else step
+    """The ``RecurrenceStep`` of a step, of a ``RecurrenceLoop`` or of their ``CompiledStep``."""
+    body = step.step if isinstance(step, CompiledStep) else step
+    return body.step if isinstance(body, RecurrenceLoop) else body
+
+
+def build_compiled(block: nn.Module, halting: nn.Module, step_embedding: Optional[nn.Module],
+                   side: str, max_steps: Optional[int] = None) -> CompiledStep:
+    """A side's compiled step (``--compile-step``), or with ``max_steps`` its whole loop of
+    that many steps (``--compile-loop``)."""
+    body = RecurrenceStep(block, halting, step_embedding)
+    return CompiledStep(body if max_steps is None else RecurrenceLoop(body, max_steps), side)
 
 
 def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: nn.Module,
@@ -204,7 +259,8 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
     """The universal recurrence (``recurrence.universal_recurrence``) over a compiled step.
 
     Args:
-        step: a ``RecurrenceStep`` or its compiled form; h0: (B, T, d); real: (B, T) bool.
+        step: a ``RecurrenceStep`` or a ``RecurrenceLoop`` (one call for all steps), or
+            its compiled form; h0: (B, T, d); real: (B, T) bool.
         te_table: (L, d) the step embedding's TE(1..L), or None.
         block_inputs: ``coords`` and the decoder's ``cross_k``, ``cross_v``,
             ``cross_padding_mask``.
@@ -222,6 +278,18 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
         attn = step_module(step).block.self_attn
         rows = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
         kv = dict(changed=torch.ones_like(real), k_rows=rows, v_rows=rows.clone())
+    body = step.step if isinstance(step, CompiledStep) else step
+    if isinstance(body, RecurrenceLoop):  # all steps in one call, no host read
+        if body.max_steps != max_steps:
+            raise ValueError(f"run_compiled: the loop runs {body.max_steps} steps, not {max_steps}")
+        inputs = dict(h=h, S=S, running=running, real=real, c=state.c, log_remain=state.log_remain,
+                      weighted_sum=state.weighted_sum, steps=state.steps,
+                      self_padding_mask=self_padding_mask, threshold=threshold, te_table=te_table,
+                      **kv, **block_inputs)
+        mark_batch_dims(inputs)
+        S, state.steps, state.c, state.log_remain, state.weighted_sum, alphas = step(**inputs)
+        state.alphas.extend(alphas)
+        return S, halting.finish(state, max_steps), state
     for l in range(1, max_steps + 1):
         if l > 1 and not bool(running.any()):  # the one host read of a step
             break
