@@ -17,7 +17,8 @@ The recurrent-transformer halting paper's logic models (its Table 2; trained wit
 ``--models``, not by default): ``gut`` (gated UT, global transition-aware halting, up to 15
 encoder steps), ``tlb`` (chunks of 10, 10 memory slots, 2 steps per chunk) and ``gutlb``
 (TLB's chunks with GUT's block and halting, up to 5 steps per chunk), each the dense UT at
-the logic size (``sut_logic`` with E = k = 1).
+the logic size (``sut_logic`` with E = k = 1), the decoder reading the token outputs as the
+paper's classifiers do; ``tlb-memory``: TLB whose decoder reads the memory alone.
 
 Configurations (``common.json`` ``configs``): ``full`` (paper scale, one GPU) and
 ``reduced`` (2 CPU cores, under an hour of training per model on one core). Every model
@@ -47,7 +48,7 @@ DATA_PREP = os.path.join(REPO, "data-prep", "logic")
 #: paper Table 5's models: what table5.py trains by default
 MODELS = ("sut", "ut-halting", "ut-no-halting", "transformer")
 #: the recurrent-transformer halting paper's logic models (its Table 2)
-RECURRENT_MODELS = ("gut", "tlb", "gutlb")
+RECURRENT_MODELS = ("gut", "tlb", "gutlb", "tlb-memory")
 ALL_MODELS = MODELS + RECURRENT_MODELS
 PROTOCOLS = ("standard", "A", "B", "C")
 COMPOSITIONAL = ("A", "B", "C")
