@@ -102,10 +102,11 @@ def test_compiled_step_equals_eager(variant, monkeypatch):
     _assert_same(eager, compiled, _batch())
 
 
-@pytest.mark.parametrize("variant", ["gut", "act", pytest.param("none", marks=pytest.mark.slow),
-                                     pytest.param("step-embeddings", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("variant", ["gut", "act", "none", "step-embeddings"])
 def test_compiled_loop_equals_eager(variant, monkeypatch):
-    """--compile-loop: every step of a side in one graph, against the eager loop."""
+    """--compile-loop: every step of a side in one graph, against the eager loop (the
+    default suite: ``test_compiled_loop_runs_on_after_every_position_halted``)."""
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     eager, compiled = _models(VARIANTS[variant], loop=True)
@@ -117,17 +118,25 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
 def test_compiled_loop_runs_on_after_every_position_halted(monkeypatch):
     """Where the eager loop stops early because every position halted, the loop's steps
     after that change nothing: the outputs, the halting weights and every gradient equal
-    the eager model's (threshold 0.5: every position halts within a few of the 6 steps)."""
+    the eager model's; and where positions run to the last step they equal them too (threshold 0.3: every position halts before the last of 3 steps)."""
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
-    overrides = dict(halting_threshold=0.5, encoder_layers=6, decoder_layers=6)
+    overrides = dict(halting_threshold=0.3, encoder_layers=3, decoder_layers=3)
     eager, compiled = _models(overrides, loop=True)
     eager.train(), compiled.train()
     batch = _batch()
     with torch.no_grad():
         _, extra = eager(*batch)
     for key in ("halting_encoder", "halting_decoder"):  # the case this test is about
-        assert extra[key].steps.max().item() < 6, (key, extra[key].steps)
+        assert extra[key].steps.max().item() < 3, (key, extra[key].steps)
+    _assert_same(eager, compiled, batch)
+    # and where positions run to the last step (α_thresh is an input: nothing recompiles)
+    for model in (eager, compiled):
+        for side in (model.encoder, model.decoder):
+            side.halting.threshold = 0.999
+    with torch.no_grad():
+        _, extra = eager(*batch)
+    assert all(extra[key].steps.max().item() == 3 for key in ("halting_encoder", "halting_decoder"))
     _assert_same(eager, compiled, batch)
 
 
