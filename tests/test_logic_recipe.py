@@ -311,6 +311,7 @@ def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     assert summary["halting_depth"]["sut"]["3"]["decoder_expected"] is None
     assert summary["rows"]["ut-no-halting"]["halting"] is False and summary["rows"]["sut"]["halting"] is True
     assert (tmp_path / "figure4.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "accuracy.png").read_bytes()[:4] == b"\x89PNG" and "accuracy.png" in text
     # no model with halting: no figure, still a table
     other = tmp_path / "other"
     fake_result(other, "transformer", "standard", 1, {"7": 42.0})

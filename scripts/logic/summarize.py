@@ -21,7 +21,8 @@ A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed
 Written into ``--out-dir`` (default WORK_DIR), each atomically: ``table5.md`` (the printed
 text), ``table5.json`` (the same numbers) and ``figure4.png`` (paper Figure 4: x = number
 of operators, y = average halting depth: per model with halting, the executed steps of
-the encoder and of the decoder, and the encoder's expected depth; matplotlib's Agg backend).
+the encoder and of the decoder, and the encoder's expected depth; matplotlib's Agg backend)
+and ``accuracy.png`` (relation accuracy per number of operators, one line per model).
 """
 import argparse
 import os
@@ -189,8 +190,25 @@ def plot_figure4(summary: Dict, path: str) -> bool:
     return True
 
 
+def plot_accuracy(summary: Dict, path: str) -> bool:
+    """Relation accuracy per number of operators (standard protocol's buckets 0..12), one
+    line per model (the mean over its seeds), as a PNG (atomically); False when no model
+    has a bucket."""
+    series = {}
+    for model, row in summary["rows"].items():
+        keys = sorted((k for k in row["cells"] if k.isdigit()), key=int)
+        if keys:
+            series[row["label"]] = ([int(k) for k in keys], [row["cells"][k]["accuracy"] for k in keys])
+    if not series:
+        return False
+    line_plot(path, series, "number of operators (trained on 0-6)", "relation accuracy %",
+              "Logical inference, standard protocol", xticks=list(range(13)))
+    return True
+
+
 def summarize(work_dir: str, out_dir: str = None) -> str:
-    """Print-ready text; writes table5.md, table5.json and figure4.png into ``out_dir``."""
+    """Print-ready text; writes table5.md, table5.json, figure4.png and accuracy.png into
+    ``out_dir``."""
     out_dir = out_dir or work_dir
     results = load_results(work_dir)
     if not results:
@@ -202,6 +220,9 @@ def summarize(work_dir: str, out_dir: str = None) -> str:
     if plot_figure4(summary, figure):
         summary["figure"] = os.path.abspath(figure)
         text += f"\n\nFigure 4 (average halting depth per number of operators): {figure}"
+    accuracy = os.path.join(out_dir, "accuracy.png")
+    if plot_accuracy(summary, accuracy):
+        text += f"\nAccuracy per number of operators: {accuracy}"
     recipe.write_text_atomic(os.path.join(out_dir, "table5.md"), text + "\n")
     recipe.write_json_atomic(os.path.join(out_dir, "table5.json"), summary)
     return text
@@ -212,7 +233,8 @@ def main(argv=None):
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="\n\n".join(__doc__.split("\n\n")[1:]))
     parser.add_argument("work_dir", help="table5.py's --work-dir")
-    parser.add_argument("--out-dir", default=None, help="where table5.md/.json and figure4.png go")
+    parser.add_argument("--out-dir", default=None,
+                        help="where table5.md/.json, figure4.png and accuracy.png go")
     args = parser.parse_args(argv)
     print(summarize(args.work_dir, args.out_dir))
 

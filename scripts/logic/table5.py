@@ -142,7 +142,7 @@ def report(args):
         recipe.show(command)
         return
     print("\n" + summarize.summarize(args.work_dir))
-    print(f"\nwritten {os.path.join(args.work_dir, 'table5.md')}, table5.json, figure4.png")
+    print(f"\nwritten {os.path.join(args.work_dir, 'table5.md')}, table5.json, figure4.png, accuracy.png")
 
 
 def main(argv=None):
