@@ -665,11 +665,18 @@ def test_tlb_flipflop_trains_end_to_end(tmp_path):
 
 
 def test_chunked_scaling_benchmark_prints_the_table_and_both_ratios():
+    import sut_fairseq
+
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    # the benchmark imports the sut_fairseq this test imports (under mutmut: the work
+    # directory's mutated copy), not the checkout the editable install points at, which
+    # may be another tree, or one being edited
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sut_fairseq.__file__)))
+    pythonpath = os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))
     out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "chunked_scaling.py"),
                           "--lengths", "32", "64", "--repeats", "1", "--chunk", "16"],
                          capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, OMP_NUM_THREADS="1"))
+                         env=dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=pythonpath))
     assert out.returncode == 0, out.stderr[-2000:]
     assert re.search(r"^ +64 +[\d.]+ +[\d.]+ +[\d.]+ +[\d.]+$", out.stdout, re.M), out.stdout
     assert re.search(r"^UT per-token\(64\)/per-token\(32\): \d+\.\d\d$", out.stdout, re.M), out.stdout
