@@ -41,23 +41,34 @@ def test_make_routing_matches_a_reference(N, k, E):
 
 @pytest.mark.parametrize("N,k,E", [(7, 2, 3), (60, 4, 24)])
 def test_the_compiled_counting_sort_matches_the_reference(N, k, E, monkeypatch):
-    """Under torch.compile the layout is a counting sort (torch.sort is not called: it
-    raises here): traced by dynamo and AOTAutograd (``aot_eager``), it equals the
-    reference, stable order included. (Graph breaks allowed: mutation testing wraps the
-    function in a trampoline dynamo does not trace whole; the compiled step's
-    ``test_no_graph_break_in_the_step`` checks the step traces whole.)"""
-    def no_sort(*args, **kwargs):
-        raise AssertionError("the compiled layout must not call torch.sort")
+    """Under torch.compile the layout is a counting sort (torch.sort is not called): traced by dynamo and AOTAutograd (``aot_eager``), every field equals the
+    eager layout's and the reference, stable order included, and it is built on the
+    device of its input (with the default device "meta"). (Graph breaks allowed: mutation
+    testing wraps the function in a trampoline dynamo does not trace whole; the compiled
+    step's ``test_no_graph_break_in_the_step`` checks that the step traces whole.)"""
+    sorts, sort = [], torch.sort
+
+    def recorded_sort(*args, **kwargs):
+        sorts.append(args[0].shape)
+        return sort(*args, **kwargs)
 
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(N + E)
     expert_idxs = torch.randint(0, E + 1, (N, k), generator=g)
+    gates = torch.rand(N, k, generator=g)
+    eager = make_routing(expert_idxs, gates, E)
     sorted_experts, order, offsets = reference_layout(expert_idxs, E)
-    monkeypatch.setattr(torch, "sort", no_sort)
-    layout = torch.compile(lambda idx: tuple(vars(make_routing(idx, idx.float(), E)).values())[2:5],
+    monkeypatch.setattr(torch, "sort", recorded_sort)
+    layout = torch.compile(lambda idx, gates: tuple(vars(make_routing(idx, gates, E)).values()),
                            backend="aot_eager")
-    got = layout(expert_idxs)
-    assert [t.tolist() for t in got] == [sorted_experts, order, offsets]
+    with torch.device("meta"):
+        got = layout(expert_idxs, gates)
+    assert sorts == [], "the compiled layout called torch.sort"
+    idxs, gates_out, *fields, num_experts = got
+    assert torch.equal(idxs, expert_idxs) and torch.equal(gates_out, gates) and num_experts == E
+    assert [t.tolist() for t in fields] == [sorted_experts, order, offsets]
+    assert [t.tolist() for t in fields] == [eager.sorted_expert_idxs.tolist(),
+                                            eager.sorted_scattered_idxs.tolist(), eager.expert_offsets.tolist()]
 
 
 def test_a_batch_of_no_op_slots_only_gives_empty_experts():
