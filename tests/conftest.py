@@ -67,14 +67,16 @@ def run_incremental(model, enc, prev, reorder=None):
 
 # Files whose tests train models or run whole recipes in subprocesses (a minute or more
 # each, most of it in module fixtures). Under ``--dist loadfile`` a file runs on one worker
-# from start to end, so these go first and the short files fill the workers at the end.
-HEAVY_FIRST = ("test_end_to_end.py", "test_distributed.py", "test_wmt14_recipe.py",
-               "test_logic_recipe.py", "test_flipflop_recipe.py", "test_listops_recipe.py",
-               "test_cpvr_recipe.py", "test_exit_sweep.py", "test_cfq_pipeline.py",
-               "test_analysis.py", "test_reliability_resume.py", "test_reliability_prep_outputs.py",
-               "test_reliability_data.py", "test_kernels_interpret.py", "test_chunked.py",
-               "test_gpu_validate.py", "test_learning_curves.py", "test_logic_data.py",
-               "test_cpvr_data.py", "test_readme_commands.py", "test_benchmarks_smoke.py")
+# from start to end, so these go first, the longest first (their last measured times), and
+# the short files fill the workers at the end.
+HEAVY_FIRST = ("test_gpu_validate.py", "test_compiled_step.py", "test_benchmarks_smoke.py",
+               "test_end_to_end.py", "test_cpvr_recipe.py", "test_logic_recipe.py",
+               "test_readme_commands.py", "test_flipflop_recipe.py", "test_listops_recipe.py",
+               "test_wmt14_spm.py", "test_exit_sweep.py", "test_wmt14_recipe.py",
+               "test_kernels_interpret.py", "test_analysis.py", "test_cfq_pipeline.py",
+               "test_reliability_data.py", "test_reliability_resume.py", "test_chunked.py",
+               "test_distributed.py", "test_kernels_model.py", "test_reliability_prep_outputs.py",
+               "test_learning_curves.py", "test_logic_data.py", "test_cpvr_data.py")
 
 
 def pytest_collection_modifyitems(session, config, items):

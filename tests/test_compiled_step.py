@@ -286,7 +286,9 @@ def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
      ["--hyper-modules"]),
     (dict(decoder_halting="pabee"), ["--decoder-halting pabee"]),
 ])
-def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, names, caplog):
+def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, names, caplog, monkeypatch):
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "eager")  # the covered side: dynamo's trace only
+    torch._dynamo.reset()
     with caplog.at_level(logging.WARNING):
         model = make_model(compile_step=True, **overrides)
     text = caplog.text

@@ -325,11 +325,15 @@ def check_logic(proc, out, stage, runs):
     return summary, results
 
 
-def test_smoke_logic_sut_stage(tmp_path):
+@pytest.mark.parametrize("protocols", [
+    "standard",
+    # split A is optional in the GPU plan (smoke runs only required runs): named, it is
+    # required (the plan itself: test_logic_plan_*); the default suite runs one protocol
+    pytest.param("standard A", marks=pytest.mark.slow)])
+def test_smoke_logic_sut_stage(tmp_path, protocols):
     out = tmp_path / "out"
-    # split A is optional in the GPU plan (smoke runs only required runs): named, it is required
-    proc = run_stage("logic-sut", out, "--smoke", timeout=600, SUT_LOGIC_PROTOCOLS="standard A")
-    summary, results = check_logic(proc, out, "logic-sut", [("sut", "standard"), ("sut", "A")])
+    proc = run_stage("logic-sut", out, "--smoke", timeout=600, SUT_LOGIC_PROTOCOLS=protocols)
+    summary, results = check_logic(proc, out, "logic-sut", [("sut", p) for p in protocols.split()])
     depth = results["results"]["figure4_halting_depth"]["sut"]
     assert set(depth) == {"0", "12"}
     assert (out / "figure4.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
