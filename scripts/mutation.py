@@ -72,7 +72,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                               "test_side_step.py"),
     "sut_fairseq/modules/sut_block.py": ("test_incremental.py", "test_experts.py", "test_options_off.py"),
     "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
-    "sut_fairseq/ops/routed_linear.py": ("test_experts.py",),
+    "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_experts.py"),
     "sut_fairseq/ops/routed_linear_op.py": ("test_experts.py", "test_compiled_step.py"),
     "sut_fairseq/ops/routing.py": ("test_routing.py", "test_experts.py"),
     "sut_fairseq/ops/reference_linear.py": ("test_experts.py", "test_kernels_interpret.py"),

@@ -225,3 +225,10 @@ def test_train_step_builds_the_loop_variant_and_checks_what_compile_names(capsys
         train_step.main(["--batch", "2", "--len", "4", "--vocab", "64", "--arch", "sut_base",
                          "--compile", "ut_base"])
     assert capsys.readouterr().out == ""  # nothing timed
+
+
+def test_grouped_gemm_cpu_checks_both_ways_agree_and_ends_with_the_ratio():
+    out = run("grouped_gemm_cpu.py", "--tokens", "48", "--repeats", "1")
+    assert len(re.findall(r"^.+ (forward|forward \+ backward) +loop +\d+\.\d\d ms  grouped +\d+\.\d\d ms"
+                          r"  ratio \d+\.\d\d$", out, re.M)) == 8, out
+    assert re.fullmatch(r"grouped / loop time: \d+\.\d\d", out.strip().splitlines()[-1]), out

@@ -1,0 +1,135 @@
+"""``routed_linear``'s own contract (``ops/routed_linear.py``), apart from the arithmetic of
+its backends: the refusals and their messages, the operands the Triton backend checks
+before its kernels index without bounds checks, the compute dtype the custom op receives
+(as ``nn.Linear`` under autocast), and the CPU oracle ``reference_routed_linear`` (which the
+CUDA tests compare the kernels with) against a per-slot loop in every layout."""
+import importlib
+import re
+
+import pytest
+import torch
+
+from sut_fairseq.ops import make_routing, routed_linear
+from sut_fairseq.ops.routed_linear import reference_routed_linear
+
+routed_linear_module = importlib.import_module("sut_fairseq.ops.routed_linear")
+
+N, K, E, DIN, DOUT = 5, 2, 3, 4, 6
+
+
+def _routing(dtype=torch.float64):
+    idx = torch.tensor([[0, 2], [1, 0], [E, E], [2, 1], [0, 1]])  # token 2 halted
+    gates = torch.tensor([[0.7, 0.3], [0.4, 0.6], [0.0, 0.0], [0.5, 0.5], [0.2, 0.8]], dtype=dtype)
+    return make_routing(idx, gates, E)
+
+
+def _operands(seed=0, dtype=torch.float64, rows=N):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(rows, DIN, generator=g, dtype=dtype),
+            torch.randn(E, DIN, DOUT, generator=g, dtype=dtype),
+            torch.randn(E, DOUT, generator=g, dtype=dtype))
+
+
+def test_gates_with_sorted_output_are_refused_with_the_reason():
+    r = _routing()
+    x, W, b = _operands()
+    message = "gates combine a token's slots and need grouped_out=False"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        routed_linear(x, W, b, r, fan_out=K, grouped_out=True, gates=r.gates)
+
+
+@pytest.mark.parametrize("shape", [(DIN, DOUT), (E + 1, DIN, DOUT)])
+def test_a_weight_that_is_not_one_matrix_per_expert_is_refused(shape):
+    r = _routing()
+    x, _, b = _operands()
+    with pytest.raises(ValueError, match=f"^{re.escape(f'weight must be (E={E}, in, out); got {shape}')}$"):
+        routed_linear(x, torch.zeros(shape, dtype=torch.float64), b, r, fan_out=K)
+
+
+class _Checked(Exception):
+    pass
+
+
+@pytest.mark.parametrize("layout", [dict(fan_out=K, gates=True), dict(fan_out=1, grouped_in=True, grouped_out=True)])
+def test_the_triton_backend_checks_every_operand_before_its_kernels(layout, monkeypatch):
+    """``SUT_KERNELS=triton``: ``check_operands`` sees exactly the caller's operands, in
+    order, before anything runs (the kernels index without bounds checks)."""
+    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_function")
+    seen = []
+
+    def record(*args):
+        seen.append(args)
+        raise _Checked
+
+    monkeypatch.setattr(kernels, "check_operands", record)
+    monkeypatch.setenv("SUT_KERNELS", "triton")
+    r = _routing(torch.float32)
+    x, W, b = _operands(dtype=torch.float32, rows=N * K if layout.get("grouped_in") else N)
+    gates = r.gates if layout.get("gates") else None
+    grouped_in, grouped_out = layout.get("grouped_in", False), layout.get("grouped_out", False)
+    with pytest.raises(_Checked):
+        routed_linear(x, W, b, r, fan_out=layout["fan_out"], grouped_in=grouped_in,
+                      grouped_out=grouped_out, gates=gates)
+    (args,) = seen
+    expected = (x, W, b, r, layout["fan_out"], grouped_in, grouped_out, gates)
+    assert len(args) == len(expected)
+    for got, want in zip(args, expected):
+        assert got is want, (got, want)
+
+
+@pytest.mark.parametrize("x_dtype, w_dtype, b_dtype, autocast, expect", [
+    (torch.bfloat16, torch.float32, torch.bfloat16, False, torch.float32),   # promoted
+    (torch.float32, torch.bfloat16, torch.float32, False, torch.float32),
+    (torch.float32, torch.float32, torch.float32, True, torch.bfloat16),     # autocast's dtype
+])
+def test_the_op_receives_its_operands_in_the_compute_dtype(x_dtype, w_dtype, b_dtype, autocast,
+                                                           expect, monkeypatch):
+    seen = {}
+    call = routed_linear_module.call_routed_linear_op
+
+    def spy(x, weight, bias, *rest):
+        seen.update(x=x.dtype, weight=weight.dtype, bias=bias.dtype)
+        return call(x, weight, bias, *rest)
+
+    monkeypatch.setattr(routed_linear_module, "call_routed_linear_op", spy)
+    r = _routing(torch.float32)
+    x, W, b = _operands(dtype=torch.float32)
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        y = routed_linear(x.to(x_dtype), W.to(w_dtype), b.to(b_dtype), r, fan_out=K, gates=r.gates)
+    assert seen == dict(x=expect, weight=expect, bias=expect)
+    assert y.dtype == expect
+
+
+def _slot_loop(x, W, b, r, rows_are_slots):
+    """(M, out) per slot: x[row] @ W[e] + b[e], zero for the halted slots."""
+    out = torch.zeros(N * K, DOUT, dtype=x.dtype)
+    for n in range(N):
+        for j in range(K):
+            e = int(r.expert_idxs[n, j])
+            if e < E:
+                row = n * K + j if rows_are_slots else n
+                out[n * K + j] = x[row] @ W[e] + (0 if b is None else b[e])
+    return out
+
+
+@pytest.mark.parametrize("with_bias", [True, False])
+def test_the_reference_equals_a_per_slot_loop_in_every_layout(with_bias):
+    r = _routing()
+    x, W, b = _operands()
+    b = b if with_bias else None
+    slots = _slot_loop(x, W, b, r, rows_are_slots=False)
+    # defaults: token rows in (fan_out k), slot rows out
+    torch.testing.assert_close(reference_routed_linear(x, W, b, r, K), slots)
+    # gated sum over each token's slots
+    gated = (r.gates.reshape(-1, 1) * slots).view(N, K, DOUT).sum(1)
+    torch.testing.assert_close(reference_routed_linear(x, W, b, r, K, gates=r.gates), gated)
+    # sorted rows out (the no-op rows last, zero)
+    sorted_out = reference_routed_linear(x, W, b, r, K, grouped_out=True)
+    torch.testing.assert_close(sorted_out, slots[r.sorted_scattered_idxs])
+    # sorted rows in -> gated sum (the FFD's down projection)
+    xs = torch.randn(N * K, DIN, dtype=torch.float64)
+    per_slot = _slot_loop(xs, W, b, r, rows_are_slots=True)
+    grouped_in = xs[r.sorted_scattered_idxs]
+    expect = (r.gates.reshape(-1, 1) * per_slot).view(N, K, DOUT).sum(1)
+    torch.testing.assert_close(reference_routed_linear(grouped_in, W, b, r, 1, grouped_in=True,
+                                                       gates=r.gates), expect)
