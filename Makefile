@@ -45,9 +45,11 @@ $(STAMP): setup.py
 demo: install
 	$(PY) -m sut_fairseq.demo
 
-# one worker per core; a test file stays on one worker (its module fixtures run once)
+# one worker per core; a test file stays on one worker (its module fixtures run once), the
+# files in tests/conftest.py's order (the heavy ones first; xdist would otherwise start
+# with the files of most tests, the quick unit tests, and leave the long smokes for last)
 TEST_WORKERS ?= auto
-XDIST = -n $(TEST_WORKERS) --dist loadfile
+XDIST = -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 # (a .venv installed before pytest-xdist was in TOOLS gets it here)
 xdist: install
