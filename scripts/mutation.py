@@ -55,7 +55,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/chunked_recurrence.py": ("test_chunk_layout.py", "test_chunked_halting_result.py",
                                                   "test_chunked_recurrence.py", "test_chunked.py"),
     "sut_fairseq/modules/dropout.py": ("test_dropout.py",),
-    "sut_fairseq/modules/exits.py": ("test_exits.py",),
+    "sut_fairseq/modules/exits.py": ("test_exit_contract.py", "test_exits.py"),
     "sut_fairseq/modules/expert_init.py": ("test_experts.py",),
     "sut_fairseq/modules/halting.py": ("test_halting.py", "test_halting_rules.py"),
     "sut_fairseq/modules/hyper_block.py": ("test_hyper_ut.py",),
