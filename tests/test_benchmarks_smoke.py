@@ -179,6 +179,22 @@ def test_generate_throughput_compiled_decoder_rows():
     check_pass_rows(out, "compiled decoder")
 
 
+def test_cpu_parallel_averages_fairseqs_ups_past_the_warm_up():
+    """The speed cpu_parallel.py reports: the mean of fairseq's ``ups`` over the log lines
+    past ``--warmup`` updates (either order of the fields); no such line: a clear exit."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import cpu_parallel
+
+    log = ("epoch 001:     10 / 90 loss=2.1, ups=1.5, wpb=100, num_updates=10\n"
+           "epoch 001:     20 / 90 loss=2.0, ups=2.0, wpb=100, num_updates=20\n"
+           "epoch 001:     30 / 90 loss=1.9, num_updates=30, lr=0.1, ups=3.0\n")
+    assert cpu_parallel.ups_after(log, 10) == 2.5
+    assert cpu_parallel.ups_after(log, 0) == 6.5 / 3
+    with pytest.raises(SystemExit, match="no training log lines past update 30"):
+        cpu_parallel.ups_after(log, 30)
+
+
+@pytest.mark.slow  # three fairseq-train processes (the distributed path: test_distributed.py)
 def test_cpu_parallel_runs_the_recipe_both_ways_and_prints_the_ratio():
     out = run("cpu_parallel.py", "--model", "ut-halting", "--updates", "12", "--warmup", "5",
               "--max-tokens", "256", "--pairs", "600")

@@ -154,13 +154,15 @@ def test_teacher_forced_halting_analysis(data_bin, sut_run, tmp_path):
     assert "encoder steps executed" in out.stdout and (tmp_path / "a.json").stat().st_size > 0
 
 
-def test_fairseq_train_and_generate_with_compile_step(data_bin, tmp_path):
-    """``--compile-step`` through the stock tools: fairseq-train compiles both sides' steps
-    (training and validation) and learns; fairseq-generate compiles the encoder's and
-    decodes incrementally with the eager decoder step. (The ``eager`` backend: dynamo's
-    full-graph trace of the same steps, without AOTAutograd or C++, to keep the test short;
-    both are tested on the model in tests/test_compiled_step.py.)"""
-    env = {**os.environ, "SUT_COMPILE_BACKEND": "eager"}
+COMPILE_ENV = {"SUT_COMPILE_BACKEND": "eager"}
+
+
+def _train_with_compile_step(data_bin, tmp_path):
+    """fairseq-train with ``--compile-step``: both sides' steps compiled, training and
+    validation; it learns. (The ``eager`` backend: dynamo's full-graph trace of the same
+    steps, without AOTAutograd or C++, to keep the test short; both are tested on the model
+    in tests/test_compiled_step.py.)"""
+    env = {**os.environ, **COMPILE_ENV}
     command = train_command(data_bin, str(tmp_path), 30, seed=1,
                             extra=["--log-interval", "5", "--max-tokens", "1024",
                                    "--warmup-updates", "10", "--arch", "sut_tiny", "--compile-step"])
@@ -171,6 +173,19 @@ def test_fairseq_train_and_generate_with_compile_step(data_bin, tmp_path):
     losses = _losses(log)
     assert len(losses) >= 5 and losses[-1] < 0.9 * losses[0], losses
     assert "valid on 'valid' subset" in log
+
+
+def test_fairseq_train_with_compile_step(data_bin, tmp_path):
+    _train_with_compile_step(data_bin, tmp_path)
+
+
+@pytest.mark.slow  # a second process compiling the encoder's step again: about 20 s more
+def test_fairseq_train_and_generate_with_compile_step(data_bin, tmp_path):
+    """Then fairseq-generate compiles the encoder's step and decodes incrementally with the
+    eager decoder step, every test sentence. (The default suite's beam search with
+    --compile-step: test_benchmarks_smoke.py::test_generate_throughput_compiled_rows.)"""
+    _train_with_compile_step(data_bin, tmp_path)
+    env = {**os.environ, **COMPILE_ENV}
     proc = subprocess.run(generate_command(data_bin, str(tmp_path / "checkpoint_last.pt")),
                           capture_output=True, text=True, timeout=600, env=env)
     out = proc.stdout + proc.stderr
