@@ -316,3 +316,43 @@ def test_largest_uniform_is_clamped_to_one_minus_eps_in_double(monkeypatch):
     assert routing.expert_idxs.tolist() == [[1], [1]]
     assert -math.log(-math.log(1 - EPS)) == pytest.approx(20.72, abs=1e-2)
     assert -math.log(-math.log(1 - 2.0 ** -53)) == pytest.approx(36.74, abs=1e-2)
+
+
+# ---------------------------------------------------------------- construction and paths
+
+def test_sampling_is_off_unless_asked_for():
+    """The default ``sample_topk`` is 0: a training router picks greedily, as in evaluation."""
+    torch.manual_seed(0)
+    router = Router(4, 5, 2, 6)
+    assert router.sample_topk == 0
+    x, active = torch.randn(40, 4), torch.ones(40, dtype=torch.bool)
+    first, second = router.train()(x, active), router(x, active)
+    greedy = router.eval()(x, active)
+    assert torch.equal(first.expert_idxs, second.expert_idxs)
+    assert torch.equal(first.expert_idxs, greedy.expert_idxs)
+
+
+def test_sample_topk_above_k_is_refused_with_the_range():
+    with pytest.raises(ValueError, match=r"^sample-topk must be in \[0, k=2\]; got 3$"):
+        Router(4, 5, 2, 6, sample_topk=3)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])
+def test_one_expert_needs_no_parameters_and_sends_inactive_rows_to_the_no_op_expert(dtype):
+    router = Router(4, 1, 1, 6)
+    assert list(router.parameters()) == []
+    active = torch.tensor([True, False, True, False])
+    r = router(torch.randn(4, 4, dtype=dtype), active)
+    assert r.expert_idxs.tolist() == [[0], [1], [0], [1]]  # 1 = E, the no-op expert
+    assert r.gates.dtype == dtype and r.gates.squeeze(1).tolist() == [1.0, 0.0, 1.0, 0.0]
+    assert r.expert_offsets.tolist() == [2]
+
+
+def test_any_device_but_the_cpu_routes_every_row(monkeypatch):
+    """No host read of the mask off the CPU (the meta device stands in for an accelerator)."""
+    router = Router(4, 3, 2, 5).to("meta")
+    calls = []
+    monkeypatch.setattr(router, "route_every_row", lambda x, active: calls.append(x.device) or "every row")
+    x = torch.empty(6, 4, device="meta")
+    assert router(x, torch.ones(6, dtype=torch.bool, device="meta")) == "every row"
+    assert calls == [torch.device("meta")]

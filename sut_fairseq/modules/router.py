@@ -92,11 +92,12 @@ class Router(nn.Module):
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        if x.is_cuda or torch.compiler.is_compiling():
+        if x.device.type != "cpu" or torch.compiler.is_compiling():
             return self.route_every_row(x, active)
         # eager CPU: the router runs on the active rows only (halted and padding rows cost
-        # nothing); finding them reads the mask on the host, which is free here (a
-        # compiled step routes every row instead: its shapes must not depend on the data)
+        # nothing); finding them reads the mask on the host, which is free here (an
+        # accelerator and a compiled step route every row instead: no host read, and shapes
+        # that do not depend on the data)
         rows = active.nonzero().squeeze(1)
         probs, top_idx, top_gates = self._route(x.index_select(0, rows))
         idx = torch.full((x.size(0), k), E, dtype=torch.long, device=x.device).index_copy(0, rows, top_idx)
@@ -106,9 +107,9 @@ class Router(nn.Module):
         return make_routing(idx, gates.to(x.dtype), E)
 
     def route_every_row(self, x: torch.Tensor, active: torch.Tensor) -> Routing:
-        """The same Routing without reading ``active`` on the host (the CUDA path): every
-        row goes through the router MLP, inactive rows are sent to the no-op expert E with
-        gate 0 and left out of the statistics."""
+        """The same Routing without reading ``active`` on the host (any device but the CPU,
+        and a compiled step): every row goes through the router MLP, inactive rows are sent
+        to the no-op expert E with gate 0 and left out of the statistics."""
         probs, top_idx, top_gates = self._route(x, active if torch.compiler.is_compiling() else None)
         keep = active.unsqueeze(1)
         idx = top_idx.masked_fill(~keep, self.num_experts)
