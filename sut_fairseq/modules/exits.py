@@ -196,7 +196,7 @@ class ExitHalting(nn.Module):
             out.logits = logits.new_zeros(B, T, logits.size(-1))
         out.logits = out.logits.view(B * T, -1).index_copy(0, exit_rows, logits[stop]).view(B, T, -1)
         out.exit_step = out.exit_step.view(-1).index_fill(0, exit_rows, l).view(B, T)
-        halts = torch.zeros(B * T, dtype=torch.bool, device=running.device).index_fill(0, exit_rows, True)
+        halts = torch.zeros_like(running.reshape(-1)).index_fill(0, exit_rows, True)
         return running & ~halts.view(B, T)
 
     def mix(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, state: ExitState) -> torch.Tensor:
