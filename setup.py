@@ -6,5 +6,5 @@ setup(
     description="Sparse Universal Transformer and Universal Transformer for fairseq",
     packages=find_packages(include=["sut_fairseq", "sut_fairseq.*"]),
     python_requires=">=3.9",
-    install_requires=["torch>=2.1"],
+    install_requires=["torch>=2.4"],
 )

@@ -133,3 +133,34 @@ def test_the_reference_equals_a_per_slot_loop_in_every_layout(with_bias):
     expect = (r.gates.reshape(-1, 1) * per_slot).view(N, K, DOUT).sum(1)
     torch.testing.assert_close(reference_routed_linear(grouped_in, W, b, r, 1, grouped_in=True,
                                                        gates=r.gates), expect)
+
+
+class _FakeCuda:
+    """What ``kernel_backend`` reads of a tensor: whether it is on a CUDA device."""
+    is_cuda = True
+
+
+def test_kernel_backend_follows_sut_kernels_and_the_device(monkeypatch):
+    from sut_fairseq.ops.reference_linear import kernel_backend
+
+    monkeypatch.delenv("SUT_KERNELS", raising=False)
+    assert kernel_backend(torch.empty(1)) == "reference"
+    assert kernel_backend(_FakeCuda()) == "triton"
+    monkeypatch.setenv("SUT_KERNELS", "auto")
+    assert (kernel_backend(torch.empty(1)), kernel_backend(_FakeCuda())) == ("reference", "triton")
+    for choice in ("reference", "triton"):
+        monkeypatch.setenv("SUT_KERNELS", choice)
+        assert kernel_backend(torch.empty(1)) == choice and kernel_backend(_FakeCuda()) == choice
+    monkeypatch.setenv("SUT_KERNELS", "Triton")
+    message = "SUT_KERNELS='Triton' is not one of ('auto', 'reference', 'triton')"
+    with pytest.raises(ValueError, match=f"^{re.escape(message)}$"):
+        kernel_backend(torch.empty(1))
+
+
+def test_the_autocast_dtype_of_a_device_type():
+    from sut_fairseq.ops.reference_linear import _autocast_dtype
+
+    assert _autocast_dtype("cpu") is None and _autocast_dtype("meta") is None
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert _autocast_dtype("cpu") == torch.bfloat16
+        assert _autocast_dtype("meta") is None and _autocast_dtype("cuda") is None

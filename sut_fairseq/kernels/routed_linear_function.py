@@ -37,23 +37,8 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
+from ..ops.reference_linear import _autocast_dtype
 from . import grouped_gemm as gg
-
-
-def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The autocast dtype active for ``device_type`` ("cuda" or "cpu"), or None."""
-    if device_type not in ("cuda", "cpu"):
-        return None
-    try:
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
-        return None
-    except TypeError:  # torch < 2.4: no device_type argument
-        if device_type == "cuda" and torch.is_autocast_enabled():
-            return torch.get_autocast_gpu_dtype()
-        if device_type == "cpu" and torch.is_autocast_cpu_enabled():
-            return torch.get_autocast_cpu_dtype()
-        return None
 
 
 def _no_autocast(device_type: str):

@@ -22,15 +22,11 @@ def kernel_backend(x: torch.Tensor) -> str:
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
-    """The autocast dtype active for ``device_type``, or None (torch >= 2.1 compatible)."""
-    try:
-        if torch.is_autocast_enabled(device_type):
-            return torch.get_autocast_dtype(device_type)
+    """The autocast dtype active for ``device_type``, or None (also for a device type that
+    autocast does not know, such as ``meta``)."""
+    if device_type not in ("cuda", "cpu"):
         return None
-    except TypeError:  # torch < 2.4: per-device functions
-        if device_type == "cpu":
-            return torch.get_autocast_cpu_dtype() if torch.is_autocast_cpu_enabled() else None
-        return torch.get_autocast_gpu_dtype() if torch.is_autocast_enabled() else None
+    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
 
 
 def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) -> torch.Tensor:
