@@ -13,12 +13,12 @@ import argparse
 import os
 import statistics
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from moe_cpu import median_times  # noqa: E402  (this folder is on sys.path)
 from sut_fairseq.ops import make_routing, routed_linear  # noqa: E402
 
 E, K = 12, 4
@@ -44,16 +44,6 @@ def grouped(x, weight, bias, routing, fan_out, grouped_in=False, grouped_out=Fal
         return y.new_zeros(routing.num_slots, y.size(1)).index_copy(0, slots, y)
     y = y * gates.reshape(-1).index_select(0, slots).unsqueeze(1)
     return y.new_zeros(routing.num_tokens, y.size(1)).index_add(0, slots // routing.k, y)
-
-
-def seconds(fn, repeats):
-    fn()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def main():
@@ -91,15 +81,20 @@ def main():
                 reference = y.detach()
             else:
                 torch.testing.assert_close(y.detach(), reference, rtol=1e-4, atol=1e-4)
-        times = {}
-        for label, fn in (("loop", routed_linear), ("grouped", grouped)):
-            with torch.no_grad():
-                forward = seconds(lambda: fn(x, W, b, routing, **kw), args.repeats)
+        fns = (routed_linear, grouped)
 
-            def both():
-                y = fn(x, W, b, routing, **kw)
-                y.backward(torch.ones_like(y))
-            times[label] = (forward, seconds(both, args.repeats))
+        def forward(fn):
+            with torch.no_grad():
+                fn(x, W, b, routing, **kw)
+
+        def both(fn):
+            y = fn(x, W, b, routing, **kw)
+            y.backward(torch.ones_like(y))
+        # each pass: the two ways timed in turn within every repeat (median_times)
+        times = {"loop": [], "grouped": []}
+        for run in (forward, both):
+            for label, t in zip(times, median_times([lambda f=f: run(f) for f in fns], args.repeats, warmup=1)):
+                times[label].append(t)
         for i, pass_name in enumerate(("forward", "forward + backward")):
             loop_s, grouped_s = times["loop"][i], times["grouped"][i]
             ratios.append(grouped_s / loop_s)

@@ -18,6 +18,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
+from .reference_linear import _autocast_dtype
+
 _EMPTY = 0  # size of a gradient that was not asked for
 
 
@@ -86,7 +88,7 @@ masked_linear_op.register_autograd(_backward, setup_context=_setup_context)
 def masked_linear(x: Tensor, linear: nn.Linear, mask: Tensor) -> Tensor:
     """``linear`` on the rows of x (..., in) where mask (...) is True; 0 elsewhere.
     Under autocast the operands are cast to its dtype first, as ``nn.Linear`` does."""
-    dtype = torch.get_autocast_dtype(x.device.type) if torch.is_autocast_enabled(x.device.type) else x.dtype
+    dtype = _autocast_dtype(x.device.type) or x.dtype
     weight = linear.weight.to(dtype)
     bias = None if linear.bias is None else linear.bias.to(dtype)
     shape = x.shape[:-1]
