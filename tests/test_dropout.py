@@ -101,18 +101,44 @@ def test_a_probability_below_the_mask_resolution_is_the_identity():
     assert dropout(x, 1e-6, True) is x
 
 
-def test_compiled_code_uses_torch_dropout(monkeypatch):
-    """While ``torch.compile`` traces (``is_compiling``), dropout is ``F.dropout`` with the
-    same p (inductor draws its mask); the CPU mask and its own generator are not used."""
-    import sut_fairseq.modules.dropout as module
+def _compiled_dropout(p):
+    """dropout(x, p) compiled whole (inductor, as ``--compile-step`` compiles)."""
+    return torch.compile(lambda x: dropout(x, p, True), fullgraph=True, dynamic=False)
 
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
-    monkeypatch.setattr(module, "_keep_mask", lambda *a: pytest.fail("the CPU mask under compilation"))
-    torch.manual_seed(2)
-    y = dropout(torch.ones(100_000), 0.3, True)
-    kept = (y != 0).float().mean().item()
-    assert abs(kept - 0.7) < 5 * (0.21 / 100_000) ** 0.5
-    assert torch.allclose(y[y != 0], torch.tensor(1 / 0.7))
+
+def test_compiled_dropout_draws_the_eager_mask():
+    """Under ``torch.compile`` the mask is the eager CPU mask, drawn by ``sut::keep_mask``
+    (not inductor's per-element Philox): with the same seed, compiled == eager exactly."""
+    x = torch.randn(300, 64)
+    torch.manual_seed(5)
+    eager = dropout(x, 0.3, True)
+    f = _compiled_dropout(0.3)
+    f(x)  # compile (draws once)
+    torch.manual_seed(5)
+    assert torch.equal(f(x), eager)
+
+
+def test_compiled_dropout_is_one_graph_with_the_mask_op():
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    explained = torch._dynamo.explain(lambda x: dropout(x, 0.3, True))(torch.randn(50, 8))
+    assert explained.graph_break_count == 0 and explained.graph_count == 1
+    code = explained.graphs[0].code
+    assert "sut.keep_mask" in code and "dropout" not in code.replace("keep_mask", "")
+
+
+def test_compiled_backward_reuses_the_forward_mask_and_calls_differ():
+    """The backward multiplies by the forward's mask (the op is not recomputed, which would
+    draw a new mask), and two calls in one graph draw two masks (the op is not merged)."""
+    torch.manual_seed(0)
+    x = (torch.rand(400, 32) + 0.5).requires_grad_()
+    f = _compiled_dropout(0.5)
+    y = f(x)
+    y.sum().backward()
+    assert torch.equal(x.grad, (y != 0).float() * 2.0)
+    g = torch.compile(lambda x: dropout(x, 0.5, True) - dropout(x, 0.5, True), fullgraph=True)
+    assert (g(x.detach()) != 0).float().mean() > 0.3  # ~ 1/2 of the rows differ
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

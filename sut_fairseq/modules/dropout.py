@@ -9,9 +9,16 @@ of the generator gives two 16-bit uniform integers u, an element is kept when
 u >= round(p · 2^16): the forward takes about a third of ``F.dropout``'s time and the
 backward (dy times the saved scaled mask) is the same. The drop probability is p rounded to a multiple of
 2^-16 (|error| <= 2^-17) and the scale uses that same probability, so E[y] = x exactly.
-CUDA tensors, p within 2^-17 of 1 and code being traced by ``torch.compile`` (whose
-inductor draws the mask inside its fused kernels; the separate generator here would break
-the graph) use ``F.dropout``; evaluation and p = 0 are the identity.
+CUDA tensors and p within 2^-17 of 1 use ``F.dropout``; evaluation and p = 0 are the
+identity.
+
+Under ``torch.compile`` the mask is drawn by the custom op ``sut::keep_mask`` (the same
+draw, opaque to the compiler; tagged ``nondeterministic_seeded`` so that it is neither
+merged with another call nor recomputed in the backward) and ``x · m / (1 - p)`` is
+traced around it. Left to itself, inductor draws a dropout mask in its fused CPU kernels
+with one Philox evaluation per element (``normalized_rand_cpu``), about 8 ms per (2,044,
+128) mask on one core: more than the whole compiled step's saving on the logic model
+(``docs/performance.md``).
 """
 import torch
 import torch.nn as nn
@@ -34,17 +41,31 @@ def _keep_mask(x: torch.Tensor, dropped_levels: int) -> torch.Tensor:
     return u >= dropped_levels - (1 << 15)
 
 
+@torch.library.custom_op("sut::keep_mask", mutates_args=(),
+                         tags=(torch.Tag.nondeterministic_seeded,))
+def keep_mask_op(x: torch.Tensor, dropped_levels: int) -> torch.Tensor:
+    """``_keep_mask`` as an operator the compiler calls as it is (x is read for its shape
+    and device only)."""
+    return _keep_mask(x, dropped_levels)
+
+
+@keep_mask_op.register_fake
+def _(x, dropped_levels):
+    return torch.empty_like(x, dtype=torch.bool)
+
+
 def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     """Functional form of ``Dropout``."""
     if not training or p == 0.0:
         return x
     dropped = round(p * _LEVELS)
-    if x.is_cuda or dropped >= _LEVELS or not x.is_floating_point() or torch.compiler.is_compiling():
+    if x.is_cuda or dropped >= _LEVELS or not x.is_floating_point():
         return F.dropout(x, p, training)
     if dropped == 0:
         return x
     scale = _LEVELS / (_LEVELS - dropped)
-    mask = _keep_mask(x, dropped).to(x.dtype)
+    draw = torch.ops.sut.keep_mask if torch.compiler.is_compiling() else _keep_mask
+    mask = draw(x, dropped).to(x.dtype)
     if x.dtype in (torch.float16, torch.bfloat16):
         return x * mask * scale  # the scale stays a float scalar: no rounding of 1 / (1 - p)
     # one pass forward and backward: autograd keeps the scaled mask, dx = dy ⊙ mask / (1 - p)
