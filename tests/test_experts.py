@@ -343,3 +343,65 @@ def test_sampled_topk_keeps_distinct_experts_and_greedy_part():
     r.eval()
     assert torch.equal(r(x, torch.ones(50, dtype=torch.bool)).expert_idxs,
                        torch.softmax(r.fc2(torch.tanh(r.fc1(x))), -1).topk(3).indices)
+
+
+# --- construction and the eager CPU saving of MoEFeedForward, the expert initialisation --
+
+
+def test_moe_ffd_passes_its_router_options_and_defaults_to_relu():
+    import fairseq.utils
+
+    ffd = MoEFeedForward(8, 16, 4, 2, 8, gating_dropout=0.3, sample_topk=1)
+    assert ffd.router.dropout.p == 0.3 and ffd.router.sample_topk == 1
+    assert ffd.router.num_experts == 4 and ffd.router.top_k == 2
+    assert MoEFeedForward(8, 16, 4, 2, 8).activation_fn is fairseq.utils.get_activation_fn("relu")
+
+
+def test_moe_ffd_activation_sees_only_the_routed_rows_on_an_eager_cpu():
+    """The eager CPU path applies the activation to the routed slots only (the no-op slots
+    of inactive rows are cut off before it), and the output is the same as with every row."""
+    torch.manual_seed(0)
+    ffd = MoEFeedForward(8, 16, 4, 2, 8)
+    x = torch.randn(10, 8)
+    active = torch.tensor([True, False] * 5)
+    seen = []
+    relu = ffd.activation_fn
+
+    def recording(h):
+        seen.append(h.size(0))
+        return relu(h)
+
+    ffd.activation_fn = recording
+    y = ffd(x, active)
+    assert seen == [int(active.sum()) * 2]  # k = 2 slots per active row, none for the rest
+    assert torch.equal(y[~active], torch.zeros(5, 8))
+    for i in range(10):  # each active row alone gives the same output
+        if active[i]:
+            torch.testing.assert_close(ffd(x[i:i + 1], active[i:i + 1])[0], y[i])
+
+
+def test_moe_ffd_compiles_without_a_graph_break():
+    """Under ``torch.compile`` the row count is not read on the host (it would break the
+    graph): fullgraph tracing of the layer succeeds."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    ffd = MoEFeedForward(8, 16, 4, 2, 8)
+    x, active = torch.randn(6, 8), torch.tensor([True, True, False, True, False, True])
+    explained = torch._dynamo.explain(ffd)(x, active)
+    assert explained.graph_break_count == 0, explained.break_reasons
+
+
+def test_expert_weight_init_is_xavier_uniform_per_expert():
+    """U(-b, b) with b = sqrt(6 / (fan_in + fan_out)), fan_in = size(1), fan_out = size(2)
+    (in != out, so swapping them changes b)."""
+    from sut_fairseq.modules.expert_init import init_expert_weight_
+
+    torch.manual_seed(0)
+    w = torch.empty(3, 40, 200)
+    assert init_expert_weight_(w) is w
+    bound = math.sqrt(6.0 / 240)
+    assert w.abs().max() <= bound
+    assert w.max() > 0.99 * bound and w.min() < -0.99 * bound
+    assert abs(w.mean().item()) < 0.01 * bound
+    assert abs(w.var().item() - bound ** 2 / 3) < 0.02 * bound ** 2
