@@ -142,10 +142,10 @@ def test_halting_unit_starts_at_one_half():
 
 def test_log_space_products_do_not_underflow():
     """64 steps with â near 1 and near 0: weights stay finite and sum to 1."""
-    from sut_fairseq.modules.halting import StickBreakingHalting
+    from sut_fairseq.modules.halting import build_halting
 
     for bias in (30.0, -30.0, 8.0):
-        halting = StickBreakingHalting(8, 0.0, threshold=1.0, normalize_input=False)
+        halting = build_halting("stick-breaking", 8, 0.0, threshold=1.0, normalize_input=False)
         torch.nn.init.constant_(halting.unit.fc2.bias, bias)
         h = torch.randn(2, 3, 8)
         real = torch.ones(2, 3, dtype=torch.bool)
@@ -211,3 +211,149 @@ def test_halting_bias_init_sets_the_initial_stick_pieces(bias):
     a = 1.0 / (1.0 + math.exp(-bias))
     expected = torch.tensor([a, a * (1 - a), (1 - a) ** 2], dtype=torch.float64)
     torch.testing.assert_close(weights, expected.expand_as(weights), rtol=1e-5, atol=1e-6)
+
+
+def test_halting_result_act_loss_and_executed_fraction_worked_by_hand():
+    """L_ACT = Σ_real summand / #real (one real position: its own summand), and the
+    executed fraction = Σ steps / (L · #real), with no real position at all giving 0."""
+    from sut_fairseq.modules.halting import HaltingResult
+
+    def result(depth, steps, real, L=4):
+        depth, steps, real = torch.tensor(depth), torch.tensor(steps), torch.tensor(real)
+        return HaltingResult(weights=torch.zeros(*real.shape, L), expected_depth=depth,
+                             steps=steps, real=real, max_steps=L)
+
+    one = result([[2.5, 9.0]], [[3, 0]], [[True, False]])
+    assert one.act_loss().item() == 2.5
+    assert one.executed_fraction() == 3 / 4
+    two = result([[2.5, 1.5], [3.0, 7.0]], [[3, 2], [4, 0]], [[True, True], [True, False]])
+    assert two.act_loss().item() == pytest.approx(7.0 / 3)
+    assert two.executed_fraction() == 9 / 12
+    none = result([[5.0]], [[0]], [[False]])
+    assert none.act_loss().item() == 0.0 and none.executed_fraction() == 0.0
+
+
+# --- the halting unit's reading, the eager saving, the compiled branch, dtypes, devices --
+
+
+def _unit_logit64(halting, x):
+    """The halting unit in float64, written out: fc2(GELU(fc1(x)))."""
+    u = halting.unit
+    hidden = x @ u.fc1.weight.double().t() + u.fc1.bias.double()
+    return (torch.nn.functional.gelu(hidden) @ u.fc2.weight.double().t() + u.fc2.bias.double()).squeeze(-1)
+
+
+def _randomised(rule, causal, transition=False, d=6):
+    from sut_fairseq.modules.halting import build_halting
+
+    torch.manual_seed(3)
+    halting = build_halting(rule, d, 0.0, threshold=0.9, normalize_input=True,
+                            transition=transition, causal=causal)
+    with torch.no_grad():
+        for p in halting.parameters():
+            p.copy_(torch.randn_like(p) * 0.7)
+    return halting
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_global_mean_reading_against_a_per_position_loop(causal):
+    """The global-mean rule's first decision, α_1 = sigmoid(unit(m)) on real positions,
+    where m is, per sequence, the mean of LN(h_t) over its real positions (encoder) or over
+    its real positions t' <= t (decoder: the causal prefix mean; 0 before the first real
+    one). Left padding, a sequence with one real position and B = 3 (each sequence its
+    own count)."""
+    halting = _randomised("global-mean", causal)
+    B, T, d = 3, 5, 6
+    h = torch.randn(B, T, d)
+    real = torch.tensor([[False, False, True, True, True],
+                         [False, False, False, True, False],
+                         [True, True, True, True, True]])
+    state = halting.begin(h, real)
+    alpha = halting.decide(h, real, state, 1)  # reads h_1 = h, running = real
+    norm = halting.unit.norm
+    expected = torch.zeros(B, T, dtype=torch.float64)
+    for b in range(B):
+        ln = [norm(h[b, t]).double() for t in range(T)]
+        reals = [t for t in range(T) if real[b, t]]
+        for t in range(T):
+            seen = [s for s in reals if s <= t] if causal else reals
+            m = sum(ln[s] for s in seen) / max(1, len(seen)) if seen else torch.zeros(d, dtype=torch.float64)
+            if real[b, t]:
+                expected[b, t] = torch.sigmoid(_unit_logit64(halting, m))
+    torch.testing.assert_close(state.alphas[0].double(), expected, rtol=1e-5, atol=1e-6)
+    assert alpha.dtype == torch.bool
+
+
+def test_a_threshold_tensor_overrides_the_rule_threshold():
+    """``decide(..., threshold=t)`` halts against t, not the rule's own α_thresh."""
+    halting = _randomised("stick-breaking", False)
+    with torch.no_grad():
+        halting.unit.fc2.weight.zero_()
+        halting.unit.fc2.bias.fill_(0.0)  # â = 0.5 everywhere
+    h, real = torch.randn(2, 4, 6), torch.ones(2, 4, dtype=torch.bool)
+    assert halting.decide(h, real, halting.begin(h, real), 1).all()  # 0.5 < 0.9: runs on
+    halts_all = halting.decide(h, real, halting.begin(h, real), 1, threshold=torch.tensor(0.4))
+    assert not halts_all.any()
+
+
+def test_eager_per_position_reading_runs_the_unit_on_running_rows_only():
+    """The eager per-position rule feeds only the running rows to the halting unit; the
+    others' α is 0, and the running rows' α is what the unit gives on every row."""
+    halting = _randomised("stick-breaking", False)
+    h = torch.randn(2, 5, 6)
+    real = torch.ones(2, 5, dtype=torch.bool)
+    running = torch.tensor([[True, False, True, False, False], [True, True, False, False, True]])
+    seen = []
+    handle = halting.unit.fc1.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    state = halting.begin(h, real)
+    halting.decide(h, running, state, 1)
+    handle.remove()
+    assert seen == [int(running.sum())]
+    every = torch.sigmoid(_unit_logit64(halting, halting.unit.norm(h).double()))
+    torch.testing.assert_close(state.alphas[0].double(), every * running, rtol=1e-5, atol=1e-6)
+
+
+def test_the_compiled_branch_of_decide_gives_the_eager_decision(monkeypatch):
+    """What ``decide`` runs while compiling (every row through ``sut::masked_linear``,
+    static shapes) gives the eager branch's α, c and decision."""
+    halting = _randomised("stick-breaking", False)
+    h = torch.randn(2, 5, 6)
+    real = torch.ones(2, 5, dtype=torch.bool)
+    running = torch.tensor([[True, False, True, True, False], [True, True, False, True, True]])
+    eager_state = halting.begin(h, real)
+    eager = halting.decide(h, running, eager_state, 1)
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    state = halting.begin(h, real)
+    assert torch.equal(halting.decide(h, running, state, 1), eager)
+    torch.testing.assert_close(state.alphas[0], eager_state.alphas[0])
+    torch.testing.assert_close(state.c, eager_state.c)
+
+
+def test_mix_keeps_the_states_dtype():
+    """S_l in bf16 stays bf16 (Eq. 3 is formed in fp32 and cast back)."""
+    halting = _randomised("stick-breaking", False)
+    h = torch.randn(2, 3, 6).bfloat16()
+    real = torch.ones(2, 3, dtype=torch.bool)
+    state = halting.begin(h, real)
+    state.c = torch.full((2, 3), 0.25)
+    S = halting.mix(h, h.clone(), real, state)
+    assert S.dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("rule", ["stick-breaking", "act", "none"])
+def test_finish_builds_the_result_on_the_state_device(rule):
+    """``finish`` makes its weights and depths on the state's device (meta here: a
+    tensor made on the default device would not combine with the state's)."""
+    from sut_fairseq.modules.halting import build_halting, HaltingState
+
+    halting = build_halting(rule, 4, 0.0, threshold=0.9, normalize_input=False)
+    meta = torch.device("meta")
+    B, T = 2, 3
+    state = HaltingState.from_tensors(
+        torch.ones(B, T, dtype=torch.bool, device=meta), torch.zeros(B, T, device=meta),
+        torch.zeros(B, T, device=meta), torch.zeros(B, T, 4, device=meta),
+        torch.zeros(B, T, 4, device=meta), torch.ones(B, T, dtype=torch.long, device=meta))
+    state.alphas = [torch.zeros(B, T, device=meta)]
+    result = halting.finish(state, 4)
+    assert result.weights.device == meta and result.expected_depth.device == meta
+    assert result.weights.shape == (B, T, 4) and result.weights.dtype == torch.float32

@@ -166,7 +166,7 @@ class LearnedHalting(nn.Module):
             h = self.unit.norm(h)
         if self.rule != "global-mean":
             return h
-        w = state.real.unsqueeze(-1).to(h.dtype)
+        w = state.real.unsqueeze(-1)  # (B, T, 1) bool: the counts below are exact integers
         if not self.causal:
             return (h * w).sum(1, keepdim=True) / w.sum(1, keepdim=True).clamp_min(1)
         sums, counts = (h * w).cumsum(1), w.cumsum(1)
@@ -250,12 +250,6 @@ class NoHalting(nn.Module):
         weights = torch.zeros(B, T, max_steps, device=state.c.device)
         weights[:, :, -1] = state.real.float()
         return _result(weights, state, max_steps)
-
-
-# backwards-compatible name of the paper's rule
-def StickBreakingHalting(embed_dim: int, dropout: float, threshold: float,
-                         normalize_input: bool) -> LearnedHalting:
-    return LearnedHalting("stick-breaking", embed_dim, dropout, threshold, normalize_input)
 
 
 def _result(weights: torch.Tensor, state: HaltingState, max_steps: int) -> HaltingResult:
