@@ -405,3 +405,82 @@ def test_expert_weight_init_is_xavier_uniform_per_expert():
     assert w.max() > 0.99 * bound and w.min() < -0.99 * bound
     assert abs(w.mean().item()) < 0.01 * bound
     assert abs(w.var().item() - bound ** 2 / 3) < 0.02 * bound ** 2
+
+
+# --- MoMHA: dtypes, devices, relative terms without a mask, attention dropout ----------
+
+
+def test_mask_bias_is_minus_inf_on_hidden_keys_in_the_dtype_and_device():
+    from sut_fairseq.modules.momha import mask_bias
+
+    hidden = torch.tensor([[True, False, True]])
+    bias = mask_bias(hidden, torch.bfloat16)
+    assert bias.dtype == torch.bfloat16
+    assert torch.equal(bias, torch.tensor([[float("-inf"), 0.0, float("-inf")]], dtype=torch.bfloat16))
+    assert mask_bias(hidden.to("meta"), torch.float32).device.type == "meta"
+    assert mask_bias(None, torch.float32) is None
+
+
+@pytest.mark.parametrize("relative", [None, "t5", "clipped"])
+def test_momha_runs_in_bfloat16_with_a_padding_mask(relative):
+    """A bf16 layer (fairseq's --bf16 casts the model) gives a bf16 output close to the
+    fp64 layer's: the mask and relative biases are made in the queries' dtype
+    (``scaled_dot_product_attention`` refuses a bias of another dtype)."""
+    m = _momha(4, 2, relative=relative)
+    x = torch.randn(2, 4, 6, dtype=torch.float64)
+    active = torch.ones(2, 4, dtype=torch.bool)
+    kpm = torch.tensor([[False, False, False, True], [True, False, False, False]])
+    want = m(x, *m.project_kv(x), active, key_padding_mask=kpm)
+    b = m.to(torch.bfloat16)
+    got = b(x.bfloat16(), *b.project_kv(x.bfloat16()), active, key_padding_mask=kpm)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), want, rtol=0.05, atol=0.1)
+
+
+@pytest.mark.parametrize("relative", ["t5", "clipped"])
+def test_attention_bias_with_relative_terms_and_no_mask(relative):
+    """Without a mask (no padding, not causal) the bias is the relative term alone: for T5
+    the bucket bias of each (query, key) pair, repeated over the k picks of a position."""
+    m = _momha(2, 2, relative=relative)
+    B, T, k, S, H, D = 1, 3, 2, 3, 2, 3
+    q = torch.randn(B, H, T * k, D, dtype=torch.float64)
+    bias = m._attention_bias(q, T, 0, S, None)
+    assert bias.dtype == torch.float64 and bias.shape[-2:] == (T * k, S)
+    if relative == "t5":
+        rel = m.relative(T, 0, S, q.device)  # (1, H, T, S)
+        torch.testing.assert_close(bias, rel.repeat_interleave(k, 2).double())
+    else:  # q_m · r_{clip(j - i_m)} / sqrt(D)
+        torch.testing.assert_close(bias, m.relative(q, T, 0, S) * D ** -0.5)
+
+
+def test_momha_relative_terms_follow_the_queries_device():
+    """The relative position indices are made on the queries' device (meta here)."""
+    for relative in ("t5", "clipped"):
+        m = _momha(2, 2, relative=relative).to("meta")
+        q = torch.empty(1, 2, 6, 3, dtype=torch.float64, device="meta")
+        kv = torch.empty(1, 2, 3, 3, dtype=torch.float64, device="meta")
+        assert m._attention_bias(q, 3, 0, 3, None).device.type == "meta"
+        if relative == "clipped":
+            assert m._attend_clipped(q, kv, kv, 3, 0, None).device.type == "meta"
+
+
+def test_clipped_attention_dropout_only_in_training_and_only_when_p_is_positive():
+    """The CPU clipped-relative path drops attention probabilities with p in training
+    (outputs vary from call to call), never in evaluation, and not at all at p = 0."""
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    active = torch.ones(2, 5, dtype=torch.bool)
+
+    def run(m, seed):
+        torch.manual_seed(seed)
+        return m(x, *m.project_kv(x), active)
+
+    m = _momha(3, 2, relative="clipped")
+    m.attention_dropout = 0.5
+    m.train()
+    assert not torch.allclose(run(m, 1), run(m, 2))
+    m.eval()
+    reference = run(m, 1)
+    assert torch.equal(run(m, 2), reference)
+    m.attention_dropout = 0.0
+    m.train()
+    torch.testing.assert_close(run(m, 3), reference)
