@@ -357,3 +357,35 @@ def test_finish_builds_the_result_on_the_state_device(rule):
     result = halting.finish(state, 4)
     assert result.weights.device == meta and result.expected_depth.device == meta
     assert result.weights.shape == (B, T, 4) and result.weights.dtype == torch.float32
+
+
+@pytest.mark.parametrize("rule", ["stick-breaking", "act"])
+def test_certain_halting_at_the_threshold_one(rule):
+    """â = 1.0 exactly (a logit of 30 in fp32) with α_thresh = 1: the position halts at
+    its first decision (the test is c + α >= α_thresh, equality included), its α is the
+    whole mass and c reaches exactly 1 (ACT's remainder 1 - c, stick-breaking's â)."""
+    from sut_fairseq.modules.halting import build_halting
+
+    halting = build_halting(rule, 4, 0.0, threshold=1.0, normalize_input=False)
+    torch.nn.init.constant_(halting.unit.fc2.bias, 30.0)
+    h, real = torch.randn(2, 3, 4), torch.ones(2, 3, dtype=torch.bool)
+    state = halting.begin(h, real)
+    assert not halting.decide(h, real, state, 1).any()
+    assert torch.equal(state.alphas[0], torch.ones(2, 3))
+    assert torch.equal(state.c, torch.ones(2, 3))
+
+
+def test_halted_positions_keep_a_finite_log_remainder():
+    """A halted position (running False) adds nothing to log Π(1 - â), even where
+    log(1 - â) is exactly 0 (â underflows): its state stays finite and its α 0."""
+    from sut_fairseq.modules.halting import build_halting
+
+    halting = build_halting("stick-breaking", 4, 0.0, threshold=0.9, normalize_input=False)
+    torch.nn.init.constant_(halting.unit.fc2.bias, -200.0)  # log(1 - â) == 0 in fp32
+    h, real = torch.randn(1, 4, 4), torch.ones(1, 4, dtype=torch.bool)
+    running = torch.tensor([[True, False, True, False]])
+    state = halting.begin(h, real)
+    halting.decide(h, running, state, 1)
+    halting.decide(h, running, state, 2)
+    assert torch.isfinite(state.log_remain).all() and torch.isfinite(state.c).all()
+    assert torch.equal(state.alphas[1][~running], torch.zeros(2))

@@ -193,7 +193,7 @@ class LearnedHalting(nn.Module):
         else:  # eager, per-position reading: only running rows cost
             rows = running.reshape(-1).nonzero().squeeze(1)
             flat = x.reshape(-1, x.size(-1)).index_select(0, rows)
-            logit = torch.zeros(running.numel(), device=x.device).index_copy(
+            logit = running.new_zeros(running.numel(), dtype=torch.float32).index_copy(
                 0, rows, self.unit(flat)).view(running.shape)
         if self.rule == "act":
             p = torch.sigmoid(logit) * running
