@@ -484,3 +484,48 @@ def test_clipped_attention_dropout_only_in_training_and_only_when_p_is_positive(
     m.attention_dropout = 0.0
     m.train()
     torch.testing.assert_close(run(m, 3), reference)
+
+
+@pytest.mark.parametrize("relative", [None, "t5", "clipped"])
+def test_momha_casts_keys_and_values_to_the_queries_dtype(relative):
+    """Keys/values of another dtype (fp32 here, fp64 queries) are cast to the queries'
+    dtype: the same output as with fp64 keys/values rounded through fp32."""
+    m = _momha(4, 2, relative=relative)
+    x = torch.randn(2, 4, 6, dtype=torch.float64)
+    active = torch.ones(2, 4, dtype=torch.bool)
+    k, v = m.project_kv(x)
+    k32, v32 = k.float(), v.float()
+    got = m(x, k32, v32, active)
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, m(x, k32.double(), v32.double(), active))
+
+
+def test_momha_attention_dropout_in_the_fused_attention_path():
+    """Without clipped relative positions the attention is ``scaled_dot_product_attention``,
+    which drops probabilities with p in training only."""
+    x = torch.randn(2, 5, 6, dtype=torch.float64)
+    active = torch.ones(2, 5, dtype=torch.bool)
+
+    def run(m, seed):
+        torch.manual_seed(seed)
+        return m(x, *m.project_kv(x), active)
+
+    m = _momha(3, 2, relative="t5")
+    m.attention_dropout = 0.5
+    m.train()
+    assert not torch.allclose(run(m, 1), run(m, 2))
+    m.eval()
+    assert torch.equal(run(m, 1), run(m, 2))
+
+
+def test_momha_clipped_relative_positions_take_the_plain_path_on_a_cpu(monkeypatch):
+    """On a CPU, clipped relative positions use ``_attend_clipped`` (plain tensor
+    operations), not ``scaled_dot_product_attention`` with a bias."""
+    m = _momha(3, 2, relative="clipped")
+    x = torch.randn(1, 4, 6, dtype=torch.float64)
+    calls = []
+    plain = m._attend_clipped
+    monkeypatch.setattr(m, "_attend_clipped", lambda *a: calls.append(1) or plain(*a))
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("fused path"))
+    m(x, *m.project_kv(x), torch.ones(1, 4, dtype=torch.bool))
+    assert calls == [1]
