@@ -529,3 +529,63 @@ def test_momha_clipped_relative_positions_take_the_plain_path_on_a_cpu(monkeypat
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: pytest.fail("fused path"))
     m(x, *m.project_kv(x), torch.ones(1, 4, dtype=torch.bool))
     assert calls == [1]
+
+
+def _hidden_keys_loop(T, picks, q_start, S, causal, pad):
+    """hidden_keys by hand: query row m = t·picks + j (position q_start + t) may not see
+    key s when causal and s > q_start + t, or when s is padding, unless every key the row
+    could see is padding (then the padding mask is dropped for that row)."""
+    B = pad.size(0)
+    out = torch.zeros(B, T * picks, S, dtype=torch.bool)
+    for b in range(B):
+        for t in range(T):
+            i = q_start + t
+            visible = [s for s in range(S) if not (causal and s > i)]
+            blind = all(bool(pad[b, s]) for s in visible)
+            for j in range(picks):
+                for s in range(S):
+                    out[b, t * picks + j, s] = (causal and s > i) or (bool(pad[b, s]) and not blind)
+    return out
+
+
+@pytest.mark.parametrize("causal,q_start,T", [(False, 0, 4), (True, 0, 4), (True, 2, 2)])
+def test_hidden_keys_against_a_loop(causal, q_start, T):
+    """Two picks per position, rows with left padding, an all-padding row (B = 3, so a
+    reduction over the wrong dimension shows), queries starting at q_start."""
+    from sut_fairseq.modules.momha import hidden_keys
+
+    S, picks = 4, 2
+    pad = torch.tensor([[True, True, False, False], [True, True, True, True],
+                        [False, False, False, False]])
+    got = hidden_keys(T, picks, q_start, S, causal, pad, torch.device("cpu"))  # broadcastable
+    assert torch.equal(got.expand(3, 1, T * picks, S)[:, 0], _hidden_keys_loop(T, picks, q_start, S, causal, pad))
+
+
+def test_hidden_keys_on_the_given_device():
+    from sut_fairseq.modules.momha import hidden_keys
+
+    meta = torch.device("meta")
+    pad = torch.zeros(2, 3, dtype=torch.bool, device=meta)
+    assert hidden_keys(3, 2, 0, 3, True, pad, meta).device == meta
+    assert hidden_keys(3, 1, 0, 3, True, None, meta).device == meta
+    m = _momha(2, 2, causal=True).to("meta")
+    q = torch.empty(1, 2, 6, 3, device=meta)
+    assert m._hidden_keys(q, 3, 0, 3, None).device == meta
+
+
+def test_momha_construction_options():
+    """The router gets the gating options; relative terms: none by default, clipped with
+    window 0 unless given, T5 buckets bidirectional unless causal; the k/v projections
+    start Xavier-uniform with gain 2^-1/2; a bad relative kind is refused by name."""
+    m = MixtureOfMultiHeadAttention(256, 256, 4, 2, 4, 64, 8, gating_dropout=0.3, sample_topk=1)
+    assert m.router.dropout.p == 0.3 and m.router.sample_topk == 1
+    assert m.relative is None and m.causal is False
+    bound = 2 ** -0.5 * math.sqrt(6.0 / (256 + 256))
+    for proj in (m.k_proj, m.v_proj):
+        assert proj.weight.abs().max() <= bound and proj.weight.abs().max() > 0.99 * bound
+    assert MixtureOfMultiHeadAttention(6, 6, 2, 1, 2, 3, 4, relative="clipped").relative.window == 0
+    assert MixtureOfMultiHeadAttention(6, 6, 2, 1, 2, 3, 4, relative="t5").relative.bidirectional is True
+    assert MixtureOfMultiHeadAttention(6, 6, 2, 1, 2, 3, 4, relative="t5", causal=True).relative.bidirectional is False
+    with pytest.raises(ValueError) as err:
+        MixtureOfMultiHeadAttention(6, 6, 2, 1, 2, 3, 4, relative="rotary")
+    assert str(err.value) == "relative position must be None, 'clipped' or 't5'; got 'rotary'"
