@@ -389,3 +389,47 @@ def test_halted_positions_keep_a_finite_log_remainder():
     halting.decide(h, running, state, 2)
     assert torch.isfinite(state.log_remain).all() and torch.isfinite(state.c).all()
     assert torch.equal(state.alphas[1][~running], torch.zeros(2))
+
+
+def test_halting_construction_defaults_options_and_refusals():
+    """build_halting passes every option on; the defaults are per-position reading, the
+    encoder side and â = 1/2 at start; bad rules and thresholds are refused by name."""
+    from sut_fairseq.modules.halting import HaltingUnit, LearnedHalting, build_halting, check_threshold
+
+    plain = build_halting("stick-breaking", 4, 0.0, threshold=0.9, normalize_input=False)
+    assert plain.transition is False and plain.causal is False and plain.unit.norm is None
+    assert plain.unit.fc1.in_features == 4 and plain.unit.fc2.bias.item() == 0.0
+    full = build_halting("global-mean", 4, 0.0, 0.9, True, transition=True, causal=True, bias_init=-3.0)
+    assert full.rule == "global-mean" and full.transition is True and full.causal is True
+    assert full.unit.fc1.in_features == 8 and full.unit.fc2.bias.item() == -3.0
+    assert isinstance(full.unit.norm, torch.nn.LayerNorm) and full.unit.norm.normalized_shape == (4,)
+    direct = LearnedHalting("act", 4, 0.0, 0.9, False)
+    assert direct.transition is False and direct.causal is False and direct.unit.fc2.bias.item() == 0.0
+    assert HaltingUnit(4, 0.0, False, False).fc2.bias.item() == 0.0
+    with pytest.raises(ValueError) as err:
+        build_halting("sometimes", 4, 0.0, 0.9, False)
+    assert str(err.value) == ("unknown halting rule 'sometimes'; choose from "
+                              "('stick-breaking', 'global-mean', 'act', 'none')")
+    with pytest.raises(ValueError) as err:
+        LearnedHalting("act", 4, 0.0, 0.9, False, transition=True)
+    assert str(err.value) == ("--halting-transition applies to 'stick-breaking' and "
+                              "'global-mean', not to 'act'")
+    check_threshold(1.0)
+    for bad in (0.0, 1.5, -0.1):
+        with pytest.raises(ValueError) as err:
+            check_threshold(bad)
+        assert str(err.value) == f"halting threshold must be in (0, 1]; got {bad}"
+
+
+def test_halting_state_starts_in_fp32_on_the_states_device():
+    """c, log Π(1 - â) and Σ α h start at 0 in fp32 whatever h's dtype, shaped (B, T)
+    and (B, T, d); the step counts are long, on h's device (meta here)."""
+    from sut_fairseq.modules.halting import HaltingState
+
+    h = torch.empty(2, 3, 4, dtype=torch.bfloat16, device="meta")
+    state = HaltingState(h, torch.ones(2, 3, dtype=torch.bool, device="meta"))
+    for t, shape in ((state.c, (2, 3)), (state.log_remain, (2, 3)), (state.weighted_sum, (2, 3, 4))):
+        assert t.dtype == torch.float32 and t.shape == shape and t.device.type == "meta"
+    assert state.steps.dtype == torch.long and state.steps.shape == (2, 3)
+    assert state.steps.device.type == "meta"
+    assert state.alphas == [] and state.prefix_in is None and state.prefix_out == {}
