@@ -64,7 +64,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/moe_ffd.py": ("test_experts.py",),
     "sut_fairseq/modules/momha.py": ("test_experts.py",),
     "sut_fairseq/modules/recurrence.py": ("test_halting.py", "test_incremental.py"),
-    "sut_fairseq/modules/relative_position.py": ("test_experts.py",),
+    "sut_fairseq/modules/relative_position.py": ("test_relative_position.py", "test_experts.py"),
     "sut_fairseq/modules/router.py": ("test_router.py", "test_experts.py", "test_losses.py"),
     "sut_fairseq/modules/side_step.py": ("test_side_step.py", "test_incremental.py",
                                          "test_step_embedding.py", "test_hyper_ut.py"),

@@ -1,0 +1,112 @@
+"""The relative-position terms (``modules/relative_position.py``) against independent
+references: T5's bucket formula written per offset in Python, the clipped offsets' range
+by hand, shapes, devices and dtypes."""
+import math
+
+import pytest
+import torch
+
+from sut_fairseq.modules.relative_position import ClippedRelativePosition, T5RelativeBias, t5_bucket
+
+
+def _bucket(rel: int, bidirectional: bool, num_buckets: int, max_distance: int):
+    """T5's bucket of the offset rel = j - i, one offset at a time; returns (bucket, the
+    log-spaced value before flooring or None)."""
+    base = 0
+    if bidirectional:
+        num_buckets //= 2
+        if rel > 0:  # a key after the query: the second half
+            base = num_buckets
+        n = abs(rel)
+    else:
+        n = max(-rel, 0)  # keys after the query share bucket 0
+    exact = num_buckets // 2
+    if n < exact:
+        return base + n, None
+    value = math.log(n / exact) / math.log(max_distance / exact) * (num_buckets - exact)
+    return base + min(exact + int(value), num_buckets - 1), value
+
+
+@pytest.mark.parametrize("bidirectional,num_buckets,max_distance",
+                         [(True, 32, 128), (False, 32, 128), (True, 16, 64), (False, 8, 20)])
+def test_t5_bucket_against_the_formula_per_offset(bidirectional, num_buckets, max_distance):
+    rel = torch.arange(-300, 301)
+    got = t5_bucket(rel, bidirectional, num_buckets, max_distance)
+    assert got.dtype == torch.long
+    for r, g in zip(rel.tolist(), got.tolist()):
+        want, value = _bucket(r, bidirectional, num_buckets, max_distance)
+        if value is not None and abs(value - round(value)) < 1e-4:
+            continue  # float32 and float64 may floor a near-integer differently
+        assert g == want, (r, g, want)
+
+
+def test_t5_bucket_worked_examples():
+    """Bidirectional 32 / 128: 16 buckets per direction, 8 exact; unidirectional: 16
+    exact, the future in bucket 0."""
+    rel = torch.tensor([0, -1, 1, -8, -127, -500, 7, 500])
+    assert t5_bucket(rel, True, 32, 128).tolist() == [0, 1, 17, 8, 15, 15, 23, 31]
+    rel = torch.tensor([0, 5, -1, -15, -16, -127, -1000])
+    assert t5_bucket(rel, False, 32, 128).tolist() == [0, 0, 1, 15, 16, 31, 31]
+
+
+@pytest.mark.parametrize("bidirectional", [True, False])
+def test_t5_relative_bias_reads_the_bucket_of_each_query_key_pair(bidirectional):
+    torch.manual_seed(0)
+    bias = T5RelativeBias(3, bidirectional)
+    assert (bias.num_buckets, bias.max_distance) == (32, 128)
+    torch.nn.init.normal_(bias.bias.weight)
+    T, q_start, S = 4, 3, 9
+    out = bias(T, q_start, S, torch.device("cpu"))
+    assert out.shape == (1, 3, T, S)
+    for t in range(T):
+        for j in range(S):
+            b, _ = _bucket(j - (q_start + t), bidirectional, 32, 128)
+            torch.testing.assert_close(out[0, :, t, j], bias.bias.weight[b])
+    assert T5RelativeBias(3, True).to("meta")(T, q_start, S, torch.device("meta")).device.type == "meta"
+
+
+def test_t5_relative_bias_starts_at_zero():
+    assert torch.equal(T5RelativeBias(2, True).bias.weight, torch.zeros(32, 2))
+
+
+@pytest.mark.parametrize("W,T,q_start,S", [(2, 3, 0, 3), (4, 1, 6, 7), (3, 2, 0, 9), (5, 2, 1, 3), (0, 3, 0, 3)])
+def test_clipped_offsets_are_exactly_the_ones_that_occur(W, T, q_start, S):
+    """``offsets`` returns r_lo .. r_hi for the smallest and largest clipped offset j - i
+    between queries q_start..q_start+T-1 and keys 0..S-1 (no more)."""
+    rel = ClippedRelativePosition(2, 3, W)
+    occurring = {max(-W, min(W, j - i)) for i in range(q_start, q_start + T) for j in range(S)}
+    lo, r = rel.offsets(T, q_start, S)
+    assert lo == min(occurring) and r.size(0) == max(occurring) - min(occurring) + 1
+    torch.testing.assert_close(r, rel.embeddings[lo + W: max(occurring) + W + 1])
+
+
+def test_clipped_term_against_a_loop_in_another_dtype_and_device():
+    """q_m · r_{clip(j - i_m)} for query rows m = t·k + j' (k = 2 picks) at q_start 2, with
+    fp64 queries against fp32 embeddings (cast to the queries' dtype); the gather index is
+    made on the queries' device (meta)."""
+    torch.manual_seed(1)
+    W, H, D, T, k, q_start, S = 2, 2, 3, 3, 2, 2, 6
+    rel = ClippedRelativePosition(H, D, W)
+    q = torch.randn(2, H, T * k, D, dtype=torch.float64)
+    out = rel(q, T, q_start, S)
+    assert out.dtype == torch.float64 and out.shape == (2, H, T * k, S)
+    for m in range(T * k):
+        i = q_start + m // k
+        for j in range(S):
+            r = rel.embeddings[max(-W, min(W, j - i)) + W].double()  # (H, D)
+            torch.testing.assert_close(out[:, :, m, j], (q[:, :, m] * r).sum(-1))
+    meta = rel.to("meta")
+    assert meta(q.to("meta"), T, q_start, S).device.type == "meta"
+
+
+def test_clipped_construction():
+    """2W + 1 embeddings of (H, D), N(0, 1/D) at start; W = 0 (one shared vector) is
+    allowed, a negative W refused by name."""
+    torch.manual_seed(0)
+    rel = ClippedRelativePosition(8, 64, 3)
+    assert rel.embeddings.shape == (7, 8, 64)
+    assert abs(rel.embeddings.std().item() - 64 ** -0.5) < 0.01
+    assert ClippedRelativePosition(2, 4, 0).embeddings.shape == (1, 2, 4)
+    with pytest.raises(ValueError) as err:
+        ClippedRelativePosition(2, 4, -1)
+    assert str(err.value) == "relative window W must be >= 0; got -1"
