@@ -281,3 +281,121 @@ def test_generate_cli_binarize(tmp_path):
                                               "test32-p0.5": "test2", "test32-p0.9": "test3"}
     dictionary = {line.split()[0] for line in read_lines(out / "bin" / "dict.src.txt")}
     assert {"w", "r", "i", "0", "1"} <= dictionary
+
+
+# --------------------------------------------------------------------------- worked by hand
+
+def test_check_length_and_p_ignore_whole_messages():
+    for bad in (8.0, "8", True):
+        with pytest.raises(ValueError) as err:
+            flipflop.check_length(bad)
+        assert str(err.value) == f"length must be an integer, got {bad!r}"
+    with pytest.raises(ValueError) as err:
+        flipflop.check_length(6 + 1)
+    assert str(err.value) == ("length must be an even number of tokens >= 4 (instruction/bit "
+                              "pairs, the first a write, the last a read), got 7")
+    flipflop.check_p_ignore(0.0)
+    flipflop.check_p_ignore(1.0)
+    for bad in (True, "0.5", 1.01, -0.01):
+        with pytest.raises(ValueError) as err:
+            flipflop.check_p_ignore(bad)
+        assert str(err.value) == ("p_i (the probability of an ignore instruction) must lie in "
+                                  f"[0, 1], got {bad!r}")
+
+
+def test_solve_reads_the_last_write_and_refuses_a_source_without_one():
+    assert flipflop.solve(("w", "0", "w", "1")) == "1"  # the write just before the end
+    assert flipflop.solve(("w", "0", "i", "1", "r")) == "0"
+    with pytest.raises(ValueError) as err:
+        flipflop.solve(("i", "0", "r"))
+    assert str(err.value) == "the source holds no write instruction"
+
+
+def test_bit_before_read_chunk_by_hand():
+    """The bit of the instruction at token 2 is token 3: chunk 0 of size 4; a read at
+    token 5 is in chunk 1, a read at token 3 in chunk 0."""
+    assert flipflop.bit_before_read_chunk(2, 5, 4) is True
+    assert flipflop.bit_before_read_chunk(2, 3, 4) is False
+    assert flipflop.bit_before_read_chunk(3, 5, 4) is False  # its bit, token 4, is in chunk 1
+
+
+def test_make_config_defaults_sorts_and_names_the_choices():
+    assert flipflop.make_config() == flipflop.make_config("small")
+    config = flipflop.make_config(test_lengths=(32, 16, 16), test_p_ignore=(0.9, 0.5, 0.9))
+    assert config.test_lengths == (16, 32) and config.test_p_ignore == (0.5, 0.9)
+    with pytest.raises(ValueError) as err:
+        flipflop.make_config("big")
+    assert str(err.value) == f"unknown configuration 'big'; choose one of {', '.join(flipflop.CONFIGS)}"
+    with pytest.raises(ValueError) as err:
+        flipflop.make_config(test_lengths=())
+    assert str(err.value) == "test_lengths is empty"
+    with pytest.raises(ValueError) as err:
+        flipflop.make_config(train_size=True)
+    assert str(err.value) == "train_size must be an integer >= 1, got True"
+    # one setting asked for by two splits: the counts add up (2 + 1 > the 2 strings)
+    with pytest.raises(ValueError) as err:
+        flipflop.make_config(train_length=4, train_p_ignore=0.8, train_size=2, test_lengths=(4,),
+                             test_p_ignore=(0.8,), test_size=1, valid_size=0)
+    assert str(err.value) == "3 distinct strings of length 4 with p_i = 0.8 requested, but only 2 exist"
+
+
+def test_each_split_draws_from_its_own_stream_and_reports_progress():
+    """The first example of every split is the first string of its own (seed, split,
+    setting) stream (no duplicate can occur that early at these lengths); progress is
+    called once per example with 1; settings that differ in length only get different
+    streams."""
+    config = flipflop.make_config(train_length=64, train_size=3, test_lengths=(64, 128),
+                                  test_p_ignore=(0.5,), test_size=2, valid_size=2, seed=7)
+    calls = []
+    splits = flipflop.generate(config, progress=calls.append)
+    assert calls == [1] * sum(len(v) for v in splits.values())
+    streams = {"64-0.5": ("test", (64, 0.5)), "128-0.5": ("test", (128, 0.5)),
+               "train": ("train", (64, config.train_p_ignore))}
+    for name, (split, setting) in streams.items():
+        first = flipflop.sample(*setting, flipflop.split_rng(7, split, setting))
+        assert splits[flipflop.setting_name(*setting) if split == "test" else name][0].source == tuple(first[:-1])
+    valid_setting = config.valid_settings()[0]
+    first = flipflop.sample(*valid_setting, flipflop.split_rng(7, "valid", valid_setting))
+    assert splits["valid"][0].source == tuple(first[:-1])
+    a, b = flipflop.split_rng(1, "test", (8, 0.5)), flipflop.split_rng(1, "test", (16, 0.5))
+    assert a.random() != b.random()
+
+
+def test_iter_split_refusals_name_the_setting(monkeypatch):
+    with pytest.raises(RuntimeError) as err:
+        list(flipflop.iter_split("train", [(4, 0.8)], 3, 1, set()))
+    assert str(err.value) == (f"{flipflop.MAX_REJECTIONS} duplicates in a row for length 4, "
+                              "p_i = 0.8: ask for fewer examples")
+    monkeypatch.setattr(flipflop, "solve", lambda source: "x")
+    with pytest.raises(RuntimeError) as err:
+        next(flipflop.iter_split("train", [(4, 0.0)], 1, 1, set()))
+    assert str(err.value).startswith("the final read of w ") and str(err.value).endswith(
+        " is not the last write")
+    assert len(str(err.value).split(" of ")[1].split(" is ")[0].split(" ")) == 4
+
+
+def test_statistics_and_table_worked_by_hand():
+    stats = flipflop.SplitStats()
+    for source, target, write in [(("w", "1", "i", "0", "r"), "1", 0),
+                                  (("w", "0", "r", "0", "r"), "0", 0),
+                                  (("w", "0", "i", "1", "w", "1", "r", "1", "i", "0", "r"), "1", 4),
+                                  (("w", "1", "r"), "1", 0)]:
+        stats.add(flipflop.Example(source, target, write, len(source) + 1, 0.5))
+    s = stats.summary()
+    assert s == {
+        "size": 4, "lengths": {"4": 1, "6": 2, "12": 1}, "random_instructions": 6,
+        "instruction_share": {"w": 1 / 6, "r": 2 / 6, "i": 3 / 6}, "target_share_1": 0.75,
+        "write_to_read_distance": {"mean": 3.0, "min": 1, "max": 5}, "first_write_only": 0.75,
+        "answer_before_read_chunk": {"8": 0.25, "10": 0.25},
+        "baselines": {"previous_bit": 0.5, "majority": 0.75}}
+    short = flipflop.SplitStats()
+    short.add(flipflop.Example(("w", "1", "r"), "1", 0, 4, 0.5))
+    assert flipflop.stats_table({"s": s, "short": short.summary()}).splitlines() == [
+        "| split | examples | length | w / r / i (%) | target 1 (%) | write→read distance mean (max) "
+        "| last write is the first (%) | answer only before the read's chunk, g=8 / g=10 (%) "
+        "| previous-bit baseline (%) |",
+        "|---|---:|---|---|---:|---|---:|---|---:|",
+        "| s | 4 | 4/6/12 | 16.7 / 33.3 / 50.0 | 75.0 | 3.0 (5) | 75.0 | 25.0 / 25.0 | 50.0 |",
+        "| short | 1 | 4 | – / – / – | 100.0 | 1.0 (1) | 100.0 | 0.0 / 0.0 | 100.0 |"]
+    empty = flipflop.SplitStats().summary()
+    assert empty["target_share_1"] is None and empty["baselines"] == {"previous_bit": None, "majority": None}
