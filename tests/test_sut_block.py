@@ -85,3 +85,87 @@ def test_each_side_its_own_width_and_cross_attention_reads_the_encoder_width():
     assert enc.self_attn_norm.normalized_shape == (64,) and dec.self_attn_norm.normalized_shape == (32,)
     assert dec.cross_attn.k_proj.in_features == 64
     assert dec.cross_attn.q_weight.shape[1] == 32 and dec.ffd.w1.shape[1] == 32
+
+
+# --- the block's forward against a composition of its sub-layers, written out ----------
+
+import torch  # noqa: E402
+
+
+def _reference_block(block, h, k, v, running, pad=None, q_start=0, cross=None, z=None, memory=None):
+    """x = h + A(LN(h)) [+ M(x)] [+ C(LN(x))], out = x + F(LN(x)) (pre-LN), or each
+    sub-layer LN(x + f(x)) (post-LN); GUT's gate: G(x) ⊙ out + (1 − G(x)) ⊙ h."""
+    pre = block.normalize_before
+    zs = () if z is None else (z,)
+
+    def sub(x, norm, f):
+        return x + f(norm(x)) if pre else norm(x + f(x))
+
+    x = sub(h, block.self_attn_norm,
+            lambda q: block.self_attn(q, k, v, running, pad, q_start, *(zs if block.hyper_attn else ())))
+    if memory is not None:
+        x = x + block.memory_attn(x, *memory)
+    if cross is not None:
+        x = sub(x, block.cross_attn_norm, lambda q: block.cross_attn(q, cross[0], cross[1], running, None))
+    out = sub(x, block.ffd_norm, lambda q: block.ffd(q, running, *(zs if block.hyper_ffd else ())))
+    if block.gate is not None:
+        g = block.gate(x)
+        out = g * out + (1.0 - g) * h
+    return out
+
+
+@pytest.mark.parametrize("pre,gated", [(True, True), (False, False), (True, False)])
+def test_encoder_block_forward_against_the_written_out_composition(pre, gated):
+    torch.manual_seed(0)
+    block = make_model("sut_tiny", encoder_normalize_before=pre, gated_ffn=gated).encoder.block
+    h, S = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
+    running = torch.ones(2, 5, dtype=torch.bool)
+    k, v = block.self_kv(S)
+    norm_S = block.self_attn_norm(S) if pre else S
+    k_ref, v_ref = block.self_attn.project_kv(norm_S)
+    torch.testing.assert_close(k, k_ref)
+    torch.testing.assert_close(v, v_ref)
+    torch.testing.assert_close(block(h, k, v, running), _reference_block(block, h, k, v, running))
+
+
+def test_decoder_block_queries_start_at_position_zero_by_default():
+    torch.manual_seed(0)
+    model = make_model("sut_tiny")
+    block = model.decoder.block
+    h = torch.randn(2, 4, 64)
+    running = torch.ones(2, 4, dtype=torch.bool)
+    k, v = block.self_kv(h)
+    cross = block.cross_kv(torch.randn(2, 3, 64))
+    got = block(h, k, v, running, cross_k=cross[0], cross_v=cross[1])
+    torch.testing.assert_close(got, _reference_block(block, h, k, v, running, q_start=0, cross=cross))
+
+
+@pytest.mark.parametrize("components", ["qkv,out,ffn", "ffn"])
+def test_hyper_block_passes_the_example_embedding_to_its_hyper_sub_layers(components):
+    torch.manual_seed(0)
+    block = make_model("sut_tiny", hyper_modules=4, hyper_components=components, att_experts=1,
+                       att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none").encoder.block
+    h, S, z = torch.randn(2, 5, 64), torch.randn(2, 5, 64), torch.randn(2, 64)
+    running = torch.ones(2, 5, dtype=torch.bool)
+    k, v = block.self_kv(S, z)
+    if block.hyper_attn:
+        k_ref, v_ref = block.self_attn.project_kv(block.self_attn_norm(S) if block.normalize_before else S, z)
+        torch.testing.assert_close(k, k_ref)
+        torch.testing.assert_close(v, v_ref)
+    got = block(h, k, v, running, hyper_z=z)
+    torch.testing.assert_close(got, _reference_block(block, h, k, v, running, z=z))
+    other = block(h, k, v, running, hyper_z=torch.randn(2, 64))
+    assert not torch.allclose(got, other)  # the output depends on z
+
+
+def test_chunk_memory_is_read_after_self_attention():
+    torch.manual_seed(0)
+    block = make_model("sut_tiny", encoder_chunk_size=4, encoder_memory_slots=2,
+                       encoder_normalize_before=True, tlb_encoder_out="tokens").encoder.block
+    h, S, M = torch.randn(2, 4, 64), torch.randn(2, 4, 64), torch.randn(2, 2, 64)
+    running = torch.ones(2, 4, dtype=torch.bool)
+    k, v = block.self_kv(S)
+    memory = block.memory_attn.project_kv(M)
+    got = block(h, k, v, running, memory_kv=memory)
+    torch.testing.assert_close(got, _reference_block(block, h, k, v, running, memory=memory))
+    assert not torch.allclose(got, block(h, k, v, running))
