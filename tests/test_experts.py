@@ -464,9 +464,11 @@ def test_momha_relative_terms_follow_the_queries_device():
             assert m._attend_clipped(q, kv, kv, 3, 0, None).device.type == "meta"
 
 
-def test_clipped_attention_dropout_only_in_training_and_only_when_p_is_positive():
-    """The CPU clipped-relative path drops attention probabilities with p in training
-    (outputs vary from call to call), never in evaluation, and not at all at p = 0."""
+@pytest.mark.parametrize("relative", ["clipped", "t5"])
+def test_momha_attention_dropout_only_in_training_and_only_when_p_is_positive(relative):
+    """Attention probabilities are dropped with p in training (outputs vary from call to
+    call), never in evaluation, and not at all at p = 0: in the CPU clipped-relative path
+    (plain tensor operations) and in ``scaled_dot_product_attention`` (T5 bias)."""
     x = torch.randn(2, 5, 6, dtype=torch.float64)
     active = torch.ones(2, 5, dtype=torch.bool)
 
@@ -474,7 +476,7 @@ def test_clipped_attention_dropout_only_in_training_and_only_when_p_is_positive(
         torch.manual_seed(seed)
         return m(x, *m.project_kv(x), active)
 
-    m = _momha(3, 2, relative="clipped")
+    m = _momha(3, 2, relative=relative)
     m.attention_dropout = 0.5
     m.train()
     assert not torch.allclose(run(m, 1), run(m, 2))
@@ -498,24 +500,6 @@ def test_momha_casts_keys_and_values_to_the_queries_dtype(relative):
     got = m(x, k32, v32, active)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, m(x, k32.double(), v32.double(), active))
-
-
-def test_momha_attention_dropout_in_the_fused_attention_path():
-    """Without clipped relative positions the attention is ``scaled_dot_product_attention``,
-    which drops probabilities with p in training only."""
-    x = torch.randn(2, 5, 6, dtype=torch.float64)
-    active = torch.ones(2, 5, dtype=torch.bool)
-
-    def run(m, seed):
-        torch.manual_seed(seed)
-        return m(x, *m.project_kv(x), active)
-
-    m = _momha(3, 2, relative="t5")
-    m.attention_dropout = 0.5
-    m.train()
-    assert not torch.allclose(run(m, 1), run(m, 2))
-    m.eval()
-    assert torch.equal(run(m, 1), run(m, 2))
 
 
 def test_momha_clipped_relative_positions_take_the_plain_path_on_a_cpu(monkeypatch):
