@@ -273,3 +273,66 @@ def test_generate_cli_binarize(tmp_path):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["binarized_test_splits"] == {"test-iid": "test", "test-len200-300": "test1",
                                               "test-args10": "test2"}
+
+
+def test_the_configurations_pin_the_protocol():
+    """Every split of both configurations, as the protocol states it: near-IID test,
+    valid and train from the training generator (5 arguments, depth 20; train/valid
+    <= 100 tokens, test <= 1000), lengths strictly between 200-300, 500-600 and 900-1000
+    for the length splits, and 10 or 15 arguments at depth 9 over 100-1000 tokens."""
+    S = listops.SplitSpec
+
+    def protocol(length_size, argument_size, iid, valid, train):
+        return [("test-iid", S(iid, 5, 20, 1, 1000)),
+                ("test-len200-300", S(length_size, 5, 20, 201, 299)),
+                ("test-len500-600", S(length_size, 5, 20, 501, 599)),
+                ("test-len900-1000", S(length_size, 5, 20, 901, 999)),
+                ("test-args10", S(argument_size, 10, 9, 100, 1000)),
+                ("test-args15", S(argument_size, 15, 9, 100, 1000)),
+                ("valid", S(valid, 5, 20, 1, 100)), ("train", S(train, 5, 20, 1, 100))]
+
+    assert listops.CONFIGS["small"].specs() == protocol(500, 500, 2_000, 1_000, 30_000)
+    assert listops.CONFIGS["paper"].specs() == protocol(2_000, 2_000, 10_000, 1_000, 90_000)
+    assert listops.CONFIGS["small"].test_names() == [
+        "test-iid", "test-len200-300", "test-len500-600", "test-len900-1000", "test-args10", "test-args15"]
+
+
+@pytest.mark.parametrize("spec,message", [
+    (dict(size=-1), "split x: size must be an integer >= 0, got -1"),
+    (dict(size=True), "split x: size must be an integer >= 0, got True"),
+    (dict(size=3, max_args=1), "split x: max_args must be an integer >= 2, got 1"),
+    (dict(size=3, max_depth=1), "split x: max_depth must be an integer >= 2, got 1"),
+    (dict(size=3, min_length=0), "split x: min_length must be an integer >= 1, got 0"),
+    (dict(size=3, max_length=3), "split x: max_length must be an integer >= max(min_length, 4) "
+                                 "(the shortest list has 4 tokens), got 3"),
+    (dict(size=3, max_length=4.0), "split x: max_length must be an integer >= max(min_length, 4) "
+                                   "(the shortest list has 4 tokens), got 4.0"),
+])
+def test_split_spec_refusals_whole(spec, message):
+    with pytest.raises(ValueError) as err:
+        listops.SplitSpec(**spec).check("x")
+    assert str(err.value) == message
+    listops.SplitSpec(0, 2, 2, 1, 4).check("x")  # the smallest allowed values
+
+
+def test_config_refusals_whole():
+    import dataclasses
+
+    base = listops.CONFIGS["small"]
+    for field, value, message in [
+            ("train_size", 0, "train_size must be an integer >= 1, got 0"),
+            ("train_size", 2.5, "train_size must be an integer >= 1, got 2.5"),
+            ("iid_test_size", 0, "iid_test_size must be an integer >= 1, got 0"),
+            ("iid_test_size", "9", "iid_test_size must be an integer >= 1, got '9'")]:
+        with pytest.raises(ValueError) as err:
+            dataclasses.replace(base, **{field: value}).validate()
+        assert str(err.value) == message
+    twice = dataclasses.replace(base, tests=base.tests + base.tests[:1])
+    with pytest.raises(ValueError) as err:
+        twice.validate()
+    assert str(err.value) == f"split names must be distinct, got {[n for n, _ in twice.specs()]}"
+    empty = dataclasses.replace(base, tests=(("test-len200-300", listops.SplitSpec(0)),))
+    with pytest.raises(ValueError) as err:
+        empty.validate()
+    assert str(err.value) == "split test-len200-300: size must be >= 1"
+    dataclasses.replace(base, train_size=1, iid_test_size=1).validate()
