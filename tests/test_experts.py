@@ -447,7 +447,7 @@ def test_attention_bias_with_relative_terms_and_no_mask(relative):
     bias = m._attention_bias(q, T, 0, S, None)
     assert bias.dtype == torch.float64 and bias.shape[-2:] == (T * k, S)
     if relative == "t5":
-        rel = m.relative(T, 0, S, q.device)  # (1, H, T, S)
+        rel = m.relative(T, 0, S)  # (1, H, T, S)
         torch.testing.assert_close(bias, rel.repeat_interleave(k, 2).double())
     else:  # q_m · r_{clip(j - i_m)} / sqrt(D)
         torch.testing.assert_close(bias, m.relative(q, T, 0, S) * D ** -0.5)
@@ -477,7 +477,7 @@ def test_momha_attention_dropout_only_in_training_and_only_when_p_is_positive(re
         return m(x, *m.project_kv(x), active)
 
     m = _momha(3, 2, relative=relative)
-    m.attention_dropout = 0.5
+    m.attention_dropout = 0.3
     m.train()
     assert not torch.allclose(run(m, 1), run(m, 2))
     m.eval()
@@ -486,6 +486,32 @@ def test_momha_attention_dropout_only_in_training_and_only_when_p_is_positive(re
     m.attention_dropout = 0.0
     m.train()
     torch.testing.assert_close(run(m, 3), reference)
+
+
+@pytest.mark.parametrize("relative", ["clipped", "t5"])
+def test_momha_attention_dropout_uses_the_layers_probability(relative, monkeypatch):
+    """The probability handed to the dropout is the layer's ``attention_dropout``."""
+    seen = []
+    dropout, sdpa = F.dropout, F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "dropout", lambda x, p=0.5, *a, **k: seen.append(p) or dropout(x, p, *a, **k))
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **k: seen.append(k.get("dropout_p")) or sdpa(*a, **k))
+    m = _momha(3, 2, relative=relative).train()
+    m.attention_dropout = 0.3
+    x = torch.randn(1, 4, 6, dtype=torch.float64)
+    m(x, *m.project_kv(x), torch.ones(1, 4, dtype=torch.bool))
+    assert seen == [0.3]
+
+
+@pytest.mark.parametrize("relative", [None, "t5"])
+def test_momha_attention_bias_in_the_queries_dtype(relative):
+    """The mask and relative bias handed to ``scaled_dot_product_attention`` are in the
+    queries' dtype (bf16 queries of an fp64 layer, as under autocast; fused GPU kernels
+    refuse a bias of another dtype)."""
+    m = _momha(2, 2, relative=relative)
+    q = torch.randn(2, 2, 6, 3, dtype=torch.bfloat16)
+    hidden = torch.tensor([[False, False, True]])[:, None, None, :]
+    assert m._attention_bias(q, 3, 0, 3, hidden).dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize("relative", [None, "t5", "clipped"])
@@ -500,6 +526,10 @@ def test_momha_casts_keys_and_values_to_the_queries_dtype(relative):
     got = m(x, k32, v32, active)
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, m(x, k32.double(), v32.double(), active))
+    b = m.to(torch.bfloat16)  # a bf16 layer with fp32 keys/values: cast down, not promoted
+    got = b(x.bfloat16(), k32, v32, active)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, b(x.bfloat16(), k32.bfloat16(), v32.bfloat16(), active))
 
 
 def test_momha_clipped_relative_positions_take_the_plain_path_on_a_cpu(monkeypatch):

@@ -56,13 +56,13 @@ def test_t5_relative_bias_reads_the_bucket_of_each_query_key_pair(bidirectional)
     assert (bias.num_buckets, bias.max_distance) == (32, 128)
     torch.nn.init.normal_(bias.bias.weight)
     T, q_start, S = 4, 3, 9
-    out = bias(T, q_start, S, torch.device("cpu"))
+    out = bias(T, q_start, S)
     assert out.shape == (1, 3, T, S)
     for t in range(T):
         for j in range(S):
             b, _ = _bucket(j - (q_start + t), bidirectional, 32, 128)
             torch.testing.assert_close(out[0, :, t, j], bias.bias.weight[b])
-    assert T5RelativeBias(3, True).to("meta")(T, q_start, S, torch.device("meta")).device.type == "meta"
+    assert T5RelativeBias(3, True).to("meta")(T, q_start, S).device.type == "meta"
 
 
 def test_t5_relative_bias_starts_at_zero():

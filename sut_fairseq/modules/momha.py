@@ -144,7 +144,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
             rel = self.relative(q, T, q_start, S) * self.head_dim ** -0.5
             bias = rel if bias is None else rel + bias
         elif isinstance(self.relative, T5RelativeBias):
-            rel = self.relative(T, q_start, S, q.device).repeat_interleave(k, 2).to(q.dtype)
+            rel = self.relative(T, q_start, S).repeat_interleave(k, 2).to(q.dtype)
             bias = rel if bias is None else rel + bias
         return bias
 

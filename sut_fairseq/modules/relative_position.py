@@ -81,8 +81,9 @@ class T5RelativeBias(nn.Module):
         self.bias = nn.Embedding(num_buckets, num_heads)
         nn.init.zeros_(self.bias.weight)
 
-    def forward(self, T: int, q_start: int, S: int, device) -> torch.Tensor:
-        """Returns (1, H, T, S)."""
+    def forward(self, T: int, q_start: int, S: int) -> torch.Tensor:
+        """Returns (1, H, T, S), on the device of the bias table."""
+        device = self.bias.weight.device
         i = torch.arange(q_start, q_start + T, device=device)
         j = torch.arange(S, device=device)
         buckets = t5_bucket(j[None, :] - i[:, None], self.bidirectional, self.num_buckets,
