@@ -97,6 +97,7 @@ def test_clipped_term_against_a_loop_in_another_dtype_and_device():
             torch.testing.assert_close(out[:, :, m, j], (q[:, :, m] * r).sum(-1))
     meta = rel.to("meta")
     assert meta(q.to("meta"), T, q_start, S).device.type == "meta"
+    assert meta.index(T, q_start, S, k, meta.offsets(T, q_start, S)[0]).device.type == "meta"
 
 
 def test_clipped_construction():

@@ -166,7 +166,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
         lo, r = self.relative.offsets(T, q_start, S)  # r (O, H, D)
         keys = torch.cat([key, r.to(q.dtype).transpose(0, 1).unsqueeze(0).expand(B, -1, -1, -1)], 2)
         a = torch.matmul(q * D ** -0.5, keys.transpose(2, 3))  # (B, H, T·k, S + O)
-        idx = self.relative.index(T, q_start, S, M // T, lo, q.device)
+        idx = self.relative.index(T, q_start, S, M // T, lo)
         logits = a[..., :S] + a[..., S:].gather(3, idx.expand(B, H, -1, -1))
         if hidden is not None:
             logits = logits.masked_fill(hidden, float("-inf"))

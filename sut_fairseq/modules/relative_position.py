@@ -32,8 +32,10 @@ class ClippedRelativePosition(nn.Module):
         hi = max(-W, min(W, (S - 1) - q_start))
         return lo, self.embeddings[lo + W: hi + W + 1]
 
-    def index(self, T: int, q_start: int, S: int, k: int, lo: int, device) -> torch.Tensor:
-        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use."""
+    def index(self, T: int, q_start: int, S: int, k: int, lo: int) -> torch.Tensor:
+        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use, on
+        the embeddings' device."""
+        device = self.embeddings.device
         i = torch.arange(q_start, q_start + T, device=device)
         j = torch.arange(S, device=device)
         idx = (j[None, :] - i[:, None]).clamp(-self.window, self.window) - lo  # (T, S)
@@ -46,7 +48,7 @@ class ClippedRelativePosition(nn.Module):
         """
         lo, r = self.offsets(T, q_start, S)
         scores = torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
-        idx = self.index(T, q_start, S, q.size(2) // T, lo, q.device)
+        idx = self.index(T, q_start, S, q.size(2) // T, lo)
         return scores.gather(3, idx.expand(q.size(0), q.size(1), -1, -1))
 
 
