@@ -376,10 +376,10 @@ def test_iter_split_refusals_name_the_setting(monkeypatch):
 
 def test_statistics_and_table_worked_by_hand():
     stats = flipflop.SplitStats()
-    for source, target, write in [(("w", "1", "i", "0", "r"), "1", 0),
+    for source, target, write in [(("w", "1", "r"), "1", 0),  # the shortest distance first
+                                  (("w", "1", "i", "0", "r"), "1", 0),
                                   (("w", "0", "r", "0", "r"), "0", 0),
-                                  (("w", "0", "i", "1", "w", "1", "r", "1", "i", "0", "r"), "1", 4),
-                                  (("w", "1", "r"), "1", 0)]:
+                                  (("w", "0", "i", "1", "w", "1", "r", "1", "i", "0", "r"), "1", 4)]:
         stats.add(flipflop.Example(source, target, write, len(source) + 1, 0.5))
     s = stats.summary()
     assert s == {
