@@ -231,6 +231,7 @@ def test_halting_result_act_loss_and_executed_fraction_worked_by_hand():
     assert two.executed_fraction() == 9 / 12
     none = result([[5.0]], [[0]], [[False]])
     assert none.act_loss().item() == 0.0 and none.executed_fraction() == 0.0
+    assert result([[1.0]], [[1]], [[True]], L=1).executed_fraction() == 1.0  # L · #real = 1
 
 
 # --- the halting unit's reading, the eager saving, the compiled branch, dtypes, devices --
@@ -373,6 +374,12 @@ def test_certain_halting_at_the_threshold_one(rule):
     assert not halting.decide(h, real, state, 1).any()
     assert torch.equal(state.alphas[0], torch.ones(2, 3))
     assert torch.equal(state.c, torch.ones(2, 3))
+    state = halting.begin(h, real)  # with mass 1/4 already spent: α = 3/4 (ACT: 1 - c)
+    state.c = torch.full((2, 3), 0.25)
+    halting.decide(h, real, state, 2)
+    if rule == "act":
+        assert torch.equal(state.alphas[0], torch.full((2, 3), 0.75))
+    assert torch.equal(state.c, torch.full((2, 3), 1.25 if rule != "act" else 1.0))
 
 
 def test_halted_positions_keep_a_finite_log_remainder():
