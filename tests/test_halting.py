@@ -440,3 +440,35 @@ def test_halting_state_starts_in_fp32_on_the_states_device():
     assert state.steps.dtype == torch.long and state.steps.shape == (2, 3)
     assert state.steps.device.type == "meta"
     assert state.alphas == [] and state.prefix_in is None and state.prefix_out == {}
+
+
+def test_the_recurrence_loop_hands_each_rule_call_its_arguments():
+    """``universal_recurrence`` with a recording rule and block: ``begin`` gets the
+    prefix sums, ``decide`` the step number l >= 2, and when every position has halted
+    before step l the early-exit hook gets (S, h, l) with the last h."""
+    from sut_fairseq.modules.halting import HaltingState, NoHalting
+    from sut_fairseq.modules.recurrence import universal_recurrence
+
+    calls = []
+
+    class Recording(NoHalting):
+        def begin(self, h0, real, prefix_in=None):
+            calls.append(("begin", prefix_in))
+            return HaltingState(h0, real, prefix_in)
+
+        def decide(self, h, running, state, step, threshold=None):
+            calls.append(("decide", step))
+            return running & (step < 3)  # everyone halts before step 3
+
+    h0 = torch.randn(1, 2, 4)
+    real = torch.ones(1, 2, dtype=torch.bool)
+    exits = []
+    prefix = {2: (torch.zeros(1, 4), torch.zeros(1))}
+    S, result, state = universal_recurrence(lambda h, S, running, l: h + l, h0, real, Recording(), 5,
+                                            on_early_exit=lambda S, h, l: exits.append((S, h, l)),
+                                            prefix_in=prefix)
+    assert calls == [("begin", prefix), ("decide", 2), ("decide", 3)]
+    assert len(exits) == 1 and exits[0][2] == 3
+    torch.testing.assert_close(exits[0][1], h0 + 1 + 2)  # h after steps 1 and 2
+    torch.testing.assert_close(S, h0 + 3)
+    assert state.steps.tolist() == [[2, 2]]

@@ -20,8 +20,12 @@ def _blocks(**overrides):
 def test_each_side_its_own_layer_norm_placement_and_the_attention_options():
     enc, dec = _blocks(encoder_normalize_before=False, decoder_normalize_before=True,
                        attention_dropout=0.25, gating_dropout=0.125, sample_topk=1,
-                       rel_pos="clipped", rel_window=3)
+                       rel_pos="clipped", rel_window=3, activation_dropout=0.375)
     assert enc.normalize_before is False and dec.normalize_before is True
+    for block in (enc, dec):
+        assert block.ffd.activation_dropout.p == 0.375
+        assert block.ffd.router.dropout.p == 0.125 and block.ffd.router.sample_topk == 1
+        assert block.gate is None and block.hyper is False and block.hyper_kv is False
     for attn, causal in ((enc.self_attn, False), (dec.self_attn, True), (dec.cross_attn, False)):
         assert isinstance(attn, MixtureOfMultiHeadAttention) and attn.causal is causal
         assert attn.attention_dropout == 0.25
@@ -47,6 +51,7 @@ def test_relative_position_choice(rel_pos, kind):
                           ("qkv,out,ffn", True, True)])
 def test_hyper_module_sub_layers_follow_the_components(components, hyper_attn, hyper_ffd):
     enc, dec = _blocks(hyper_modules=4, hyper_components=components, attention_dropout=0.25,
+                       activation_dropout=0.375,
                        att_heads=2, att_head_dim=16, att_experts=1, att_topk=1, ffd_experts=1,
                        ffd_topk=1, rel_pos="none")
     for block, causal in ((enc, False), (dec, True)):
@@ -54,6 +59,10 @@ def test_hyper_module_sub_layers_follow_the_components(components, hyper_attn, h
         assert isinstance(attn, HyperSelfAttention) is hyper_attn
         assert isinstance(block.ffd, HyperFeedForward) is hyper_ffd
         assert block.hyper_attn is hyper_attn and block.hyper_ffd is hyper_ffd
+        assert block.hyper is True
+        assert block.hyper_kv is ("qkv" in components)
+        if hyper_ffd:
+            assert block.ffd.activation_dropout.p == 0.375
         if hyper_attn:
             assert (attn.num_heads, attn.head_dim, attn.causal) == (2, 16, causal)
             assert attn.attention_dropout == 0.25
@@ -116,8 +125,11 @@ def _reference_block(block, h, k, v, running, pad=None, q_start=0, cross=None, z
 
 @pytest.mark.parametrize("pre,gated", [(True, True), (False, False), (True, False)])
 def test_encoder_block_forward_against_the_written_out_composition(pre, gated):
+    from sut_fairseq.modules.sut_block import FeedForwardGate
+
     torch.manual_seed(0)
     block = make_model("sut_tiny", encoder_normalize_before=pre, gated_ffn=gated).encoder.block
+    assert isinstance(block.gate, FeedForwardGate) if gated else block.gate is None
     h, S = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
     running = torch.ones(2, 5, dtype=torch.bool)
     k, v = block.self_kv(S)
