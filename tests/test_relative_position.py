@@ -62,7 +62,10 @@ def test_t5_relative_bias_reads_the_bucket_of_each_query_key_pair(bidirectional)
         for j in range(S):
             b, _ = _bucket(j - (q_start + t), bidirectional, 32, 128)
             torch.testing.assert_close(out[0, :, t, j], bias.bias.weight[b])
-    assert T5RelativeBias(3, True).to("meta")(T, q_start, S).device.type == "meta"
+    meta = T5RelativeBias(3, True).to("meta")
+    lookup, seen = meta.bias.forward, []
+    meta.bias.forward = lambda idx: seen.append(idx.device.type) or lookup(idx)
+    assert meta(T, q_start, S).device.type == "meta" and seen == ["meta"]  # the buckets too
 
 
 def test_t5_relative_bias_starts_at_zero():
