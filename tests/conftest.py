@@ -20,6 +20,24 @@ if _WORKERS > 1:
 logging.getLogger("fairseq.tasks.text_to_speech").setLevel(logging.ERROR)
 
 
+def _mutmut_stats_outside_compiled_code():
+    """Under ``make mutation``'s first pass (``MUTANT_UNDER_TEST=stats``: mutmut records
+    which tests call which function) its trampolines keep a ``ContextVar`` call stack,
+    which dynamo cannot trace: every ``fullgraph=True`` compile of a mutated function
+    failed, so that pass failed and the module was never tested. While dynamo traces,
+    the trampoline now takes its no-mutant path (the original function, nothing recorded);
+    the calls recorded are the eager ones, which every compiled test also makes."""
+    if os.environ.get("MUTANT_UNDER_TEST") != "stats":
+        return
+    from mutmut.mutation import trampoline
+
+    read = trampoline.get_mutant_under_test
+    trampoline.get_mutant_under_test = lambda: "" if torch.compiler.is_compiling() else read()
+
+
+_mutmut_stats_outside_compiled_code()
+
+
 def make_model(arch="sut_tiny", dict_size=40, seed=0, **overrides):
     """An eval-mode model with no dropout (deterministic), over a joined dictionary."""
     from sut_fairseq.models.standalone import build_model
