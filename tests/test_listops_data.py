@@ -336,3 +336,154 @@ def test_config_refusals_whole():
         empty.validate()
     assert str(err.value) == "split test-len200-300: size must be >= 1"
     dataclasses.replace(base, train_size=1, iid_test_size=1).validate()
+
+
+# --------------------------------------------------------------------------- exact behaviour
+# (each test below pins what a mutation-testing run found unchecked, docs/testing.md)
+
+
+class ScriptedDraws:
+    """A stand-in for ``random.Random`` whose ``random()`` returns the given numbers."""
+
+    def __init__(self, *values):
+        self.values = list(values)
+
+    def random(self):
+        return self.values.pop(0)
+
+
+def test_sample_shape_follows_its_draws_exactly():
+    """max_args 3, max_depth 3: the root is a list of 2 + floor(0.99 * 2) = 3 arguments;
+    its first child draws u = VALUE_P exactly (a list: u <= VALUE_P) of 2 + floor(0 * 2) = 2
+    digits (depth 3 = max_depth: no draw); the other two draw 0.9 and 0.5 (digits). Prefix
+    order [3, 2, 0, 0, 0, 0]: 2 + 2 + 4 = 8 tokens, 5 draws."""
+    draws = (0.99, listops.VALUE_P, 0.0, 0.9, 0.5)
+    rng = ScriptedDraws(*draws)
+    assert listops.sample_shape(rng, 3, 3) == [3, 2, 0, 0, 0, 0] and rng.values == []
+    assert listops.shape_length([3, 2, 0, 0, 0, 0]) == 8
+    assert listops.sample_shape(ScriptedDraws(*draws), 3, 3, max_length=8) == [3, 2, 0, 0, 0, 0]
+    assert listops.sample_shape(ScriptedDraws(*draws), 3, 3, max_length=7) is None
+    # abandoned at the first node that takes the length past 5 (the first child's second
+    # digit, 6 tokens): the last two draws are not made
+    rng = ScriptedDraws(*draws)
+    assert listops.sample_shape(rng, 3, 3, max_length=5) is None and rng.values == [0.9, 0.5]
+
+
+def test_a_split_keeps_both_ends_of_its_length_range():
+    """Flat lists of 3 or 4 arguments (5 or 6 tokens): min_length 5 and max_length 6 are
+    both kept, in the split's own stream ``listops/<seed>/<name>``."""
+    spec = listops.SplitSpec(40, max_args=4, max_depth=2, min_length=5, max_length=6)
+    examples = list(listops.iter_test("test-x", spec, 1, set()))
+    assert Counter(len(e.tokens) for e in examples).keys() == {5, 6}
+    again = list(listops.iter_test("test-x", spec, 1, set()))
+    other = list(listops.iter_test("test-y", spec, 1, set()))
+    assert again == examples and other != examples
+
+
+def test_exhausted_splits_name_themselves(monkeypatch):
+    """Four-token lists are 4 x 100 expressions: asking for more stops after MAX_REJECTIONS
+    draws in a row, naming the split, for a generalisation test and for an IID split."""
+    monkeypatch.setattr(listops, "MAX_REJECTIONS", 500)
+    spec = listops.SplitSpec(401, max_args=2, max_depth=2, min_length=4, max_length=4)
+    with pytest.raises(RuntimeError) as err:
+        list(listops.iter_test("test-four", spec, 1, set()))
+    assert str(err.value) == ("500 draws in a row gave no new expression for test-four: "
+                              "widen its length range or ask for fewer examples")
+    import dataclasses
+
+    config = dataclasses.replace(listops.make_config("small", splits=[]), train_size=401,
+                                 valid_size=0, iid_test_size=1, train_max_length=4)
+    with pytest.raises(RuntimeError, match="^500 draws in a row gave no new expression for train: "):
+        listops.generate(config)
+
+
+def test_progress_counts_every_example_once():
+    config = small(train_size=30, valid_size=4, iid_test_size=5, test_size=2,
+                   splits=["test-len200-300", "test-args10"])
+    calls = []
+    data = listops.generate(config, progress=calls.append)
+    assert calls == [1] * listops.total_examples(config) == [1] * sum(len(v) for v in data.values())
+
+
+def test_the_data_of_a_fixed_seed_is_pinned():
+    """The exact data of a small configuration, seed 1 (each split from its own stream
+    ``listops/1/<split>``, the IID ones from ``listops/1/iid``): a change to the generator
+    that changes the data has to change this digest on purpose."""
+    import hashlib
+
+    config = small(train_size=40, valid_size=6, iid_test_size=8, test_size=2,
+                   splits=["test-len200-300", "test-args10"])
+    data = listops.generate(config)
+    text = "\n".join(f"{name}\t{' '.join(e.tokens)}\t{e.label}" for name, v in data.items() for e in v)
+    assert data["train"][0] == listops.Example(tuple("[MAX [MED 1 1 1 4 ] 1 9 7 ]".split()), 9)
+    assert hashlib.sha256(text.encode()).hexdigest() == (
+        "09e75d986b6aff27d115136086ed23c8cd0dab4177f65215611cf36396edfcd2")
+
+
+def test_the_split_builders_give_the_protocol():
+    """The generalisation splits as the configurations build them (``CONFIGS`` is built at
+    import, so the builders are called here too)."""
+    S = listops.SplitSpec
+    assert listops._tests(7, 9) == (
+        ("test-len200-300", S(7, 5, 20, 201, 299)), ("test-len500-600", S(7, 5, 20, 501, 599)),
+        ("test-len900-1000", S(7, 5, 20, 901, 999)), ("test-args10", S(9, 10, 9, 100, 1000)),
+        ("test-args15", S(9, 15, 9, 100, 1000)))
+    assert listops.CONFIGS["small"].tests == listops._tests(500, 500)
+    assert listops.CONFIGS["paper"].tests == listops._tests(2_000, 2_000)
+
+
+def test_configuration_defaults_and_lengths():
+    import dataclasses
+
+    assert listops.make_config() == listops.CONFIGS["small"]
+    config = dataclasses.replace(listops.CONFIGS["small"], train_max_length=50, iid_max_length=70)
+    specs = dict(config.specs())
+    assert (specs["train"].max_length, specs["valid"].max_length, specs["test-iid"].max_length) == (50, 50, 70)
+    one = listops.make_config("small", test_size=1)      # a generalisation split of one example
+    assert all(spec.size == 1 for _, spec in one.tests)
+
+
+def test_unknown_names_and_operators_whole_messages():
+    with pytest.raises(ValueError) as err:
+        listops.make_config("huge")
+    assert str(err.value) == "unknown configuration 'huge'; choose one of small, paper"
+    with pytest.raises(ValueError) as err:
+        listops.make_config("small", splits=["test-args10", "len"])
+    assert str(err.value) == ("unknown test split 'len'; choose from test-len200-300, test-len500-600, "
+                              "test-len900-1000, test-args10, test-args15")
+    with pytest.raises(ValueError) as err:
+        listops.apply("[FOO", [1, 2])
+    assert str(err.value) == "unknown operator '[FOO'"
+    with pytest.raises(ValueError) as err:
+        listops.evaluate("[MAX 1 2".split())
+    assert str(err.value) == "the expression is not closed"
+    assert listops.max_arguments(["7"]) == listops.depth(["7"]) == 0   # a bare digit: no list
+
+
+def test_split_statistics_by_hand():
+    """Three examples added shortest first (4, 8 and 4 tokens), labels 3, 9, 9; an empty
+    split; a split of one; the table of the three."""
+    stats = listops.SplitStats(listops.SplitSpec(10, max_args=3, max_depth=3, min_length=4, max_length=20))
+    for text, label in [("[SM 1 2 ]", 3), ("[MAX 2 9 [MIN 4 7 ] ]", 9), ("[MAX 9 9 ]", 9)]:
+        stats.add(listops.Example(tuple(text.split()), label))
+    s = stats.summary()
+    assert s["length"] == {"min": 4, "mean": 16 / 3, "max": 8} and s["depth"] == {"mean": 4 / 3, "max": 2}
+    assert s["labels"] == {"0": 0, "1": 0, "2": 0, "3": 1, "4": 0, "5": 0, "6": 0, "7": 0, "8": 0, "9": 2}
+    assert s["majority"] == {"label": 9, "share": 2 / 3}
+    assert s["limits"] == {"max_args": 3, "generator_max_depth": 3, "min_length": 4, "max_length": 20}
+    empty = listops.SplitStats().summary()
+    assert empty["limits"] is None and empty["majority"] == {"label": None, "share": None}
+    assert empty["length"] == {"min": None, "mean": 0.0, "max": 0}
+    single = listops.SplitStats()
+    single.add(listops.Example(tuple("[MIN 4 7 ]".split()), 4))
+    assert single.summary()["length"]["mean"] == 4.0 and single.summary()["majority"]["share"] == 1.0
+    with pytest.raises(RuntimeError) as err:
+        stats.add(listops.Example(tuple("[SM 1 2 ]".split()), 4))
+    assert str(err.value) == "example [SM 1 2 ] does not evaluate to 4"
+    assert listops.stats_table({"a": s, "one": single.summary(), "empty": empty}) == "\n".join([
+        "| split | examples | length min / mean / max | depth mean / max | max arguments "
+        "| labels 0–9 (%) | majority (%) |",
+        "|---|---:|---|---|---:|---|---:|",
+        "| a | 3 | 4 / 5.3 / 8 | 1.33 / 2 | 3 | 0 0 0 33 0 0 0 0 0 67 | 66.7 |",
+        "| one | 1 | 4 / 4.0 / 4 | 1.00 / 1 | 2 | 0 0 0 0 100 0 0 0 0 0 | 100.0 |",
+        "| empty | 0 | None / 0.0 / 0 | 0.00 / 0 | 0 | 0 0 0 0 0 0 0 0 0 0 | 0.0 |"])

@@ -437,7 +437,7 @@ class SplitStats:
 
     def summary(self) -> dict:
         """The JSON-ready statistics of the split."""
-        n = self.n or 1
+        n = max(self.n, 1)
         common = self.labels.most_common()
         return {
             "size": self.n,
