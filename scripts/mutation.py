@@ -74,10 +74,10 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                         "test_options_off.py"),
     "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
     "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_experts.py"),
-    "sut_fairseq/ops/routed_linear_op.py": ("test_experts.py", "test_compiled_step.py"),
+    "sut_fairseq/ops/routed_linear_op.py": ("test_custom_ops.py", "test_experts.py", "test_compiled_step.py"),
     "sut_fairseq/ops/routing.py": ("test_routing.py", "test_experts.py"),
     "sut_fairseq/ops/reference_linear.py": ("test_experts.py", "test_kernels_interpret.py"),
-    "sut_fairseq/ops/masked_linear_op.py": ("test_compiled_step.py",),
+    "sut_fairseq/ops/masked_linear_op.py": ("test_custom_ops.py", "test_compiled_step.py"),
     "sut_fairseq/criterions/losses.py": ("test_losses.py",),
     "sut_fairseq/criterions/sut_label_smoothed_cross_entropy.py": (
         "test_losses.py", "test_label_smoothed_ce.py", "test_exits.py", "test_offramps_freeze.py"),

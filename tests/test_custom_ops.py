@@ -1,0 +1,192 @@
+"""The two custom ops called eagerly, as a CPU training step calls them: ``sut::masked_linear``
+and ``sut::routed_linear`` (forward, and the backward op their autograd formula calls)
+against per-row / per-slot loops; which gradients the backward op is asked for (a frozen
+input costs nothing); the dtypes ``masked_linear`` hands the op (autocast, a bf16 input
+against an fp32 layer)."""
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from sut_fairseq.ops.masked_linear_op import masked_linear
+from sut_fairseq.ops.routed_linear_op import call_routed_linear_op
+from sut_fairseq.ops.routing import make_routing
+
+
+class RecordOps(TorchDispatchMode):
+    """Records the arguments of every call of the ``sut`` namespace's ops."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "sut":
+            self.calls.append((func.__name__.split(".")[0], args))
+        return func(*args, **(kwargs or {}))
+
+
+def _backward_flags(calls, name):
+    """The need_* flags (the trailing bools) of the one backward op call."""
+    found = [args for op, args in calls if op == name]
+    assert len(found) == 1, calls
+    return tuple(a for a in found[0] if isinstance(a, bool))[-4 if name == "routed_linear_backward" else -3:]
+
+
+# --------------------------------------------------------------------------- sut::masked_linear
+
+def test_masked_linear_forward_and_gradients_against_a_row_loop():
+    """y_r = x_r Wᵀ + b on the selected rows, 0 elsewhere; dx_r = dy_r W on them (0
+    elsewhere), dW = Σ_r dy_rᵀ x_r and db = Σ_r dy_r over the selected rows only."""
+    g = torch.Generator().manual_seed(0)
+    linear = torch.nn.Linear(5, 3).double()
+    x = torch.randn(2, 4, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[True, False, True, True], [False, False, True, False]])
+    dy = torch.randn(2, 4, 3, generator=g, dtype=torch.float64)
+    y = masked_linear(x, linear, mask)
+    y.backward(dy)
+    W, b = linear.weight.detach(), linear.bias.detach()
+    want_y, want_dx = torch.zeros(2, 4, 3, dtype=torch.float64), torch.zeros(2, 4, 5, dtype=torch.float64)
+    want_dW, want_db = torch.zeros_like(W), torch.zeros_like(b)
+    for i in range(2):
+        for j in range(4):
+            if mask[i, j]:
+                want_y[i, j] = x[i, j].detach() @ W.t() + b
+                want_dx[i, j] = dy[i, j] @ W
+                want_dW += torch.outer(dy[i, j], x[i, j].detach())
+                want_db += dy[i, j]
+    torch.testing.assert_close(y.detach(), want_y)
+    torch.testing.assert_close(x.grad, want_dx)
+    torch.testing.assert_close(linear.weight.grad, want_dW)
+    torch.testing.assert_close(linear.bias.grad, want_db)
+
+
+@pytest.mark.parametrize("frozen", ["x", "weight", "bias", "no bias"])
+def test_masked_linear_asks_for_the_gradients_needed_only(frozen):
+    """The backward op is told which gradients autograd needs (need_x, need_w, need_b): a
+    frozen input or a layer without a bias costs nothing; the gradients given are right."""
+    g = torch.Generator().manual_seed(1)
+    linear = torch.nn.Linear(4, 3, bias=frozen != "no bias")
+    x = torch.randn(5, 4, generator=g, requires_grad=frozen != "x")
+    mask = torch.tensor([True, False, True, True, False])
+    if frozen == "weight":
+        linear.weight.requires_grad_(False)
+    if frozen == "bias":
+        linear.bias.requires_grad_(False)
+    with RecordOps() as rec:
+        out = masked_linear(x, linear, mask)
+        out.sum().backward()
+    flags = _backward_flags(rec.calls, "masked_linear_backward")
+    assert flags == (frozen != "x", frozen != "weight", frozen not in ("bias", "no bias"))
+    assert (x.grad is None) == (frozen == "x")
+    assert (linear.weight.grad is None) == (frozen == "weight")
+    if linear.bias is not None:
+        assert (linear.bias.grad is None) == (frozen == "bias")
+    if frozen != "x":
+        torch.testing.assert_close(x.grad, mask.float().unsqueeze(1) * linear.weight.detach().sum(0))
+    if frozen != "weight":
+        torch.testing.assert_close(linear.weight.grad, x.detach()[mask].sum(0).expand(3, 4))
+
+
+def test_masked_linear_computes_in_the_inputs_dtype_or_autocasts():
+    """A bf16 input through an fp32 layer computes in bf16 (as ``F.linear`` would refuse
+    the mix, the layer is cast to the input); under CPU autocast (bf16) an fp32 input
+    and layer compute in bf16, as ``nn.Linear`` does there."""
+    g = torch.Generator().manual_seed(2)
+    linear = torch.nn.Linear(6, 4)
+    mask = torch.tensor([True, True, False])
+    x = torch.randn(3, 6, generator=g)
+    want = torch.nn.functional.linear(x.bfloat16(), linear.weight.bfloat16(), linear.bias.bfloat16())
+    y = masked_linear(x.bfloat16(), linear, mask)
+    assert y.dtype == torch.bfloat16
+    torch.testing.assert_close(y[:2], want[:2]) and torch.testing.assert_close(y[2], torch.zeros_like(y[2]))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        auto = masked_linear(x, linear, mask)
+        reference = linear(x)
+    assert auto.dtype == reference.dtype == torch.bfloat16
+    torch.testing.assert_close(auto[:2], reference[:2])
+
+
+# --------------------------------------------------------------------------- sut::routed_linear
+
+E, K, N, IN, OUT = 3, 2, 5, 4, 6
+
+
+def _routing(seed=0):
+    """N tokens, k = 2 slots each over E = 3 experts; token 3 halted (both slots no-op)
+    and token 1's second slot no-op."""
+    g = torch.Generator().manual_seed(seed)
+    idx = torch.tensor([[0, 2], [1, E], [2, 0], [E, E], [1, 2]])
+    gates = torch.rand(N, K, generator=g, dtype=torch.float64) * idx.lt(E)
+    return make_routing(idx, gates, E), idx, gates
+
+
+def _slot_loop(x, weight, bias, idx, fan_out, gates=None):
+    """y_s = x[s // fan_out] W[e_s] + b[e_s] per slot s (0 for a no-op slot); with gates
+    the gate-weighted sum of each token's slots."""
+    y = torch.zeros(N * K, OUT, dtype=x.dtype)
+    flat = idx.reshape(-1)
+    for s in range(N * K):
+        e = int(flat[s])
+        if e < E:
+            y[s] = x[s // fan_out] @ weight[e] + (0 if bias is None else bias[e])
+    if gates is None:
+        return y
+    return (y.view(N, K, OUT) * gates.unsqueeze(2)).sum(1)
+
+
+@pytest.mark.parametrize("layout", ["token rows, gates", "token rows", "slot rows", "grouped in and out"])
+def test_routed_linear_op_forward_and_gradients_against_a_slot_loop(layout):
+    """The op called as the expert layers call it, forward and backward (every operand's
+    gradient, the gates' included), against autograd through a per-slot loop."""
+    routing, idx, gates = _routing()
+    g = torch.Generator().manual_seed(3)
+    fan_out = 1 if layout == "slot rows" else K
+    rows = N if fan_out == K else N * K
+    x = torch.randn(rows, IN, generator=g, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(E, IN, OUT, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(E, OUT, generator=g, dtype=torch.float64, requires_grad=True)
+    gate_in = gates.clone().requires_grad_() if layout == "token rows, gates" else None
+    grouped = layout == "grouped in and out"
+    order = routing.sorted_scattered_idxs
+    if grouped:     # the input rows in sorted order: sorted row r is slot order[r]
+        x_slots = torch.randn(N * K, IN, generator=g, dtype=torch.float64)
+        x = x_slots[order].clone().requires_grad_()
+    y = call_routed_linear_op(x, weight, bias, routing, fan_out, grouped, grouped, gate_in)
+    if grouped:
+        slot_input = torch.zeros_like(x).index_copy(0, order, x)
+        want = _slot_loop(slot_input, weight, bias, idx, 1)[order]
+    else:
+        want = _slot_loop(x, weight, bias, idx, fan_out, gate_in)
+    dy = torch.randn(want.shape, generator=g, dtype=torch.float64)
+    torch.testing.assert_close(y, want)
+    inputs = [x, weight, bias] + ([gate_in] if gate_in is not None else [])
+    got = torch.autograd.grad(y, inputs, dy)
+    expected = torch.autograd.grad(want, inputs, dy)
+    for a, b in zip(got, expected):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("frozen", ["x", "weight", "bias", "gates", "no bias", "no gates"])
+def test_routed_linear_op_asks_for_the_gradients_needed_only(frozen):
+    """need_x, need_w, need_b, need_g as autograd needs them: a frozen operand, a missing
+    bias or missing gates cost nothing in the backward op; the gradients autograd gets
+    are the needed ones (None for the frozen)."""
+    routing, idx, gates = _routing(1)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(N, IN, generator=g, requires_grad=frozen != "x")
+    weight = torch.randn(E, IN, OUT, generator=g, requires_grad=frozen != "weight")
+    bias = None if frozen == "no bias" else torch.randn(E, OUT, generator=g, requires_grad=frozen != "bias")
+    gate_in = None if frozen == "no gates" else gates.float().requires_grad_(frozen != "gates")
+    with RecordOps() as rec:
+        y = call_routed_linear_op(x, weight, bias, routing, K, False, False, gate_in)
+        y.sum().backward()
+    assert _backward_flags(rec.calls, "routed_linear_backward") == (
+        frozen != "x", frozen != "weight", frozen not in ("bias", "no bias"), frozen not in ("gates", "no gates"))
+    backward = [args for op, args in rec.calls if op == "routed_linear_backward"][0]
+    forward = [args for op, args in rec.calls if op == "routed_linear"][0]
+    # the backward op gets the forward's operands and routing tensors, in the same places
+    for a, b in zip(backward[1:12], forward):
+        assert a is b or (isinstance(a, torch.Tensor) and a.shape == b.shape and torch.equal(a, b)), (a, b)
+    for t, name in ((x, "x"), (weight, "weight"), (bias, "bias"), (gate_in, "gates")):
+        if t is not None:
+            assert (t.grad is None) == (frozen == name), name
