@@ -168,3 +168,74 @@ def test_incremental_decoding_projects_every_new_row_and_carries_nothing():
         k, v = ctx.rows(S, None)
         ref_k, ref_v = model.decoder.block.self_kv(S)
     assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
+
+
+def test_frozen_prefix_sums_continue_the_sums_of_the_steps_still_to_decide():
+    """Every new position halted before step 3 of L = 4: the decisions of steps 4 and 5
+    (l + 1 for l = 3, 4) read prefix sums continued with the frozen h where the position is
+    a token (row 0), unchanged for padding (row 1); the keys before step 4 and after
+    L + 1 = 5 are not touched, nor a step missing from the sums; the counts keep their dtype."""
+    from sut_fairseq.modules.side_step import frozen_prefix_sums
+
+    g = torch.Generator().manual_seed(0)
+    B, d = 2, 3
+    h = torch.randn(B, 1, d, generator=g, dtype=torch.float64)
+    real = torch.tensor([[True], [False]])
+    prefix = {l: (torch.randn(B, d, generator=g, dtype=torch.float64), torch.tensor([l, 2 * l]))
+              for l in range(1, 7)}
+    out = frozen_prefix_sums(prefix, h, real, 3, 4)
+    assert sorted(out) == [4, 5]
+    for l in (4, 5):
+        sums, counts = out[l]
+        torch.testing.assert_close(sums[0], prefix[l][0][0] + h[0, 0], rtol=0, atol=0)
+        torch.testing.assert_close(sums[1], prefix[l][0][1], rtol=0, atol=0)
+        assert counts.dtype == prefix[l][1].dtype and counts.tolist() == [l + 1, 2 * l]
+    gap = {l: prefix[l] for l in (1, 2, 3, 5)}             # no sums for step 4
+    assert sorted(frozen_prefix_sums(gap, h, real, 2, 4)) == [3, 5]
+    assert frozen_prefix_sums(None, h, real, 2, 4) == {}
+
+
+def test_global_mean_decoding_continues_the_prefix_through_frozen_positions():
+    """Decoder global-mean halting, one sentence at a time: each new position that halts
+    before L freezes (the early-exit hook), and the later positions' prefix means read the
+    sums it continued. Incremental == full, with frozen positions among the earlier ones."""
+    model = make_model(encoder_halting="global-mean", decoder_halting="global-mean",
+                       halting_threshold=0.6, encoder_layers=4, decoder_layers=4)
+    randomise_halting(model, seed=2)             # steps 1, 2, 2, 2, 2, 2, 3 of 4
+    g = torch.Generator().manual_seed(5)
+    src, prev = torch.randint(4, 40, (1, 7), generator=g), torch.randint(4, 40, (1, 7), generator=g)
+    prev[0, 0] = 2
+    with torch.no_grad():
+        enc = model.encoder(src)
+        full, extra = model.decoder(prev, enc)
+        inc, steps, _ = run_incremental(model, enc, prev)
+    assert torch.equal(steps, extra["halting_decoder"].steps)
+    assert (steps[0, :-1] < model.decoder.num_steps).any(), "want a frozen position before the last"
+    torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+
+
+def test_the_step_hands_the_block_every_field_it_reads():
+    """``SideStep.__call__`` gives the block the query, the source's keys/values (through
+    the cache), the running mask and each context field the block reads: the padding
+    masks, the query offset, the cross-attention keys/values and the chunk memory's."""
+    from sut_fairseq.modules.side_step import StepContext
+
+    seen = {}
+
+    def block(q, k, v, running, **kw):
+        seen.update(kw, q=q, k=k, v=v, running=running)
+        return q
+
+    h, S = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
+    fields = dict(self_padding_mask=torch.zeros(2, 3, dtype=torch.bool), q_start=5,
+                  cross_k=torch.randn(2, 1, 6, 4), cross_v=torch.randn(2, 1, 6, 4),
+                  cross_padding_mask=torch.zeros(2, 6, dtype=torch.bool),
+                  memory_kv=(torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)))
+    ctx = StepContext(rows=lambda S_, running_: (keys, values), real=torch.ones(2, 3, dtype=torch.bool),
+                      **fields)
+    running = torch.tensor([[True, False, True], [True, True, True]])
+    assert SideStep(block, PlainQuery(), StateKV(), NoMixture())(h, S, running, 2, ctx) is h
+    assert seen.pop("q") is h and seen.pop("k") is keys and seen.pop("v") is values
+    assert seen.pop("running") is running and seen.pop("hyper_z") is None
+    assert seen == fields

@@ -505,8 +505,13 @@ class SUTDecoder(FairseqIncrementalDecoder):
             ctx = self.step.context(**inputs)
             S, halting, state = run_recurrence(self, x, ctx, rule)
         else:  # per step l: the earlier positions' keys/values (L, B, H, t, D) and prefix sums
+            prefix_in = cache.get("prefix")
+            if prefix_in is None and getattr(self.halting, "rule", None) == "global-mean":
+                # the first position: zero sums, so that a position that halts early (the
+                # early-exit hook) continues them for the steps it skipped
+                prefix_in = chunk_cache.empty_prefix(x, self.num_steps)
             keys = StepKeyCache(self.num_steps, cache.get("self_k"), cache.get("self_v"),
-                                prefix_in=cache.get("prefix"))
+                                prefix_in=prefix_in)
             # Hyper-UT: step l's (Σ h_{l-1}, count) over the earlier positions
             ctx = self.step.context(keys, hyper_prefix_in=cache.get("hyper_prefix"), **inputs)
             S, halting, state = run_recurrence(

@@ -250,6 +250,6 @@ def frozen_prefix_sums(prefix_in: Optional[Prefix], h: torch.Tensor, real: torch
     without prefix sums (rules other than global-mean)."""
     if prefix_in is None:
         return {}
-    w = real.unsqueeze(-1).to(h.dtype)
-    return {l + 1: (prefix_in[l + 1][0] + (h * w)[:, -1], prefix_in[l + 1][1] + w[:, -1, 0])
+    r = real[:, -1]  # (B,) bool: the counts stay exact integers, as the halting's own sums
+    return {l + 1: (prefix_in[l + 1][0] + h[:, -1] * r.unsqueeze(1), prefix_in[l + 1][1] + r)
             for l in range(first_skipped_step, num_steps + 1) if l + 1 in prefix_in}
