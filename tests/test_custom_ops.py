@@ -108,12 +108,12 @@ def test_masked_linear_computes_in_the_inputs_dtype_or_autocasts():
 
 # --------------------------------------------------------------------------- sut::routed_linear
 
-E, K, N, IN, OUT = 3, 2, 5, 4, 6
+E, K, N, IN, OUT = 4, 2, 5, 4, 6
 
 
 def _routing(seed=0):
-    """N tokens, k = 2 slots each over E = 3 experts; token 3 halted (both slots no-op)
-    and token 1's second slot no-op."""
+    """N tokens, k = 2 slots each over E = 4 experts, expert 3 chosen by no slot; token 3
+    halted (both slots no-op) and token 1's second slot no-op."""
     g = torch.Generator().manual_seed(seed)
     idx = torch.tensor([[0, 2], [1, E], [2, 0], [E, E], [1, 2]])
     gates = torch.rand(N, K, generator=g, dtype=torch.float64) * idx.lt(E)
@@ -190,3 +190,28 @@ def test_routed_linear_op_asks_for_the_gradients_needed_only(frozen):
     for t, name in ((x, "x"), (weight, "weight"), (bias, "bias"), (gate_in, "gates")):
         if t is not None:
             assert (t.grad is None) == (frozen == name), name
+
+
+def test_routed_linear_op_in_bf16_with_fp32_gates():
+    """bf16 operands (as ``routed_linear`` hands them over under bf16 training) with the
+    router's fp32 gates: the output in bf16, each gradient in its operand's dtype, the
+    values those of the float64 slot loop to bf16 rounding."""
+    routing, idx, gates = _routing(2)
+    g = torch.Generator().manual_seed(5)
+    x64 = torch.randn(N, IN, generator=g, dtype=torch.float64)
+    w64 = torch.randn(E, IN, OUT, generator=g, dtype=torch.float64)
+    b64 = torch.randn(E, OUT, generator=g, dtype=torch.float64)
+    dy = torch.randn(N, OUT, generator=g, dtype=torch.float64)
+    x, w, b = (t.bfloat16().requires_grad_() for t in (x64, w64, b64))
+    gate_in = gates.float().requires_grad_()
+    y = call_routed_linear_op(x, w, b, routing, K, False, False, gate_in)
+    y.backward(dy.bfloat16())
+    assert y.dtype == torch.bfloat16
+    assert (x.grad.dtype, w.grad.dtype, b.grad.dtype, gate_in.grad.dtype) == (torch.bfloat16,) * 3 + (torch.float32,)
+    ref_in = [t.detach().double().requires_grad_() for t in (x, w, b, gate_in)]
+    want = _slot_loop(*ref_in[:3], idx, K, ref_in[3])
+    want.backward(dy.bfloat16().double())
+    torch.testing.assert_close(y.double(), want, rtol=0.02, atol=0.05)
+    for got, ref in zip((x.grad, w.grad, b.grad, gate_in.grad), ref_in):
+        torch.testing.assert_close(got.double(), ref.grad, rtol=0.02, atol=0.1)
+    assert w.grad[3].abs().sum() == 0 and b.grad[3].abs().sum() == 0   # the expert no slot chose
