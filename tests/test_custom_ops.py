@@ -215,3 +215,39 @@ def test_routed_linear_op_in_bf16_with_fp32_gates():
     for got, ref in zip((x.grad, w.grad, b.grad, gate_in.grad), ref_in):
         torch.testing.assert_close(got.double(), ref.grad, rtol=0.02, atol=0.1)
     assert w.grad[3].abs().sum() == 0 and b.grad[3].abs().sum() == 0   # the expert no slot chose
+
+
+def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
+    """``SUT_KERNELS=triton``: the op runs the kernels' autograd Function (recorded here in
+    place of the kernels, which need a GPU or the interpreter) with the caller's routing,
+    every field of it (the kernels read the sorted expert indices the CPU backend does
+    not), forward and backward, and the need flags of the backward."""
+    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_function")
+    routing, idx, gates = _routing(3)
+    g = torch.Generator().manual_seed(6)
+    x = torch.randn(N, IN, generator=g, requires_grad=True)
+    weight = torch.randn(E, IN, OUT, generator=g, requires_grad=True)
+    gate_in = gates.float()
+    seen = {}
+
+    def forward(ctx, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out):
+        seen["forward"] = (routing_, fan_out, grouped_in, grouped_out)
+        return x_.new_zeros(N, OUT)
+
+    def backward(ctx, dout):
+        seen["backward"] = (ctx.routing, ctx.needs_input_grad)
+        return x.new_ones(N, IN), weight.new_ones(E, IN, OUT), None, None
+
+    monkeypatch.setattr(kernels.RoutedLinearFunction, "forward", staticmethod(forward))
+    monkeypatch.setattr(kernels.RoutedLinearFunction, "backward", staticmethod(backward))
+    monkeypatch.setenv("SUT_KERNELS", "triton")
+    y = call_routed_linear_op(x, weight, None, routing, K, False, False, gate_in)
+    y.sum().backward()
+    assert seen["forward"][1:] == (K, False, False)
+    for got in (seen["forward"][0], seen["backward"][0]):
+        assert got.num_experts == E
+        for name in ("expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
+            assert torch.equal(getattr(got, name), getattr(routing, name)), name
+        assert torch.equal(got.gates, gate_in)
+    assert seen["backward"][1] == (True, True, False, False) + (False,) * 4
+    assert torch.equal(x.grad, torch.ones(N, IN)) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
