@@ -461,10 +461,10 @@ def test_unknown_names_and_operators_whole_messages():
 
 
 def test_split_statistics_by_hand():
-    """Three examples added shortest first (4, 8 and 4 tokens), labels 3, 9, 9; an empty
-    split; a split of one; the table of the three."""
+    """Three examples added shortest first (4, 4 and 8 tokens: the minimum is not the last
+    one's), labels 3, 9, 9; an empty split; a split of one; the table of the three."""
     stats = listops.SplitStats(listops.SplitSpec(10, max_args=3, max_depth=3, min_length=4, max_length=20))
-    for text, label in [("[SM 1 2 ]", 3), ("[MAX 2 9 [MIN 4 7 ] ]", 9), ("[MAX 9 9 ]", 9)]:
+    for text, label in [("[SM 1 2 ]", 3), ("[MAX 9 9 ]", 9), ("[MAX 2 9 [MIN 4 7 ] ]", 9)]:
         stats.add(listops.Example(tuple(text.split()), label))
     s = stats.summary()
     assert s["length"] == {"min": 4, "mean": 16 / 3, "max": 8} and s["depth"] == {"mean": 4 / 3, "max": 2}
