@@ -154,3 +154,37 @@ def test_a_memory_without_slots_or_write_blocks_is_refused(slots, layers):
         ChunkMemory(D_MODEL, slots, layers, H, D_HEAD)
     assert str(err.value) == ("a chunk memory needs slots >= 1 and update layers >= 1; "
                               f"got slots={slots}, update_layers={layers}")
+
+
+def test_no_dropout_unless_asked_and_the_smallest_memory():
+    """By default a memory drops nothing in training (its three dropouts default to 0);
+    one slot and one write block are allowed."""
+    memory = ChunkMemory(D_MODEL, slots=1, update_layers=1, num_heads=H, head_dim=D_HEAD)
+    _randomise(memory)
+    g = torch.Generator().manual_seed(7)
+    M, S = torch.randn(2, 1, D_MODEL, generator=g, dtype=torch.float64), torch.randn(2, 3, D_MODEL, generator=g, dtype=torch.float64)
+    real = torch.ones(2, 3, dtype=torch.bool)
+    evaluated = memory.update(M, S, real)
+    torch.testing.assert_close(memory.train().update(M, S, real), evaluated, rtol=0, atol=0)
+
+
+def test_the_padding_bias_is_in_the_queries_dtype(monkeypatch):
+    """The additive mask handed to ``scaled_dot_product_attention`` is in the queries'
+    dtype (its fused kernels refuse another float dtype), -inf on the padding keys; an
+    example with no key at all attends without the mask (finite, unused output)."""
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def record(q, k, v, attn_mask=None, **kw):
+        seen.append(attn_mask)
+        return sdpa(q, k, v, attn_mask=attn_mask, **kw)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", record)
+    attn = _randomise(MemoryAttention(D_MODEL, H, D_HEAD)).bfloat16()
+    x, m = torch.randn(2, 3, D_MODEL).bfloat16(), torch.randn(2, 4, D_MODEL).bfloat16()
+    k, v = attn.project_kv(m)
+    out = attn(x, k, v, key_padding_mask=torch.tensor([[False, True, False, True], [True, True, True, True]]))
+    (mask,) = seen
+    assert mask.dtype == torch.bfloat16 and mask.shape == (2, 1, 1, 4)
+    assert mask[0, 0, 0].tolist() == [0.0, float("-inf"), 0.0, float("-inf")]
+    assert mask[1].eq(0).all() and out.isfinite().all()

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from fairseq.modules import LayerNorm
 
 from .dropout import Dropout
-from .momha import hidden_keys, mask_bias
+from .momha import mask_bias, padding_hidden
 
 
 class MemoryAttention(nn.Module):
@@ -60,10 +60,7 @@ class MemoryAttention(nn.Module):
         key_padding_mask: (B, S) bool, True = not a key. Returns (B, T, d)."""
         B, T, _ = x.shape
         q = self._heads(self.q_proj(self.q_norm(x)))
-        bias = None
-        if key_padding_mask is not None:
-            bias = mask_bias(hidden_keys(T, 1, 0, key.size(2), False, key_padding_mask, x.device),
-                             q.dtype)
+        bias = None if key_padding_mask is None else mask_bias(padding_hidden(key_padding_mask), q.dtype)
         o = F.scaled_dot_product_attention(q, key.to(q.dtype), value.to(q.dtype), attn_mask=bias,
                                            dropout_p=self.attention_dropout if self.training else 0.0)
         return self.out_proj(o.transpose(1, 2).reshape(B, T, -1))

@@ -44,9 +44,16 @@ def hidden_keys(T: int, picks: int, q_start: int, S: int, causal: bool,
             blind = blind if picks == 1 else blind.repeat_interleave(picks, 1)
             pad = pad[:, None, None, :] & ~blind[:, None, :, None]
         else:
-            pad = (pad & ~pad.all(-1, keepdim=True))[:, None, None, :]
+            pad = padding_hidden(pad)
         hidden = pad if hidden is None else hidden | pad
     return hidden
+
+
+def padding_hidden(key_padding_mask: torch.Tensor) -> torch.Tensor:
+    """(B, S) bool, True = padding -> (B, 1, 1, S): the padding keys hidden, except in a
+    row that has no key at all (it would give NaN; such a row never runs and its output
+    is not used)."""
+    return (key_padding_mask & ~key_padding_mask.all(-1, keepdim=True))[:, None, None, :]
 
 
 def mask_bias(hidden: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
