@@ -80,7 +80,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/ops/masked_linear_op.py": ("test_custom_ops.py", "test_compiled_step.py"),
     "sut_fairseq/criterions/losses.py": ("test_losses.py",),
     "sut_fairseq/criterions/sut_label_smoothed_cross_entropy.py": (
-        "test_losses.py", "test_label_smoothed_ce.py", "test_exits.py", "test_offramps_freeze.py"),
+        "test_criterion_metrics.py", "test_losses.py", "test_label_smoothed_ce.py", "test_exits.py", "test_offramps_freeze.py"),
     "sut_fairseq/data/cpvr.py": ("test_cpvr_data.py",),
     "sut_fairseq/data/flipflop.py": ("test_flipflop_data.py",),
     "sut_fairseq/data/listops.py": ("test_listops_data.py",),

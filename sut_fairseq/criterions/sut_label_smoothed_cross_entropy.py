@@ -231,10 +231,9 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         def total(key):
             return sum(log.get(key, 0) for log in logging_outputs)
 
-        sample_size = total("sample_size")
-        if sample_size > 0:
-            metrics.log_scalar("mim", total("mim") / sample_size, sample_size, round=4)
-            metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
+        sample_size = total("sample_size")  # > 0: fairseq's reduce above divides by it
+        metrics.log_scalar("mim", total("mim") / sample_size, sample_size, round=4)
+        metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
         for side in ("enc", "dec"):
             positions = total(f"positions_{side}")
             units = total(f"act_units_{side}")  # real positions, or real chunks if chunked
@@ -246,9 +245,9 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
                 metrics.log_scalar(f"chunk_steps_{side}", total(f"chunk_steps_{side}") / chunks,
                                    chunks, round=3)
         exit_keys = {key for log in logging_outputs for key in log if key.startswith("exit_loss_")}
-        if sample_size > 0:  # CE_l per target token in base 2, as ``loss``
-            for key in sorted(exit_keys, key=lambda k: int(k.rsplit("_", 1)[1])):
-                metrics.log_scalar(key, total(key) / sample_size / math.log(2), sample_size, round=3)
+        for key in sorted(exit_keys, key=lambda k: int(k.rsplit("_", 1)[1])):
+            # CE_l per target token in base 2, as ``loss``
+            metrics.log_scalar(key, total(key) / sample_size / math.log(2), sample_size, round=3)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:
