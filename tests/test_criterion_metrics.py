@@ -5,6 +5,7 @@ weighted by its own denominator when fairseq averages several batches; nothing l
 a side without positions or chunks."""
 import math
 
+import pytest
 from fairseq.logging import metrics
 
 from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoothedCrossEntropyCriterion
@@ -73,3 +74,155 @@ def test_a_side_without_positions_or_chunks_logs_nothing():
     assert {"mim", "switch", "exit_loss_1"} <= set(values)
     assert not {"act_enc", "steps_enc", "act_dec", "steps_dec", "chunk_steps_enc",
                 "chunk_steps_dec"} & set(values)
+
+
+# --------------------------------------------------------------------------- forward's logging output
+
+def _sample(B=3, S=6, T=5, seed=3):
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    src, prev = torch.randint(4, 40, (B, S), generator=g), torch.randint(4, 40, (B, T), generator=g)
+    prev[:, 0] = 2
+    tgt = torch.cat([prev[:, 1:], torch.full((B, 1), 2)], 1)
+    tgt[0, -2:] = 1                                   # padding in the target
+    return {"net_input": {"src_tokens": src, "src_lengths": torch.full((B,), S),
+                          "prev_output_tokens": prev}, "target": tgt, "ntokens": int(tgt.ne(1).sum())}
+
+
+def _criterion(model, **kw):
+    from types import SimpleNamespace
+
+    return Criterion(SimpleNamespace(target_dictionary=model.decoder.dictionary), kw.pop("sentence_avg", False),
+                     0.1, **kw)
+
+
+def test_the_logging_output_of_a_batch_by_hand():
+    """Every key of the logging output against what it counts: the NLL of the logits, the
+    batch's tokens and sentences, L_ACT and its units, executed steps and real positions
+    per side, the correct predictions of the non-padding targets (--report-accuracy)."""
+    import torch
+    import torch.nn.functional as F
+
+    from conftest import make_model, randomise_halting
+
+    model = make_model(encoder_layers=3, decoder_layers=3)
+    randomise_halting(model)
+    sample = _sample()
+    crit = _criterion(model, report_accuracy=True)
+    with torch.no_grad():
+        logits, extra = model(**sample["net_input"])
+        # rows 1 and 2 of the target are the model's own predictions: 10 correct at least
+        sample["target"][1:] = logits[1:].argmax(-1)
+        loss, sample_size, log = crit(model, sample)
+    target = sample["target"]
+    keep = target.ne(1)
+    lprobs = F.log_softmax(logits.double(), -1)
+    nll = -lprobs.gather(2, target.unsqueeze(2)).squeeze(2)[keep].sum()
+    enc, dec = extra["halting_encoder"], extra["halting_decoder"]
+    assert sample_size == sample["ntokens"] == 13
+    assert set(log) == {"loss", "nll_loss", "ntokens", "nsentences", "sample_size", "mim", "switch",
+                        "act_enc", "act_dec", "act_units_enc", "act_units_dec", "steps_enc", "steps_dec",
+                        "positions_enc", "positions_dec", "n_correct", "total"}
+    assert log["nll_loss"].item() == pytest.approx(nll.item(), rel=1e-5)
+    assert (log["ntokens"], log["nsentences"], log["sample_size"]) == (13, 3, 13)
+    # the decoder's positions are its input tokens (no padding here), not the targets
+    assert log["act_units_enc"] == enc.act_units().item() == 18 and log["act_units_dec"] == 15
+    assert log["act_enc"] == pytest.approx(enc.act_loss().item() * 18, rel=1e-5)
+    assert log["steps_enc"] == enc.steps.sum().item() and log["positions_enc"] == 18
+    assert log["steps_dec"] == dec.steps.sum().item() and log["positions_dec"] == 15
+    assert log["n_correct"].item() == logits.argmax(-1)[keep].eq(target[keep]).sum().item() >= 10
+    assert log["total"].item() == 13
+
+
+def test_sentence_averaging_counts_sentences():
+    import torch
+
+    from conftest import make_model
+
+    model = make_model()
+    sample = _sample(B=3, T=5)
+    with torch.no_grad():
+        _, sample_size, log = _criterion(model, sentence_avg=True)(model, sample)
+    assert sample_size == log["sample_size"] == log["nsentences"] == 3 and log["ntokens"] == 13
+
+
+def test_a_model_without_routers_logs_zero_auxiliary_losses():
+    """A dense UT (no routers): the MIM and switch terms are 0, not missing."""
+    import torch
+
+    from conftest import make_model
+
+    model = make_model("ut_cpvr", encoder_layers=2, decoder_layers=2)
+    with torch.no_grad():
+        loss, _, log = _criterion(model, mim_weight=0.5, switch_weight=0.5)(model.train(), _sample())
+    assert log["mim"] == 0.0 and log["switch"] == 0.0 and torch.isfinite(loss)
+
+
+def test_chunked_sides_log_their_chunks():
+    """With chunk-wise recurrence on both sides, the real chunks and the block applications
+    per chunk of each side."""
+    import torch
+
+    from conftest import make_model
+
+    model = make_model(encoder_chunk_size=3, encoder_memory_slots=2, decoder_chunk_size=2,
+                       decoder_memory_slots=2)
+    sample = _sample(B=2, S=7, T=5)
+    with torch.no_grad():
+        _, _, log = _criterion(model)(model, sample)
+        _, extra = model(**sample["net_input"])
+    for side, key in (("enc", "halting_encoder"), ("dec", "halting_decoder")):
+        halting = extra[key]
+        assert log[f"chunks_{side}"] == halting.chunk_real.sum().item() > 0
+        assert log[f"chunk_steps_{side}"] == halting.chunk_steps.sum().item() > 0
+    assert log["chunks_enc"] == 2 * 3       # 7 tokens in chunks of 3, both sentences
+
+
+def test_unreduced_losses_are_per_target_token():
+    """``reduce=False`` (fairseq's per-sentence scoring): a loss per target position, 0 on
+    padding, summing to the reduced loss (eval: no auxiliary terms)."""
+    import torch
+
+    from conftest import make_model
+
+    model = make_model()
+    sample = _sample()
+    crit = _criterion(model)
+    with torch.no_grad():
+        reduced, _, _ = crit(model, sample)
+        per_token, _, _ = crit(model, sample, reduce=False)
+    assert per_token.numel() == sample["target"].numel()
+    assert per_token.view(3, 5)[0, -2:].abs().sum() == 0
+    assert per_token.sum().item() == pytest.approx(reduced.item(), rel=1e-5)
+
+
+def test_weighted_exit_loss_trains_the_states_through_the_off_ramps():
+    """``--exit-loss weighted``: the off-ramps' CE reaches the shared block through h_l (it
+    is not detached as in ``offramps``): the block's gradient differs from the main head's
+    share alone, L · CE_L / (L (L + 1) / 2)."""
+    import torch
+
+    from conftest import make_model
+
+    model = make_model(decoder_halting="pabee", decoder_layers=3).train()
+    sample = _sample()
+    params = [p for p in model.decoder.block.parameters() if p.requires_grad]
+    loss, _, _ = _criterion(model, exit_loss="weighted")(model, sample)
+    weighted = torch.autograd.grad(loss, params, allow_unused=True)
+    main, _, _ = _criterion(model)(model, sample)
+    share = torch.autograd.grad(main * 3 / 6, params, allow_unused=True)
+    differs = [not torch.allclose(a, b) for a, b in zip(weighted, share) if a is not None and b is not None]
+    assert any(differs)
+
+
+def test_an_exit_loss_without_off_ramps_is_refused_whole():
+    import torch
+
+    from conftest import make_model
+
+    model = make_model().train()
+    with pytest.raises(ValueError) as err, torch.no_grad():
+        _criterion(model, exit_loss="weighted")(model, _sample())
+    assert str(err.value) == ("--exit-loss weighted needs a model with off-ramps: "
+                              "--decoder-halting pabee or entropy (and --decoder-layers >= 2)")

@@ -206,19 +206,15 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             target = target[:, self.ignore_prefix_size:]
         return logits.reshape(-1, logits.size(-1)), target.reshape(-1)
 
-    def _fused(self, model) -> bool:
-        """The decoder's output is plain logits (no adaptive softmax)."""
-        return getattr(model.decoder, "adaptive_softmax", None) is None
-
     def compute_loss(self, model, net_output, sample, reduce=True):
-        if not (reduce and self._fused(model)):
+        """Summed (CE_ls, NLL) from the logits (the SUT decoders output plain logits, no
+        adaptive softmax); ``reduce=False``: fairseq's per-token losses."""
+        if not reduce:
             return super().compute_loss(model, net_output, sample, reduce=reduce)
         logits, target = self._logits_and_target(model, net_output, sample)
         return label_smoothed_cross_entropy(logits, target, self.eps, self.padding_idx)
 
     def compute_accuracy(self, model, net_output, sample):
-        if not self._fused(model):
-            return super().compute_accuracy(model, net_output, sample)
         logits, target = self._logits_and_target(model, net_output, sample)
         mask = target.ne(self.padding_idx)
         n_correct = logits.argmax(1).masked_select(mask).eq(target.masked_select(mask)).sum()
