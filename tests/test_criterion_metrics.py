@@ -24,9 +24,9 @@ def _reduce(*batches):
 
 
 def test_one_batch_of_two_logging_outputs_by_hand():
-    logs = [dict(BASE, sample_size=10, mim=1.23456, switch=0.5, act_enc=6.0, act_units_enc=4,
-                 act_dec=2.5, act_units_dec=5, steps_enc=13, positions_enc=4, steps_dec=9,
-                 positions_dec=5, chunks_enc=2, chunk_steps_enc=7, exit_loss_10=0.7,
+    logs = [dict(BASE, sample_size=10, mim=1.23456, switch=0.5, act_enc=7.0, act_units_enc=4,
+                 act_dec=2.0, act_units_dec=3, steps_enc=14, positions_enc=4, steps_dec=10,
+                 positions_dec=3, chunks_enc=2, chunk_steps_enc=8, exit_loss_10=0.7,
                  exit_loss_2=1.4, exit_loss_1=2.8),
             dict(BASE, sample_size=6, mim=0.1, switch=0.25, act_enc=3.0, act_units_enc=2,
                  act_dec=0.0, act_units_dec=0, steps_enc=5, positions_enc=2, steps_dec=0,
@@ -34,9 +34,10 @@ def test_one_batch_of_two_logging_outputs_by_hand():
                  exit_loss_2=0.2, exit_loss_1=0.4)]
     values = _reduce(logs)
     assert values["mim"] == round(1.33456 / 16, 4) and values["switch"] == round(0.75 / 16, 4)
-    assert values["act_enc"] == round(9.0 / 6, 3) and values["act_dec"] == round(2.5 / 5, 3)
-    assert values["steps_enc"] == round(18 / 6, 3) and values["steps_dec"] == round(9 / 5, 3)
-    assert values["chunk_steps_enc"] == round(9 / 3, 3) and "chunk_steps_dec" not in values
+    # each rounded as fairseq prints it (4 decimals for the losses, 3 for the rest)
+    assert values["act_enc"] == round(10.0 / 6, 3) == 1.667 and values["act_dec"] == round(2.0 / 3, 3)
+    assert values["steps_enc"] == round(19 / 6, 3) == 3.167 and values["steps_dec"] == round(10 / 3, 3)
+    assert values["chunk_steps_enc"] == round(10 / 3, 3) == 3.333 and "chunk_steps_dec" not in values
     for key, total in (("exit_loss_1", 3.2), ("exit_loss_2", 1.6), ("exit_loss_10", 0.8)):
         assert values[key] == round(total / 16 / math.log(2), 3), key
     exits = [k for k in values if k.startswith("exit_loss_")]
@@ -145,6 +146,35 @@ def test_sentence_averaging_counts_sentences():
     with torch.no_grad():
         _, sample_size, log = _criterion(model, sentence_avg=True)(model, sample)
     assert sample_size == log["sample_size"] == log["nsentences"] == 3 and log["ntokens"] == 13
+    assert "n_correct" not in log and "total" not in log          # --report-accuracy is off by default
+
+
+def test_the_off_ramp_stage_refuses_what_would_move_the_frozen_model():
+    """``--exit-loss offramps`` with any auxiliary weight, or with --fp16 / --bf16 alone
+    (fairseq's flattened optimiser), is refused with the whole reason; the memory-efficient
+    optimisers and --amp are accepted."""
+    from types import SimpleNamespace
+
+    task = SimpleNamespace(target_dictionary=None)
+    for weights in (dict(mim_weight=0.1), dict(act_weight=0.1), dict(switch_weight=0.1)):
+        with pytest.raises(ValueError) as err:
+            Criterion(task, False, 0.1, exit_loss="offramps", **weights)
+        got = {k: weights.get(k, 0.0) for k in ("mim_weight", "act_weight", "switch_weight")}
+        assert str(err.value) == (
+            "--exit-loss offramps trains the off-ramps only, with the rest of the model frozen; "
+            "the auxiliary losses would train it: got --mim-weight {mim_weight}, --act-weight "
+            "{act_weight}, --switch-weight {switch_weight} (set them to 0)".format(**got))
+    for flag in ("fp16", "bf16"):
+        with pytest.raises(ValueError) as err:
+            Criterion(task, False, 0.1, exit_loss="offramps", **{flag: True})
+        assert str(err.value) == (
+            f"--exit-loss offramps cannot train with --{flag}: fairseq's FP16Optimizer gives the "
+            "frozen parameters zero gradients, so --weight-decay (and Adam moments restored from "
+            f"the first stage) would change the frozen model; use --memory-efficient-{flag} (it "
+            "skips parameters without a gradient) or fp32")
+    for accepted in (dict(fp16=True, memory_efficient_fp16=True), dict(bf16=True, memory_efficient_bf16=True),
+                     dict(fp16=True, amp=True)):
+        Criterion(task, False, 0.1, exit_loss="offramps", **accepted)
 
 
 def test_a_model_without_routers_logs_zero_auxiliary_losses():
