@@ -137,15 +137,18 @@ def test_initial_memory_read_out_and_construction():
     read = _randomise(ChunkMemory(D_MODEL, 2, 1, H, D_HEAD, out_norm=True))
     M = torch.randn(2, 2, D_MODEL, dtype=torch.float64)
     torch.testing.assert_close(read.output(M), _ln(M, read.out_norm))
-    attn = MemoryAttention(16, 4, 8)
+    attn = MemoryAttention(64, 4, 32)      # 8,192 weights a matrix: the largest is within 1 % of the bound
     for proj in (attn.q_proj, attn.k_proj, attn.v_proj):     # Xavier-uniform, gain 2^-1/2
-        bound = 2 ** -0.5 * math.sqrt(6 / (16 + 32))
-        assert proj.weight.abs().max() <= bound and proj.weight.abs().max() > 0.8 * bound
-        assert torch.equal(proj.bias, torch.zeros(32))
-    bound = math.sqrt(6 / (32 + 16))
-    assert attn.out_proj.weight.abs().max() <= bound and attn.out_proj.weight.abs().max() > 0.8 * bound
-    assert attn.out_proj.weight.abs().max() > 2 ** -0.5 * bound      # gain 1, not 2^-1/2
-    assert torch.equal(attn.out_proj.bias, torch.zeros(16))
+        bound = 2 ** -0.5 * math.sqrt(6 / (64 + 128))
+        assert 0.99 * bound < proj.weight.abs().max() <= bound
+        assert torch.equal(proj.bias, torch.zeros(128))
+    bound = math.sqrt(6 / (128 + 64))                          # gain 1
+    assert 0.99 * bound < attn.out_proj.weight.abs().max() <= bound
+    assert torch.equal(attn.out_proj.bias, torch.zeros(64))
+    assert attn.attention_dropout == 0.0 and MemoryFeedForward(8).dropout.p == 0.0    # the defaults
+    passed = ChunkMemory(D_MODEL, 2, 2, H, D_HEAD, attention_dropout=0.3, activation_dropout=0.4)
+    assert [a.attention_dropout for a in passed.write_attn] == [0.3, 0.3]
+    assert [f.dropout.p for f in passed.write_ffn] == [0.4, 0.4]
 
 
 @pytest.mark.parametrize("slots, layers", [(0, 1), (2, 0)])
