@@ -59,7 +59,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/expert_init.py": ("test_experts.py",),
     "sut_fairseq/modules/halting.py": ("test_halting.py", "test_halting_rules.py"),
     "sut_fairseq/modules/hyper_block.py": ("test_hyper_block.py", "test_hyper_ut.py"),
-    "sut_fairseq/modules/hyper_module.py": ("test_hyper_ut.py",),
+    "sut_fairseq/modules/hyper_module.py": ("test_hyper_module.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/memory.py": ("test_memory.py", "test_chunked.py"),
     "sut_fairseq/modules/moe_ffd.py": ("test_experts.py",),
     "sut_fairseq/modules/momha.py": ("test_experts.py",),

@@ -101,7 +101,7 @@ class HyperLinear(nn.Module):
 
     def mixture(self, z: torch.Tensor) -> torch.Tensor:
         """e = s V (..., d_e)."""
-        return torch.matmul(self.scores(z), self.values.to(z.dtype))
+        return torch.matmul(self.scores(z), self.values)
 
     def module_weights(self) -> torch.Tensor:
         """W^(m) = reshape(G V_m), (M, d_out, d_in): the module basis."""
@@ -117,7 +117,7 @@ class HyperLinear(nn.Module):
         """(c (N, r), basis (r, d_out, d_in)) with W = Σ_i c_i basis_i + g for each row of
         z (N, d): (s, W^(1..M)) or (e, G^(1..d_e)), see ``basis``."""
         if self.basis == "modules":
-            return self.scores(z), self.module_weights().to(z.dtype)
+            return self.scores(z), self.module_weights()
         return self.mixture(z), self.generator
 
     def compose_transposed(self, z: torch.Tensor) -> torch.Tensor:
@@ -127,7 +127,7 @@ class HyperLinear(nn.Module):
         (B, d_in, d_out) weights for the addition, the layout or their gradients)."""
         coeff, basis = self.coefficients_and_basis(z)
         coeff = torch.cat([coeff, coeff.new_ones(coeff.size(0), 1)], 1)  # (B, r + 1)
-        basis = torch.cat([basis, self.generator_bias.to(basis.dtype)[None]])  # (r + 1, d_out, d_in)
+        basis = torch.cat([basis, self.generator_bias[None]])  # (r + 1, d_out, d_in)
         return torch.mm(coeff, basis.transpose(1, 2).reshape(basis.size(0), -1)).view(
             -1, self.in_dim, self.out_dim)
 
@@ -169,15 +169,15 @@ class HyperLinear(nn.Module):
 
 def example_embedding(h: torch.Tensor, real: torch.Tensor) -> torch.Tensor:
     """Encoder z: masked mean of h (B, T, d) over the real positions -> (B, d)."""
-    w = real.unsqueeze(-1).to(h.dtype)
+    w = real.unsqueeze(-1)  # (B, T, 1) bool: the counts are exact integers in any dtype of h
     return (h * w).sum(1) / w.sum(1).clamp_min(1)
 
 
 def prefix_embedding(h: torch.Tensor, real: torch.Tensor, prev=None):
     """Decoder z: causal prefix mean of h (B, T, d) over real positions <= t, continuing
     from ``prev = (sum (B, d), count (B,))`` of earlier positions (incremental decoding).
-    Returns z (B, T, d) and the (sum, count) through the last position."""
-    w = real.unsqueeze(-1).to(h.dtype)
+    Returns z (B, T, d) and the (sum, count) through the last position (count: int64)."""
+    w = real.unsqueeze(-1)  # bool: exact integer counts, as the halting's global mean
     sums, counts = (h * w).cumsum(1), w.cumsum(1)
     if prev is not None:
         prev_sum, prev_count = prev
