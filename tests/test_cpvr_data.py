@@ -424,3 +424,97 @@ def test_generate_cli_binarize(tmp_path):
     stats = json.loads((out / "stats.json").read_text())
     assert stats["binarized_test_splits"]["6"] == "test5"
     assert sorted(os.listdir(tmp_path)) == ["bin-run"]
+
+
+# --------------------------------------------------------------------------- exact behaviour
+# (each test below pins what a mutation-testing run found unchecked, docs/testing.md)
+
+def test_probability_table_whole():
+    """P(hops = 1) for L = 4, K = 5 is 2/5 (a[0] in {1, 5} points to cell 0); hops beyond
+    L print 0."""
+    assert cpvr.probability_table([(4, 5), (3, 3)], [1, 4]) == "\n".join([
+        "| hops | L=4, K=5 | L=3, K=3 |", "|---:|---:|---:|",
+        f"| 1 | {float(cpvr.HopSampler(4, 5).probability(1)):.4g} | {float(cpvr.HopSampler(3, 3).probability(1)):.4g} |",
+        f"| 4 | {float(cpvr.HopSampler(4, 5).probability(4)):.4g} | 0 |"])
+    assert cpvr.HopSampler(4, 5).probability(1) == cpvr.Fraction(2, 5)
+
+
+def test_requests_and_the_sequences_they_need():
+    """A hop count in the training set needs train + valid sequences, in the test set
+    test ones, in both the sum; a test-only hop count with too few sequences is refused."""
+    config = cpvr.make_config("small", length=6, max_value=20, train_hops=(1, 2), test_hops=(2, 5),
+                              train_per_hop=7, valid_per_hop=3, test_per_hop=4)
+    assert [config.requested(n) for n in (1, 2, 5, 6)] == [10, 14, 4, 0]
+    with pytest.raises(ValueError) as err:          # L = 4, K = 5: 5 sequences with 4 hops
+        cpvr.make_config("small", length=4, max_value=5, train_hops=(1,), test_hops=(4,),
+                         train_per_hop=1, valid_per_hop=0, test_per_hop=6)
+    assert str(err.value) == "6 distinct sequences with hops = 4 requested, but only 5 exist for L = 4, K = 5"
+    for empty in ("train_hops", "test_hops"):
+        with pytest.raises(ValueError) as err:
+            cpvr.make_config("small", **{empty: ()}).validate()
+        assert str(err.value) == f"{empty} is empty"
+
+
+def test_configuration_defaults_names_and_test_split_names():
+    assert cpvr.make_config() == cpvr.CONFIGS["small"]
+    with pytest.raises(ValueError) as err:
+        cpvr.make_config("huge")
+    assert str(err.value) == "unknown configuration 'huge'; choose one of small, from-scratch"
+    assert cpvr.binarized_test_splits([3, 5, 7]) == {3: "test", 5: "test1", 7: "test2"}
+
+
+def test_the_data_of_a_fixed_seed_is_pinned_and_progress_counts_it():
+    """The exact data of a small configuration, seed 1 (each (split, hop count) from its
+    own stream ``cpvr/1/<split>/<hops>``): a change to the generator that changes the data
+    has to change this digest on purpose. Progress is called once per example."""
+    import hashlib
+
+    config = cpvr.make_config("small", length=6, max_value=20, train_per_hop=12, valid_per_hop=3,
+                              test_per_hop=4, test_hops=(1, 2, 3, 5))
+    calls = []
+    data = cpvr.generate(config, progress=calls.append)
+    assert calls == [1] * cpvr.total_examples(config) == [1] * sum(map(len, data.values()))
+    text = "\n".join(f"{name}\t{e.sequence}\t{e.label}\t{e.hops}" for name, v in data.items() for e in v)
+    assert data["train"][0] == cpvr.Example((19, 5, 20, 8, 2, 16), 19, 1)
+    assert hashlib.sha256(text.encode()).hexdigest() == (
+        "2ca35cb9cb30c5401eca6cf5137ba7fe444cc926531c6ef03065b251099e572a")
+
+
+def test_a_sampler_that_misses_its_hop_count_is_caught():
+    class Wrong(cpvr.HopSampler):
+        def sample(self, hops, rng):
+            return [1, 2, 3, 4, 5, 6]           # a[0] = 1 points to cell 0: one hop
+    with pytest.raises(RuntimeError) as err:
+        list(cpvr.iter_split(Wrong(6, 20), "test", (3,), 1, 1, set()))
+    label, hops = cpvr.retrieve([1, 2, 3, 4, 5, 6])
+    assert str(err.value) == f"sampled a sequence with {hops} hops instead of 3: [1, 2, 3, 4, 5, 6]"
+
+
+def test_split_statistics_by_hand():
+    example = lambda *s: cpvr.Example(tuple(s), *cpvr.retrieve(s))   # noqa: E731
+    # a[0] = 1 mod 4 points to cell 0 itself (pointer (a[0] - 1) mod L): one hop, label a[0]
+    examples = [example(v, 1, 1, 1) for v in (5, 5, 13, 9, 17, 21, 25, 29)]
+    assert [(e.label, e.hops) for e in examples] == [(v, 1) for v in (5, 5, 13, 9, 17, 21, 25, 29)]
+    stats = cpvr.evaluate(examples)
+    s = stats.summary()
+    assert s["size"] == 8 and s["hops_checked"] == {"1": 8}
+    assert s["labels"] == {"distinct": 7, "most_common": [[5, 2], [13, 1], [9, 1], [17, 1], [21, 1]],
+                           "least_common": [29, 1], "majority_share": 2 / 8}
+    assert cpvr.SplitStats().summary() == {"size": 0, "hops_checked": {}, "labels": {
+        "distinct": 0, "most_common": [], "least_common": None, "majority_share": None}}
+    bad = cpvr.Example((5, 1, 1, 1), 9, 1)
+    with pytest.raises(RuntimeError) as err:
+        stats.add(bad)
+    assert str(err.value) == f"example {bad} has label 5 and 1 hops"
+    with pytest.raises(ValueError) as err:
+        cpvr.majority_label(Counter())
+    assert str(err.value) == "no labels: the training set is empty"
+
+
+def test_baseline_table_whole():
+    result = {"majority_label": 3, "capped_hops": 4, "hops": {
+        "2": {"size": 1500, "copy_first": 0.5, "majority": 0.125, "first_or_last": 0.25, "capped_4": 1.0}}}
+    assert cpvr.baseline_table(result) == "\n".join([
+        "| hops | test size | copy a[0] | majority label (3) | a[0] if one hop, else a[L-1] "
+        "| solver capped at 4 hops |", "|---:|---:|---:|---:|---:|---:|",
+        "| 2 | 1,500 | 50.00 | 12.50 | 25.00 | 100.00 |"])
