@@ -413,3 +413,58 @@ def test_generate_and_prepare_clis(tmp_path):
     (raw / "train3").write_text("=\ta\n")
     result = _in_process(PREPARE, "--data", str(raw), "--out", str(tmp_path / "y"), "--protocol", "B")
     assert result.returncode != 0 and f"{raw / 'train3'}:1:" in result.stderr
+
+
+# --------------------------------------------------------------------------- exact behaviour
+# (each test below pins what a mutation-testing run found unchecked, docs/testing.md)
+
+def test_variable_sets_are_built_by_the_bit_convention():
+    """``_variable_set`` itself (the table ``truth_set`` reads is built at import)."""
+    for i, name in enumerate(li.VARIABLES):
+        assert li._variable_set(i) == worlds(lambda *values: values[i]) == li._VARIABLE_SETS[name]
+
+
+def test_write_original_returns_the_paths_in_bucket_order(tmp_path):
+    splits = [([li.Pair("#", "a", "b")], [li.Pair("=", "a", "a")])] * 2
+    assert li.write_original(str(tmp_path), splits) == [
+        str(tmp_path / name) for name in ("train0", "test0", "train1", "test1")]
+
+
+def test_parse_line_defaults_and_whole_messages():
+    """Without a path the message names ``<string>:0``; the quoted line keeps its leading
+    spaces; only the line break is stripped before splitting (an empty last field is a
+    formula error, not a field count); relations are not checked unless asked."""
+    with pytest.raises(li.LogicDataError) as err:
+        li.parse_line("  <\ta\n")
+    assert str(err.value) == ("<string>:0: expected 3 tab-separated fields (RELATION, LEFT, RIGHT), "
+                              "found 2: '  <\\ta'")
+    with pytest.raises(li.LogicDataError) as err:
+        li.parse_line("=\ta\t\n")
+    assert str(err.value).startswith("<string>:0: cannot parse formula")
+    assert li.parse_line("=\ta\t( not a )\r\n") == li.Pair("=", "a", "( not a )")
+    with pytest.raises(li.LogicDataError) as err:    # a bad formula is quoted as written
+        li.parse_line("=\ta\tX\n")
+    assert "'X'" in str(err.value)
+
+
+def _write_buckets(directory, wrong_in):
+    """train0..6 and test0..12, one consistent pair each, except a wrong relation in the
+    file ``wrong_in``."""
+    for prefix, buckets in (("train", range(7)), ("test", range(13))):
+        for k in buckets:
+            pair = li.Pair("=", "a", "( not a )") if f"{prefix}{k}" == wrong_in else li.Pair("#", "a", "b")
+            li.write_pairs(os.path.join(directory, f"{prefix}{k}"), [pair])
+
+
+@pytest.mark.parametrize("wrong_in", ["train3", "test9"])
+def test_protocols_check_relations_only_when_asked(tmp_path, wrong_in):
+    _write_buckets(str(tmp_path), wrong_in)
+    li.make_protocol(str(tmp_path), "standard")              # default: not checked
+    li.read_buckets(str(tmp_path), wrong_in[:-1], [int(wrong_in[-1])])
+    with pytest.raises(li.LogicDataError, match=f"{wrong_in}:1: relation '='"):
+        li.make_protocol(str(tmp_path), "standard", check_relation=True)
+    with pytest.raises(li.LogicDataError, match=f"{wrong_in}:1: relation '='"):
+        li.read_buckets(str(tmp_path), wrong_in[:-1], [int(wrong_in[-1])], check_relation=True)
+    with pytest.raises(ValueError) as err:
+        li.make_protocol(str(tmp_path), "D")
+    assert str(err.value) == f"unknown protocol 'D'; expected one of {li.PROTOCOLS}"
