@@ -468,3 +468,25 @@ def test_protocols_check_relations_only_when_asked(tmp_path, wrong_in):
     with pytest.raises(ValueError) as err:
         li.make_protocol(str(tmp_path), "D")
     assert str(err.value) == f"unknown protocol 'D'; expected one of {li.PROTOCOLS}"
+
+
+@pytest.mark.parametrize("bad, message", [
+    ("", "expected a formula at token 1, found end of text"),
+    ("( a", "expected '(' at token 3, found end of text"),
+    ("( a ( xor b ) )", "expected 'and' or 'or' at token 4, found 'xor'"),
+    ("( not )", "expected a variable (a, b, c, d, e, f) or '(' at token 3, found ')'"),
+    ("a b", "expected end of formula at token 2, found 'b'"),
+    ("( a b )", "expected '(' at token 3, found 'b'"),
+])
+def test_parse_errors_whole(bad, message):
+    """Which token (1-based) was found where what was expected: checked by hand."""
+    with pytest.raises(ValueError) as err:
+        li.parse_formula(bad)
+    assert str(err.value) == f"cannot parse formula {bad!r}: {message}"
+
+
+def test_a_protocol_without_every_training_bucket_is_refused():
+    train = {k: [li.Pair("#", "a", "b")] for k in range(5)}
+    with pytest.raises(ValueError) as err:
+        li.standard_protocol(train, {k: [] for k in range(13)})
+    assert str(err.value) == "training buckets [5, 6] are missing"
