@@ -8,6 +8,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sut_fairseq.ops.masked_linear_op import masked_linear
+from sut_fairseq.ops.routed_linear import reference_routed_linear
 from sut_fairseq.ops.routed_linear_op import call_routed_linear_op
 from sut_fairseq.ops.routing import make_routing
 
@@ -111,11 +112,14 @@ def test_masked_linear_computes_in_the_inputs_dtype_or_autocasts():
 E, K, N, IN, OUT = 4, 2, 5, 4, 6
 
 
-def _routing(seed=0):
+def _routing(seed=0, heavy_last=False):
     """N tokens, k = 2 slots each over E = 4 experts, expert 3 chosen by no slot; token 3
-    halted (both slots no-op) and token 1's second slot no-op."""
+    halted (both slots no-op) and token 1's second slot no-op. ``heavy_last``: expert 3
+    takes more slots (5) than the others together (2)."""
     g = torch.Generator().manual_seed(seed)
     idx = torch.tensor([[0, 2], [1, E], [2, 0], [E, E], [1, 2]])
+    if heavy_last:
+        idx = torch.tensor([[3, 0], [3, E], [3, 1], [E, E], [3, 3]])
     gates = torch.rand(N, K, generator=g, dtype=torch.float64) * idx.lt(E)
     return make_routing(idx, gates, E), idx, gates
 
@@ -134,11 +138,12 @@ def _slot_loop(x, weight, bias, idx, fan_out, gates=None):
     return (y.view(N, K, OUT) * gates.unsqueeze(2)).sum(1)
 
 
+@pytest.mark.parametrize("heavy_last", [False, True])
 @pytest.mark.parametrize("layout", ["token rows, gates", "token rows", "slot rows", "grouped in and out"])
-def test_routed_linear_op_forward_and_gradients_against_a_slot_loop(layout):
+def test_routed_linear_op_forward_and_gradients_against_a_slot_loop(layout, heavy_last):
     """The op called as the expert layers call it, forward and backward (every operand's
     gradient, the gates' included), against autograd through a per-slot loop."""
-    routing, idx, gates = _routing()
+    routing, idx, gates = _routing(heavy_last=heavy_last)
     g = torch.Generator().manual_seed(3)
     fan_out = 1 if layout == "slot rows" else K
     rows = N if fan_out == K else N * K
@@ -251,3 +256,51 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
         assert torch.equal(got.gates, gate_in)
     assert seen["backward"][1] == (True, True, False, False) + (False,) * 4
     assert torch.equal(x.grad, torch.ones(N, IN)) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
+
+
+class RecordShapes(TorchDispatchMode):
+    """Records (aten op name, output shape) of every op run under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if isinstance(out, torch.Tensor):
+            self.ops.append((func.__name__.split(".")[0], tuple(out.shape)))
+        return out
+
+
+@pytest.mark.parametrize("needed", ["x", "weight", "bias", "gates"])
+def test_the_reference_backward_computes_only_what_is_needed(needed):
+    """One operand needs a gradient: the CPU backend's backward (``ExpertBlockLinear``,
+    which the op runs on a CPU) does none of the others' work (recorded op by op): no (E, in, out) weight gradient, no bias sums (``mv``) nor
+    their ones vector, no gate gradient buffer, no P = G Wᵀ product (n, in) unless x or
+    the gates need it, no gathered input rows unless W or the gates need them."""
+    routing, idx, gates = _routing(4)
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(N, IN, generator=g, requires_grad=needed == "x")
+    weight = torch.randn(E, IN, OUT, generator=g, requires_grad=needed == "weight")
+    bias = torch.randn(E, OUT, generator=g, requires_grad=needed == "bias")
+    gate_in = gates.float().requires_grad_(needed == "gates")
+    # the backend's autograd Function itself (inside the custom op a dispatch mode sees
+    # only the op)
+    y = reference_routed_linear(x, weight, bias, routing, K, gates=gate_in)
+    with RecordShapes() as rec:
+        y.sum().backward()
+    shapes = [shape for _, shape in rec.ops]
+    active = int(routing.expert_offsets[-1])
+    assert ((E, IN, OUT) in shapes) == (needed == "weight")
+    assert (("mv", (OUT,)) in rec.ops) == (needed == "bias")          # Σ_rows g ⊙ G per expert
+    assert (("new_ones", (active,)) in rec.ops) == (needed == "bias")
+    assert (("new_empty", (active,)) in rec.ops) == (needed == "gates")   # dg per sorted row
+    rows_of = {int(n) for n in torch.bincount(routing.sorted_expert_idxs, minlength=E + 1)[:E] if n}
+    products = {shape for name, shape in rec.ops if name in ("mm", "matmul") and shape[1:] == (IN,)}
+    assert bool(products) == (needed in ("x", "gates"))       # P = G Wᵀ, (n_e, in)
+    gathered = {shape for name, shape in rec.ops if name == "index_select" and shape[1:] == (IN,)}
+    assert bool(gathered) == (needed in ("weight", "gates"))  # x's rows of each expert
+    assert (("new_empty", (E, OUT)) in rec.ops) == (needed == "bias")      # db
+    scaled = [shape for name, shape in rec.ops if name == "mul_" and shape[1:] == (IN,)]
+    assert bool(scaled) == (needed == "x")                    # dx = g ⊙ P, in place
+    assert rows_of                                            # (the routing has real rows)
