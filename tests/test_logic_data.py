@@ -490,3 +490,61 @@ def test_a_protocol_without_every_training_bucket_is_refused():
     with pytest.raises(ValueError) as err:
         li.standard_protocol(train, {k: [] for k in range(13)})
     assert str(err.value) == "training buckets [5, 6] are missing"
+
+
+def test_generate_buckets_reports_progress_in_thousands_and_the_rest():
+    calls = []
+    buckets = li.generate_buckets(2300, seed=4, progress=calls.append)
+    assert calls == [1000, 1000, 300] and sum(map(len, buckets)) == 2300
+    calls.clear()
+    li.generate_buckets(2000, seed=4, progress=calls.append)
+    assert calls == [1000, 1000]
+    assert li.generate_buckets(0, seed=4, progress=calls.append) == [[] for _ in li.BUCKETS]
+    assert calls == [1000, 1000]
+    with pytest.raises(ValueError) as err:
+        li.generate_buckets(-1, seed=4)
+    assert str(err.value) == "n_pairs must be >= 0, got -1"
+
+
+class ScriptedRng:
+    """``choice`` returns the listed item of each call (by index), ``random`` the listed
+    numbers."""
+
+    def __init__(self, picks, numbers):
+        self.picks, self.numbers = list(picks), list(numbers)
+
+    def choice(self, items):
+        return items[self.picks.pop(0)]
+
+    def random(self):
+        return self.numbers.pop(0)
+
+
+def test_grow_formula_follows_its_draws():
+    """Budget 2 still allows a binary node (a leaf only below 2), whose children get
+    budget 1 (leaves, though their node draws say 'and'); ``not`` wraps a node when the
+    draw is below 1/3, not at 1/3 exactly."""
+    choices = list(li._NODE_CHOICES)
+    and_ = choices.index("and")
+    leaf = choices.index(None)
+    p = li.NOT_PROBABILITY
+    # root: node draw 'and'; left: node draw 'and' (ignored, budget 1), variable b, not-draw
+    # 0.2 (wrapped); right: node draw leaf, variable c, not-draw p (not wrapped); root's
+    # not-draw 0.9
+    rng = ScriptedRng([and_, and_, 1, leaf, 2], [0.2, p, 0.9])
+    assert li.grow_formula(rng, ["a", "b", "c"], budget=2) == ("and", ("not", "b"), "c")
+    assert rng.picks == [] and rng.numbers == []
+    rng = ScriptedRng([and_, 0], [0.9])                       # budget 1: a leaf
+    assert li.grow_formula(rng, ["a", "b"], budget=1) == "a"
+
+
+@pytest.mark.parametrize("node", [("and", "a"), ("not", "a", "b"), ("xor", "a", "b"), ("or", "a", "b", "c")])
+def test_malformed_formula_nodes_are_refused_whole(node):
+    for function in (li.truth_set, li.to_string):
+        with pytest.raises(ValueError) as err:
+            function(node)
+        assert str(err.value) == f"malformed formula node {node!r}"
+    for function in (li.truth_set, li.to_string):
+        with pytest.raises(ValueError) as err:
+            function("g")
+        assert str(err.value) == f"unknown variable 'g'; expected one of {li.VARIABLES}"
