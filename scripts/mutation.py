@@ -76,7 +76,8 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_experts.py"),
     "sut_fairseq/ops/routed_linear_op.py": ("test_custom_ops.py", "test_experts.py", "test_compiled_step.py"),
     "sut_fairseq/ops/routing.py": ("test_routing.py", "test_experts.py"),
-    "sut_fairseq/ops/reference_linear.py": ("test_custom_ops.py", "test_experts.py", "test_kernels_interpret.py"),
+    "sut_fairseq/ops/reference_linear.py": ("test_custom_ops.py", "test_routed_linear_api.py", "test_experts.py",
+                                           "test_kernels_interpret.py"),
     "sut_fairseq/ops/masked_linear_op.py": ("test_custom_ops.py", "test_compiled_step.py"),
     "sut_fairseq/criterions/losses.py": ("test_losses.py",),
     "sut_fairseq/criterions/sut_label_smoothed_cross_entropy.py": (

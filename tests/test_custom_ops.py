@@ -304,3 +304,29 @@ def test_the_reference_backward_computes_only_what_is_needed(needed):
     scaled = [shape for name, shape in rec.ops if name == "mul_" and shape[1:] == (IN,)]
     assert bool(scaled) == (needed == "x")                    # dx = g ⊙ P, in place
     assert rows_of                                            # (the routing has real rows)
+
+
+def test_the_reference_backend_computes_in_the_promoted_or_autocast_dtype():
+    """``ExpertBlockLinear`` (the CPU backend, and the oracle the kernels are tested
+    against): a bf16 input with fp32 weights computes in fp32; under CPU autocast (bf16)
+    fp32 operands compute in bf16; either way each gradient comes back in its operand's
+    dtype and the values are the float64 loop's."""
+    routing, idx, gates = _routing(5)
+    g = torch.Generator().manual_seed(8)
+    x64, w64, b64 = (torch.randn(*shape, generator=g, dtype=torch.float64)
+                     for shape in ((N, IN), (E, IN, OUT), (E, OUT)))
+    for autocast, x_dtype, expect in ((False, torch.bfloat16, torch.float32), (True, torch.float32, torch.bfloat16)):
+        x, w, b = x64.to(x_dtype).requires_grad_(), w64.float().requires_grad_(), b64.float().requires_grad_()
+        gate_in = gates.float().requires_grad_()
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            y = reference_routed_linear(x, w, b, routing, K, gates=gate_in)
+        assert y.dtype == expect
+        y.float().sum().backward()
+        assert (x.grad.dtype, w.grad.dtype, b.grad.dtype, gate_in.grad.dtype) == (x_dtype,) + (torch.float32,) * 3
+        ref = [t.detach().double().requires_grad_() for t in (x, w, b, gate_in)]
+        want = _slot_loop(*ref[:3], idx, K, ref[3])
+        want.sum().backward()
+        tol = dict(rtol=0.03, atol=0.1)
+        torch.testing.assert_close(y.double(), want, **tol)
+        for got, r in zip((x.grad, w.grad, b.grad, gate_in.grad), ref):
+            torch.testing.assert_close(got.double(), r.grad, **tol)

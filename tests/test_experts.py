@@ -388,8 +388,10 @@ def test_moe_ffd_compiles_without_a_graph_break():
     torch._dynamo.reset()
     ffd = MoEFeedForward(8, 16, 4, 2, 8)
     x, active = torch.randn(6, 8), torch.tensor([True, True, False, True, False, True])
+    eager = ffd(x, active)  # an eager call too: mutation testing maps tests by their eager calls
     explained = torch._dynamo.explain(ffd)(x, active)
     assert explained.graph_break_count == 0, explained.break_reasons
+    torch.testing.assert_close(torch.compile(ffd, backend="eager", fullgraph=True)(x, active), eager)
 
 
 def test_expert_weight_init_is_xavier_uniform_per_expert():

@@ -164,3 +164,12 @@ def test_the_autocast_dtype_of_a_device_type():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert _autocast_dtype("cpu") == torch.bfloat16
         assert _autocast_dtype("meta") is None and _autocast_dtype("cuda") is None
+    # CUDA's autocast state can be set without a GPU: the dtype is read for "cuda" too
+    before = torch.is_autocast_enabled("cuda"), torch.get_autocast_dtype("cuda")
+    try:
+        torch.set_autocast_enabled("cuda", True)
+        torch.set_autocast_dtype("cuda", torch.float16)
+        assert _autocast_dtype("cuda") == torch.float16 and _autocast_dtype("cpu") is None
+    finally:
+        torch.set_autocast_enabled("cuda", before[0])
+        torch.set_autocast_dtype("cuda", before[1])
