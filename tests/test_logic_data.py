@@ -477,6 +477,8 @@ def test_protocols_check_relations_only_when_asked(tmp_path, wrong_in):
     ("( not )", "expected a variable (a, b, c, d, e, f) or '(' at token 3, found ')'"),
     ("a b", "expected end of formula at token 2, found 'b'"),
     ("( a b )", "expected '(' at token 3, found 'b'"),
+    ("(", "expected a formula at token 2, found end of text"),
+    ("( a (", "expected 'and' or 'or' at token 4, found end of text"),
 ])
 def test_parse_errors_whole(bad, message):
     """Which token (1-based) was found where what was expected: checked by hand."""
@@ -548,3 +550,22 @@ def test_malformed_formula_nodes_are_refused_whole(node):
         with pytest.raises(ValueError) as err:
             function("g")
         assert str(err.value) == f"unknown variable 'g'; expected one of {li.VARIABLES}"
+
+
+def test_too_deep_a_formula_is_refused_with_its_first_80_characters():
+    text = "(" * 3000 + "a"
+    with pytest.raises(ValueError) as err:
+        li.parse_formula(text)
+    assert str(err.value) == f"cannot parse formula {'(' * 80!r}...: nested too deeply"
+
+
+def test_an_unknown_relation_lists_the_relations():
+    with pytest.raises(li.LogicDataError) as err:
+        li.parse_line("?\ta\tb")
+    assert str(err.value) == "<string>:0: unknown relation '?'; expected one of = < > ^ | v #"
+
+
+def test_progress_of_fewer_pairs_than_a_thousand():
+    calls = []
+    li.generate_buckets(999, seed=4, progress=calls.append)
+    assert calls == [999]
