@@ -459,3 +459,15 @@ def test_compiled_step_backward_makes_no_host_sync():
     loss = model(src, lengths, prev)[0].float().logsumexp(-1).sum()
     _without_host_sync(loss.backward)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+def test_dropout_on_cuda_drops_at_its_rate_and_rescales():
+    """CUDA tensors take ``F.dropout`` (the CPU's 16-bit mask is a CPU path): a million
+    ones at p = 0.3 keep 70 % ± 0.5 % of the entries, each scaled to 1 / 0.7."""
+    from sut_fairseq.modules.dropout import dropout
+
+    torch.manual_seed(0)
+    y = dropout(torch.ones(1_000_000, device="cuda"), 0.3, True)
+    kept = y[y != 0]
+    assert abs(kept.numel() / 1_000_000 - 0.7) < 0.005
+    torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))
