@@ -518,3 +518,19 @@ def test_baseline_table_whole():
         "| hops | test size | copy a[0] | majority label (3) | a[0] if one hop, else a[L-1] "
         "| solver capped at 4 hops |", "|---:|---:|---:|---:|---:|---:|",
         "| 2 | 1,500 | 50.00 | 12.50 | 25.00 | 100.00 |"])
+
+
+def test_size_and_hop_checks_whole():
+    cpvr.check_sizes(2, 2)                                      # the smallest task
+    for args, message in [(("3", 5), "length L must be an integer, got '3'"),
+                          ((3, 2.0), "max value K must be an integer, got 2.0"),
+                          ((True, 5), "length L must be an integer, got True")]:
+        with pytest.raises(ValueError) as err:
+            cpvr.check_sizes(*args)
+        assert str(err.value) == message
+    for hops in (True, 2.0):
+        with pytest.raises(ValueError) as err:
+            cpvr.check_hops(hops, 5)
+        assert str(err.value) == f"hops must be an integer, got {hops!r}"
+    config = cpvr.make_config("small", train_hops=(3, 1, 3), test_hops=[5, 2, 5])
+    assert (config.train_hops, config.test_hops) == ((1, 3), (2, 5))    # sorted, distinct
