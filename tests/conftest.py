@@ -48,6 +48,18 @@ def make_model(arch="sut_tiny", dict_size=40, seed=0, **overrides):
     return model.eval()
 
 
+def randomise_parameters(module, seed=0):
+    """Every parameter of ``module`` random (LayerNorm gains and biases, zero-initialised
+    biases included), float64, so that a swapped norm or a dropped bias changes the
+    result; eval mode. Returns the module."""
+    g = torch.Generator().manual_seed(seed)
+    module.double()
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
+    return module.eval()
+
+
 def randomise_halting(model, std=2.0, seed=1):
     """Give the halting units a non-zero last layer so positions halt at different steps."""
     g = torch.Generator().manual_seed(seed)

@@ -10,6 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import randomise_parameters as _randomise
+
 from sut_fairseq.modules.hyper_block import (
     HyperConfig,
     HyperFeedForward,
@@ -23,16 +25,6 @@ D_MODEL, H, D_HEAD = 8, 2, 3
 
 def _config(components="qkv,out,ffn", modules=3):
     return HyperConfig(modules, 4, 5, 1.0, components)
-
-
-def _randomise(module, seed=0):
-    """Every parameter random, float64 (zero-initialised biases included)."""
-    g = torch.Generator().manual_seed(seed)
-    module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
-    return module.eval()
 
 
 def _linear(layer, x, z):

@@ -8,20 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import randomise_parameters as _randomise
+
 from sut_fairseq.modules.memory import ChunkMemory, MemoryAttention, MemoryFeedForward
 
 D_MODEL, H, D_HEAD = 8, 2, 3
-
-
-def _randomise(module, seed=0):
-    """Every parameter random (LayerNorm gains and biases, projection biases included),
-    float64, so that a swapped norm or a dropped bias changes the result."""
-    g = torch.Generator().manual_seed(seed)
-    module.double()
-    with torch.no_grad():
-        for p in module.parameters():
-            p.copy_(torch.randn(p.shape, generator=g, dtype=torch.float64) * 0.5)
-    return module.eval()
 
 
 def _ln(x, norm):
