@@ -399,3 +399,14 @@ def test_statistics_and_table_worked_by_hand():
         "| short | 1 | 4 | – / – / – | 100.0 | 1.0 (1) | 100.0 | 0.0 / 0.0 | 100.0 |"]
     empty = flipflop.SplitStats().summary()
     assert empty["target_share_1"] is None and empty["baselines"] == {"previous_bit": None, "majority": None}
+
+
+def test_the_answer_before_the_reads_chunk_is_counted_over_examples():
+    """An example whose answer lies only before the read's chunk, then one whose does
+    not: the count is 1 of 2 for both chunk sizes (it accumulates, the last example does
+    not overwrite it)."""
+    stats = flipflop.SplitStats()
+    long = ("w", "0", "i", "1", "w", "1", "r", "1", "i", "0", "r")
+    stats.add(flipflop.Example(long, "1", 4, len(long) + 1, 0.5))
+    stats.add(flipflop.Example(("w", "1", "r"), "1", 0, 4, 0.5))
+    assert stats.summary()["answer_before_read_chunk"] == {"8": 0.5, "10": 0.5}
