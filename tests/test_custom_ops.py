@@ -13,17 +13,23 @@ from sut_fairseq.ops.routed_linear_op import call_routed_linear_op
 from sut_fairseq.ops.routing import make_routing
 
 
-class RecordOps(TorchDispatchMode):
-    """Records the arguments of every call of the ``sut`` namespace's ops."""
+class RecordDispatch(TorchDispatchMode):
+    """Records every op dispatched under it: ``calls`` (name, args) of the ``sut``
+    namespace's custom ops, ``ops`` (aten name, output shape) of those returning a tensor.
+    (Inside a custom op only the op itself is seen.)"""
 
     def __init__(self):
         super().__init__()
-        self.calls = []
+        self.calls, self.ops = [], []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        name = func.__name__.split(".")[0]
         if func.namespace == "sut":
-            self.calls.append((func.__name__.split(".")[0], args))
-        return func(*args, **(kwargs or {}))
+            self.calls.append((name, args))
+        if isinstance(out, torch.Tensor):
+            self.ops.append((name, tuple(out.shape)))
+        return out
 
 
 def _backward_flags(calls, name):
@@ -73,7 +79,7 @@ def test_masked_linear_asks_for_the_gradients_needed_only(frozen):
         linear.weight.requires_grad_(False)
     if frozen == "bias":
         linear.bias.requires_grad_(False)
-    with RecordOps() as rec:
+    with RecordDispatch() as rec:
         out = masked_linear(x, linear, mask)
         out.sum().backward()
     flags = _backward_flags(rec.calls, "masked_linear_backward")
@@ -182,7 +188,7 @@ def test_routed_linear_op_asks_for_the_gradients_needed_only(frozen):
     weight = torch.randn(E, IN, OUT, generator=g, requires_grad=frozen != "weight")
     bias = None if frozen == "no bias" else torch.randn(E, OUT, generator=g, requires_grad=frozen != "bias")
     gate_in = None if frozen == "no gates" else gates.float().requires_grad_(frozen != "gates")
-    with RecordOps() as rec:
+    with RecordDispatch() as rec:
         y = call_routed_linear_op(x, weight, bias, routing, K, False, False, gate_in)
         y.sum().backward()
     assert _backward_flags(rec.calls, "routed_linear_backward") == (
@@ -258,20 +264,6 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
     assert torch.equal(x.grad, torch.ones(N, IN)) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
 
 
-class RecordShapes(TorchDispatchMode):
-    """Records (aten op name, output shape) of every op run under it."""
-
-    def __init__(self):
-        super().__init__()
-        self.ops = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        out = func(*args, **(kwargs or {}))
-        if isinstance(out, torch.Tensor):
-            self.ops.append((func.__name__.split(".")[0], tuple(out.shape)))
-        return out
-
-
 @pytest.mark.parametrize("needed", ["x", "weight", "bias", "gates"])
 def test_the_reference_backward_computes_only_what_is_needed(needed):
     """One operand needs a gradient: the CPU backend's backward (``ExpertBlockLinear``,
@@ -287,7 +279,7 @@ def test_the_reference_backward_computes_only_what_is_needed(needed):
     # the backend's autograd Function itself (inside the custom op a dispatch mode sees
     # only the op)
     y = reference_routed_linear(x, weight, bias, routing, K, gates=gate_in)
-    with RecordShapes() as rec:
+    with RecordDispatch() as rec:
         y.sum().backward()
     shapes = [shape for _, shape in rec.ops]
     active = int(routing.expert_offsets[-1])
