@@ -60,6 +60,20 @@ def randomise_parameters(module, seed=0):
     return module.eval()
 
 
+class ScriptedRng:
+    """A stand-in for ``random.Random`` in generator tests: ``choice`` returns the item at
+    each listed index in turn, ``random`` the listed numbers in turn."""
+
+    def __init__(self, picks=(), numbers=()):
+        self.picks, self.numbers = list(picks), list(numbers)
+
+    def choice(self, items):
+        return items[self.picks.pop(0)]
+
+    def random(self):
+        return self.numbers.pop(0)
+
+
 def randomise_halting(model, std=2.0, seed=1):
     """Give the halting units a non-zero last layer so positions halt at different steps."""
     g = torch.Generator().manual_seed(seed)

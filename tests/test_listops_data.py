@@ -12,6 +12,7 @@ from collections import Counter
 import pytest
 
 from cli_helpers import check_refusals, read_lines, run_binarized, run_in_process
+from conftest import ScriptedRng
 from sut_fairseq.data import listops
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -342,31 +343,21 @@ def test_config_refusals_whole():
 # (each test below pins what a mutation-testing run found unchecked, docs/testing.md)
 
 
-class ScriptedDraws:
-    """A stand-in for ``random.Random`` whose ``random()`` returns the given numbers."""
-
-    def __init__(self, *values):
-        self.values = list(values)
-
-    def random(self):
-        return self.values.pop(0)
-
-
 def test_sample_shape_follows_its_draws_exactly():
     """max_args 3, max_depth 3: the root is a list of 2 + floor(0.99 * 2) = 3 arguments;
     its first child draws u = VALUE_P exactly (a list: u <= VALUE_P) of 2 + floor(0 * 2) = 2
     digits (depth 3 = max_depth: no draw); the other two draw 0.9 and 0.5 (digits). Prefix
     order [3, 2, 0, 0, 0, 0]: 2 + 2 + 4 = 8 tokens, 5 draws."""
     draws = (0.99, listops.VALUE_P, 0.0, 0.9, 0.5)
-    rng = ScriptedDraws(*draws)
-    assert listops.sample_shape(rng, 3, 3) == [3, 2, 0, 0, 0, 0] and rng.values == []
+    rng = ScriptedRng(numbers=draws)
+    assert listops.sample_shape(rng, 3, 3) == [3, 2, 0, 0, 0, 0] and rng.numbers == []
     assert listops.shape_length([3, 2, 0, 0, 0, 0]) == 8
-    assert listops.sample_shape(ScriptedDraws(*draws), 3, 3, max_length=8) == [3, 2, 0, 0, 0, 0]
-    assert listops.sample_shape(ScriptedDraws(*draws), 3, 3, max_length=7) is None
+    assert listops.sample_shape(ScriptedRng(numbers=draws), 3, 3, max_length=8) == [3, 2, 0, 0, 0, 0]
+    assert listops.sample_shape(ScriptedRng(numbers=draws), 3, 3, max_length=7) is None
     # abandoned at the first node that takes the length past 5 (the first child's second
     # digit, 6 tokens): the last two draws are not made
-    rng = ScriptedDraws(*draws)
-    assert listops.sample_shape(rng, 3, 3, max_length=5) is None and rng.values == [0.9, 0.5]
+    rng = ScriptedRng(numbers=draws)
+    assert listops.sample_shape(rng, 3, 3, max_length=5) is None and rng.numbers == [0.9, 0.5]
 
 
 def test_a_split_keeps_both_ends_of_its_length_range():

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from cli_helpers import run_in_process
+from conftest import ScriptedRng
 from sut_fairseq.data import logic_inference as li
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -506,20 +507,6 @@ def test_generate_buckets_reports_progress_in_thousands_and_the_rest():
     with pytest.raises(ValueError) as err:
         li.generate_buckets(-1, seed=4)
     assert str(err.value) == "n_pairs must be >= 0, got -1"
-
-
-class ScriptedRng:
-    """``choice`` returns the listed item of each call (by index), ``random`` the listed
-    numbers."""
-
-    def __init__(self, picks, numbers):
-        self.picks, self.numbers = list(picks), list(numbers)
-
-    def choice(self, items):
-        return items[self.picks.pop(0)]
-
-    def random(self):
-        return self.numbers.pop(0)
 
 
 def test_grow_formula_follows_its_draws():
