@@ -467,6 +467,12 @@ class SUTDecoder(FairseqIncrementalDecoder):
                 x = extra["decoder_exits"].apply(x)
         return x, extra
 
+    @property
+    def caches_prefix_sums(self) -> bool:
+        """Global-mean halting reads causal prefix sums over the earlier positions, which
+        incremental decoding keeps in its cache (zero sums before the first position)."""
+        return getattr(self.halting, "rule", None) == "global-mean"
+
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
                          **unused):
         if self.chunk_size:
@@ -506,7 +512,7 @@ class SUTDecoder(FairseqIncrementalDecoder):
             S, halting, state = run_recurrence(self, x, ctx, rule)
         else:  # per step l: the earlier positions' keys/values (L, B, H, t, D) and prefix sums
             prefix_in = cache.get("prefix")
-            if prefix_in is None and getattr(self.halting, "rule", None) == "global-mean":
+            if prefix_in is None and self.caches_prefix_sums:
                 # the first position: zero sums, so that a position that halts early (the
                 # early-exit hook) continues them for the steps it skipped
                 prefix_in = chunk_cache.empty_prefix(x, self.num_steps)
@@ -581,7 +587,7 @@ class SUTDecoder(FairseqIncrementalDecoder):
         if not cache:
             cache = chunk_cache.start(x, L, self.block.self_attn.num_heads,
                                       self.block.self_attn.head_dim, g, self.memory,
-                                      prefix=getattr(self.halting, "rule", None) == "global-mean")
+                                      prefix=self.caches_prefix_sums)
         slot = cache["count"].unsqueeze(1)
         positions = (local_positions(self.embed_positions, slot, real, g) if self.chunk_local_positions
                      else self.embed_positions(prev_output_tokens)[:, -1:])
