@@ -48,15 +48,19 @@ def _batch(seed=0, B=3, S=9, T=7):
     return src, src.ne(1).sum(1), prev
 
 
-def _models(overrides, loop=False):
+def _models(overrides, loop=False, compile=True):
     """(eager model, the same weights with --compile-step, or with ``loop`` --compile-loop),
-    halting units randomised so that positions halt at different steps."""
+    halting units randomised so that positions halt at different steps. ``compile=False``:
+    the compiled path's modules (``RecurrenceStep`` / ``RecurrenceLoop`` under
+    ``run_compiled``) run as they are, without torch.compile."""
     eager = make_model(**overrides)
     randomise_halting(eager)
     compiled = copy.deepcopy(eager)
-    for side in (compiled.encoder, compiled.decoder):
-        side.compiled_step = build_compiled(side.block, side.halting, side.step_embedding, "test",
+    for side, name in ((compiled.encoder, "encoder"), (compiled.decoder, "decoder")):
+        side.compiled_step = build_compiled(side.block, side.halting, side.step_embedding, name,
                                             max_steps=side.num_steps if loop else None)
+        if not compile:  # what CompiledStep calls once compiled: here the module itself
+            side.compiled_step.compiled = side.compiled_step.step
     return eager, compiled
 
 
@@ -88,6 +92,19 @@ def _assert_same(eager, compiled, batch):
                                    msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("loop", [False, True], ids=["step", "loop"])
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_the_compiled_paths_modules_uncompiled_equal_the_eager_recurrence(variant, loop):
+    """The math of the compiled path apart from the compiler: ``RecurrenceStep`` called
+    once per step by ``run_compiled`` (or ``RecurrenceLoop``, all L steps in one call),
+    run without torch.compile, against the eager recurrence (``SideStep``), for every
+    variant. The compiled tests below then check what the compiler does to them. (Also
+    the eager calls through which ``make mutation`` maps these tests to the modules.)"""
+    eager, uncompiled = _models(VARIANTS[variant], loop, compile=False)
+    eager.train(), uncompiled.train()
+    _assert_same(eager, uncompiled, _batch())
+
+
 #: the default suite traces one variant with the most options (the rest: ``make test-all``)
 QUICK = {"gut"}
 
@@ -115,14 +132,17 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
     _assert_same(eager, compiled, _batch())
 
 
-def test_compiled_loop_runs_on_after_every_position_halted(monkeypatch):
+@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "uncompiled"])
+def test_compiled_loop_runs_on_after_every_position_halted(compile, monkeypatch):
     """Where the eager loop stops early because every position halted, the loop's steps
     after that change nothing: the outputs, the halting weights and every gradient equal
-    the eager model's; and where positions run to the last step they equal them too (threshold 0.3: every position halts before the last of 3 steps)."""
+    the eager model's; and where positions run to the last step they equal them too
+    (threshold 0.3: every position halts before the last of 3 steps). Compiled, and the
+    loop module run as it is."""
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     overrides = dict(halting_threshold=0.3, encoder_layers=3, decoder_layers=3)
-    eager, compiled = _models(overrides, loop=True)
+    eager, compiled = _models(overrides, loop=True, compile=compile)
     eager.train(), compiled.train()
     batch = _batch()
     with torch.no_grad():
@@ -341,5 +361,43 @@ def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
         out_c, _ = compiled(src, lengths, prev)
         out_e, _ = eager(src, lengths, prev)
     torch.testing.assert_close(out_c, out_e)
-    assert compiled.encoder.compiled_step.failed
-    assert "running the eager step" in caplog.text and "no compiler here" in caplog.text
+    assert compiled.encoder.compiled_step.failed and compiled.decoder.compiled_step.failed
+    # one line per side, naming the compiler's own error (not dynamo's wrapper around it)
+    assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
+        f"--compile-step: compiling the {side} step failed (RuntimeError: no compiler here); "
+        "running the eager step from now on" for side in ("encoder", "decoder")]
+    with caplog.at_level(logging.WARNING), torch.no_grad():  # and not again
+        caplog.clear()
+        compiled(src, lengths, prev)
+    assert not caplog.records
+
+
+def test_the_failure_message_is_the_errors_first_line_cut_to_300_characters(caplog):
+    step = make_model(compile_step=True).encoder.compiled_step
+    with caplog.at_level(logging.WARNING):
+        step.disable(ValueError("x" * 400 + "\nsecond line"))
+        step.disable(ValueError("  \n"))
+    assert [r.getMessage() for r in caplog.records] == [
+        f"--compile-step: compiling the encoder step failed (ValueError: {'x' * 300}); "
+        "running the eager step from now on",
+        "--compile-step: compiling the encoder step failed (ValueError: ); "
+        "running the eager step from now on"]
+    assert step.failed
+
+
+def test_graph_breaks_are_not_counted_for_a_step_that_could_not_be_traced(monkeypatch):
+    """When ``explain`` cannot trace a side's step, the forward falls back to the eager
+    step; the count then means nothing and is refused (not reported as 0)."""
+    def untraceable(fn):
+        def explain(*args, **kwargs):
+            raise torch._dynamo.exc.InternalTorchDynamoError("cannot trace this step")
+        return explain
+
+    model = make_model(compile_step=True)
+    src, lengths, prev = _batch()
+    net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
+    monkeypatch.setattr(torch._dynamo, "explain", untraceable)
+    with pytest.raises(RuntimeError, match="the encoder and decoder step could not be traced"):
+        count_graph_breaks(model, net_input)
+    assert all(side.compiled_step.compiled is None and not side.compiled_step.failed
+               for side in (model.encoder, model.decoder))  # the model's own steps untouched

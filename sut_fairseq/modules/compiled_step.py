@@ -315,7 +315,10 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
 def count_graph_breaks(model: nn.Module, net_input: dict) -> int:
     """Graph breaks ``torch._dynamo.explain`` finds in the compiled steps of one forward of
     ``model`` (built with ``--compile-step``) on ``net_input``: every call of each side's
-    step is traced by ``explain`` instead of being compiled; the forward runs eagerly."""
+    step is traced by ``explain`` instead of being compiled; the forward runs eagerly.
+
+    Raises RuntimeError when a side's step could not be traced at all (the forward then
+    fell back to the eager step, and no count would mean anything)."""
     sides = [side for side in (model.encoder, model.decoder)
              if getattr(side, "compiled_step", None) is not None]
     if not sides:
@@ -328,12 +331,17 @@ def count_graph_breaks(model: nn.Module, net_input: dict) -> int:
             return self.step(*args, **kwargs)
 
     saved = [side.compiled_step for side in sides]
+    explained = [Explained(step.step, step.side) for step in saved]
     try:
-        for side in sides:
-            side.compiled_step = Explained(side.compiled_step.step, side.compiled_step.side)
+        for side, step in zip(sides, explained):
+            side.compiled_step = step
         with torch.no_grad():
             model(**net_input)
     finally:
         for side, step in zip(sides, saved):
             side.compiled_step = step
+    failed = [step.side for step in explained if step.failed]
+    if failed:
+        raise RuntimeError(f"count_graph_breaks: the {' and '.join(failed)} step could not be "
+                           "traced (the warning above says why)")
     return sum(breaks)
