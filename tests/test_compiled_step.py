@@ -300,22 +300,42 @@ def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
     assert 1 <= counter.frame_count <= 4, f"{counter.frame_count} compilations"
 
 
-@pytest.mark.parametrize("overrides, names", [
-    (dict(encoder_chunk_size=4, encoder_memory_slots=2), ["--encoder-chunk-size"]),
-    (dict(hyper_modules=2, att_experts=1, att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none"),
-     ["--hyper-modules"]),
-    (dict(decoder_halting="pabee"), ["--decoder-halting pabee"]),
+HYPER = dict(hyper_modules=2, att_experts=1, att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none")
+
+
+@pytest.mark.parametrize("overrides, reasons", [
+    (dict(encoder_chunk_size=4, encoder_memory_slots=2),
+     {"encoder": ["--encoder-chunk-size (chunk-wise recurrence)"]}),
+    (dict(decoder_chunk_size=4, decoder_memory_slots=2),
+     {"decoder": ["--decoder-chunk-size (chunk-wise recurrence)"]}),
+    (HYPER, {"encoder": ["--hyper-modules"], "decoder": ["--hyper-modules"]}),
+    (dict(decoder_halting="pabee"), {"decoder": ["--decoder-halting pabee (early exits)"]}),
+    (dict(decoder_halting="entropy"), {"decoder": ["--decoder-halting entropy (early exits)"]}),
+    (dict(HYPER, decoder_halting="entropy"),
+     {"encoder": ["--hyper-modules"],
+      "decoder": ["--hyper-modules", "--decoder-halting entropy (early exits)"]}),
 ])
-def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, names, caplog, monkeypatch):
+def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, reasons, caplog, monkeypatch):
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "eager")  # the covered side: dynamo's trace only
     torch._dynamo.reset()
     with caplog.at_level(logging.WARNING):
         model = make_model(compile_step=True, **overrides)
-    text = caplog.text
-    assert "--compile-step" in text and all(name in text for name in names)
+    assert [r.getMessage() for r in caplog.records if "--compile-step" in r.getMessage()] == [
+        f"--compile-step: the {side} keeps the eager step (not covered: {', '.join(reasons[side])})"
+        for side in ("encoder", "decoder") if side in reasons]
+    for side in ("encoder", "decoder"):
+        assert (getattr(model, side).compiled_step is None) == (side in reasons)
     src, lengths, prev = _batch()
     with torch.no_grad():
         model(src, lengths, prev)  # the eager step runs
+
+
+def test_counting_graph_breaks_needs_a_compiled_step():
+    src, lengths, prev = _batch()
+    net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
+    with pytest.raises(ValueError, match=r"^count_graph_breaks: the model has no compiled step "
+                                         r"\(--compile-step\)$"):
+        count_graph_breaks(make_model(), net_input)
 
 
 def test_option_builds_compiled_steps_and_compiles_lazily():

@@ -41,11 +41,11 @@ logger = logging.getLogger(__name__)
 def unsupported(args, prefix: str) -> List[str]:
     """Why ``--compile-step`` cannot compile this side's step (empty: it can)."""
     reasons = []
-    if getattr(args, f"{prefix}_chunk_size", 0):
+    if getattr(args, f"{prefix}_chunk_size"):
         reasons.append(f"--{prefix}-chunk-size (chunk-wise recurrence)")
-    if getattr(args, "hyper_modules", 0):
+    if args.hyper_modules:
         reasons.append("--hyper-modules")
-    if prefix == "decoder" and getattr(args, "decoder_halting", None) in ("pabee", "entropy"):
+    if prefix == "decoder" and args.decoder_halting in ("pabee", "entropy"):
         reasons.append(f"--decoder-halting {args.decoder_halting} (early exits)")
     return reasons
 
@@ -210,10 +210,10 @@ class CompiledStep:
                 self.disable(RuntimeError(missing))
         return not self.failed
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, **inputs):
         if self.compiled is None:
             self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend())
-        return self.compiled(*args, **kwargs)
+        return self.compiled(**inputs)
 
     def disable(self, error: BaseException) -> None:
         # the compiler's own error, not dynamo's wrapper around it
@@ -319,16 +319,15 @@ def count_graph_breaks(model: nn.Module, net_input: dict) -> int:
 
     Raises RuntimeError when a side's step could not be traced at all (the forward then
     fell back to the eager step, and no count would mean anything)."""
-    sides = [side for side in (model.encoder, model.decoder)
-             if getattr(side, "compiled_step", None) is not None]
+    sides = [side for side in (model.encoder, model.decoder) if side.compiled_step is not None]
     if not sides:
         raise ValueError("count_graph_breaks: the model has no compiled step (--compile-step)")
     breaks = []
 
     class Explained(CompiledStep):
-        def __call__(self, *args, **kwargs):
-            breaks.append(torch._dynamo.explain(self.step)(*args, **kwargs).graph_break_count)
-            return self.step(*args, **kwargs)
+        def __call__(self, **inputs):
+            breaks.append(torch._dynamo.explain(self.step)(**inputs).graph_break_count)
+            return self.step(**inputs)
 
     saved = [side.compiled_step for side in sides]
     explained = [Explained(step.step, step.side) for step in saved]
