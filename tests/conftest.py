@@ -86,6 +86,18 @@ def randomise_halting(model, std=2.0, seed=1):
 
 
 @pytest.fixture
+def compiling_branch(monkeypatch):
+    """Run the branch a compiled step takes, eagerly: ``torch.compiler.is_compiling()``
+    answers True for the test. ``torch._dynamo`` is imported first: a module imported
+    while the answer is patched keeps the fake for the rest of the process
+    (``torch._dynamo.decorators`` binds ``is_compiling`` at import), and every later
+    compilation in that process then took the eager branches while tracing."""
+    import torch._dynamo  # noqa: F401
+
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+
+
+@pytest.fixture
 def tiny_model():
     return make_model
 

@@ -314,7 +314,7 @@ def test_eager_per_position_reading_runs_the_unit_on_running_rows_only():
     torch.testing.assert_close(state.alphas[0].double(), every * running, rtol=1e-5, atol=1e-6)
 
 
-def test_the_compiled_branch_of_decide_gives_the_eager_decision(monkeypatch):
+def test_the_compiled_branch_of_decide_gives_the_eager_decision(request):
     """What ``decide`` runs while compiling (every row through ``sut::masked_linear``,
     static shapes) gives the eager branch's α, c and decision."""
     halting = _randomised("stick-breaking", False)
@@ -323,7 +323,7 @@ def test_the_compiled_branch_of_decide_gives_the_eager_decision(monkeypatch):
     running = torch.tensor([[True, False, True, True, False], [True, True, False, True, True]])
     eager_state = halting.begin(h, real)
     eager = halting.decide(h, running, eager_state, 1)
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    request.getfixturevalue("compiling_branch")  # from here on
     state = halting.begin(h, real)
     assert torch.equal(halting.decide(h, running, state, 1), eager)
     torch.testing.assert_close(state.alphas[0], eager_state.alphas[0])

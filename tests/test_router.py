@@ -164,7 +164,7 @@ def test_cpu_path_runs_the_mlp_on_active_rows_only_every_row_path_on_all():
     assert seen == [(6, 4)]
 
 
-def test_compiled_step_skips_the_hidden_layer_of_inactive_rows(monkeypatch):
+def test_compiled_step_skips_the_hidden_layer_of_inactive_rows(compiling_branch):
     """The branch a compiled step takes (``torch.compiler.is_compiling()`` is True; patched
     here, so the test runs eagerly and also under mutmut's trampolines, which dynamo's
     ``fullgraph`` cannot trace): the router routes every row (static shapes) but computes
@@ -179,7 +179,6 @@ def test_compiled_step_skips_the_hidden_layer_of_inactive_rows(monkeypatch):
     x[~active] = float("nan")
     seen = []
     router.fc1.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
-    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
     router.stats = RouterStats(5)
     with torch.no_grad():
         routing = router(x, active)
