@@ -32,7 +32,10 @@ def _mutmut_stats_outside_compiled_code():
     from mutmut.mutation import trampoline
 
     read = trampoline.get_mutant_under_test
-    trampoline.get_mutant_under_test = lambda: "" if torch.compiler.is_compiling() else read()
+    # the real test, held here: ``compiling_branch`` fakes the attribute, and under the
+    # fake nothing a compiled-branch test called was recorded (so no mutant reached it)
+    compiling = torch.compiler.is_compiling
+    trampoline.get_mutant_under_test = lambda: "" if compiling() else read()
 
 
 _mutmut_stats_outside_compiled_code()

@@ -36,6 +36,8 @@ VARIANTS = {
     "step-embeddings": dict(encoder_step_embedding="timestep", decoder_step_embedding="coordinate"),
     "pre-ln-t5": dict(encoder_normalize_before=True, decoder_normalize_before=True,
                       encoder_step_embedding="coordinate", rel_pos="t5"),
+    # pre-LN with the keys/values of S carried from step to step (no step embedding)
+    "pre-ln": dict(encoder_normalize_before=True, decoder_normalize_before=True),
 }
 
 
@@ -103,6 +105,56 @@ def test_the_compiled_paths_modules_uncompiled_equal_the_eager_recurrence(varian
     eager, uncompiled = _models(VARIANTS[variant], loop, compile=False)
     eager.train(), uncompiled.train()
     _assert_same(eager, uncompiled, _batch())
+
+
+@pytest.mark.parametrize("rule", ["stick-breaking", "act"])
+def test_the_step_decides_with_its_threshold_input(rule):
+    """α_thresh reaches the step as a tensor input (so that changing it compiles nothing
+    again): the decision for the next step follows that input, not the halting unit's
+    attribute."""
+    _, model = _models(dict(encoder_halting=rule), compile=False)
+    side = model.encoder
+    step = side.compiled_step.step
+    src, _, _ = _batch()
+    h0 = torch.randn(*src.shape, side.embed_tokens.embedding_dim,
+                     generator=torch.Generator().manual_seed(2))
+    real = src.ne(1)
+    decisions = {}
+    for given in (0.3, 0.999):
+        side.halting.threshold = 1.3 - given  # the attribute says otherwise
+        state = side.halting.begin(h0, real)
+        attn = side.block.self_attn
+        rows = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
+        with torch.no_grad():
+            out = step(h0, h0.clone(), real, real, state.c, state.log_remain, state.weighted_sum,
+                       state.steps, ~real, threshold=torch.tensor(given), changed=real,
+                       k_rows=rows, v_rows=rows.clone())
+        running_next, c = out[3], out[4]
+        assert torch.equal(running_next, real & (c < given)), (given, c)
+        decisions[given] = running_next
+    assert not torch.equal(decisions[0.3], decisions[0.999])  # the case this test is about
+
+
+def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, caplog):
+    """Inductor's CPU backend needs a C++ compiler (``CXX``, default g++): without one the
+    step is not compiled at all, one warning names the missing compiler, and the eager
+    step's result comes back. A GPU needs none here."""
+    monkeypatch.setenv("CXX", "no-such-c++")
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "inductor")
+    message = "inductor's CPU backend needs a C++ compiler and 'no-such-c++' is not on PATH (set CXX)"
+    assert compiled_step.compiler_missing(torch.device("cpu")) == message
+    assert compiled_step.compiler_missing(torch.device("cuda")) is None
+    eager, compiled = _models({})
+    src, lengths, prev = _batch()
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        out_c, _ = compiled(src, lengths, prev)
+        out_e, _ = eager(src, lengths, prev)
+    torch.testing.assert_close(out_c, out_e)
+    for side in (compiled.encoder, compiled.decoder):
+        assert side.compiled_step.failed and side.compiled_step.compiled is None
+    assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
+        f"--compile-step: compiling the {side} step failed (RuntimeError: {message}); running the "
+        "eager step from now on" for side in ("encoder", "decoder")]
 
 
 #: the default suite traces one variant with the most options (the rest: ``make test-all``)
