@@ -444,6 +444,25 @@ def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
     assert not caplog.records
 
 
+def test_a_graph_break_in_the_step_is_a_compiler_failure(monkeypatch):
+    """The step compiles whole or not at all (``fullgraph=True``): a graph break raises
+    the compiler's error, which sends the side to the eager step, rather than a step
+    silently split into several graphs with host work between them."""
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "eager")
+    torch._dynamo.reset()
+
+    class Breaking(torch.nn.Module):
+        def forward(self, x):
+            x = x + 1
+            torch._dynamo.graph_break()
+            return x * 2
+
+    step = CompiledStep(Breaking(), "encoder")
+    with pytest.raises(Exception) as raised:
+        step(x=torch.ones(3))
+    assert compiled_step.is_compiler_error(raised.value), raised.value
+
+
 def test_the_failure_message_is_the_errors_first_line_cut_to_300_characters(caplog):
     step = make_model(compile_step=True).encoder.compiled_step
     with caplog.at_level(logging.WARNING):
