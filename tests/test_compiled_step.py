@@ -191,7 +191,10 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, monkeypatch)
     the eager model's; and where positions run to the last step they equal them too
     (threshold 0.3: every position halts before the last of 3 steps). Compiled, and the
     loop module run as it is."""
-    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     overrides = dict(halting_threshold=0.3, encoder_layers=3, decoder_layers=3)
     eager, compiled = _models(overrides, loop=True, compile=compile)
@@ -209,7 +212,24 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, monkeypatch)
     with torch.no_grad():
         _, extra = eager(*batch)
     assert all(extra[key].steps.max().item() == 3 for key in ("halting_encoder", "halting_decoder"))
+    compilations = counter.frame_count
     _assert_same(eager, compiled, batch)
+    assert counter.frame_count == compilations == (2 if compile else 0)  # one per side, once
+
+
+def test_the_default_backend_is_inductor(monkeypatch):
+    monkeypatch.delenv("SUT_COMPILE_BACKEND", raising=False)
+    assert compiled_step.compile_backend() == "inductor"
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    assert compiled_step.compile_backend() == "aot_eager"
+
+
+def test_step_module_finds_the_step_in_every_form():
+    side = make_model().encoder
+    step = RecurrenceStep(side.block, side.halting, side.step_embedding)
+    loop = RecurrenceLoop(step, 3)
+    for form in (step, loop, CompiledStep(step, "encoder"), CompiledStep(loop, "encoder")):
+        assert compiled_step.step_module(form) is step
 
 
 def test_the_loop_runs_the_steps_it_was_built_for():
