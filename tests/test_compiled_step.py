@@ -184,20 +184,22 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
     _assert_same(eager, compiled, _batch())
 
 
-@pytest.mark.parametrize("compile", [True, False], ids=["compiled", "uncompiled"])
-def test_compiled_loop_runs_on_after_every_position_halted(compile, monkeypatch):
+@pytest.mark.parametrize("compile, loop", [(True, True), (False, True), (False, False)],
+                         ids=["compiled", "uncompiled", "uncompiled-step"])
+def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkeypatch):
     """Where the eager loop stops early because every position halted, the loop's steps
     after that change nothing: the outputs, the halting weights and every gradient equal
     the eager model's; and where positions run to the last step they equal them too
     (threshold 0.3: every position halts before the last of 3 steps). Compiled, and the
-    loop module run as it is."""
+    loop module run as it is; and the per-step path (``uncompiled-step``), which stops
+    at the first step with no running position."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("aot_eager")
     monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     overrides = dict(halting_threshold=0.3, encoder_layers=3, decoder_layers=3)
-    eager, compiled = _models(overrides, loop=True, compile=compile)
+    eager, compiled = _models(overrides, loop=loop, compile=compile)
     eager.train(), compiled.train()
     batch = _batch()
     with torch.no_grad():
