@@ -155,6 +155,10 @@ def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, ca
     assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
         f"--compile-step: compiling the {side} step failed (RuntimeError: {message}); running the "
         "eager step from now on" for side in ("encoder", "decoder")]
+    caplog.clear()
+    with caplog.at_level(logging.WARNING), torch.no_grad():  # said once, not at every forward
+        compiled(src, lengths, prev)
+    assert not caplog.records
 
 
 #: the default suite traces one variant with the most options (the rest: ``make test-all``)
