@@ -107,6 +107,16 @@ def test_the_compiled_paths_modules_uncompiled_equal_the_eager_recurrence(varian
     _assert_same(eager, uncompiled, _batch())
 
 
+def _run_beside_eager(caplog):
+    """One forward of a --compile-step model and of its eager twin (warnings captured);
+    their outputs must be equal. Returns the compiled model and the batch."""
+    eager, compiled = _models({})
+    batch = _batch()
+    with caplog.at_level(logging.WARNING), torch.no_grad():
+        torch.testing.assert_close(compiled(*batch)[0], eager(*batch)[0])
+    return compiled, batch
+
+
 @pytest.mark.parametrize("rule", ["stick-breaking", "act"])
 def test_the_step_decides_with_its_threshold_input(rule):
     """α_thresh reaches the step as a tensor input (so that changing it compiles nothing
@@ -144,12 +154,8 @@ def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, ca
     message = "inductor's CPU backend needs a C++ compiler and 'no-such-c++' is not on PATH (set CXX)"
     assert compiled_step.compiler_missing(torch.device("cpu")) == message
     assert compiled_step.compiler_missing(torch.device("cuda")) is None
-    eager, compiled = _models({})
-    src, lengths, prev = _batch()
-    with caplog.at_level(logging.WARNING), torch.no_grad():
-        out_c, _ = compiled(src, lengths, prev)
-        out_e, _ = eager(src, lengths, prev)
-    torch.testing.assert_close(out_c, out_e)
+    compiled, batch = _run_beside_eager(caplog)
+    src, lengths, prev = batch
     for side in (compiled.encoder, compiled.decoder):
         assert side.compiled_step.failed and side.compiled_step.compiled is None
     assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
@@ -453,12 +459,8 @@ def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
 
     monkeypatch.setattr(compiled_step, "compile_backend", lambda: broken)
     torch._dynamo.reset()
-    eager, compiled = _models({})
-    src, lengths, prev = _batch()
-    with caplog.at_level(logging.WARNING), torch.no_grad():
-        out_c, _ = compiled(src, lengths, prev)
-        out_e, _ = eager(src, lengths, prev)
-    torch.testing.assert_close(out_c, out_e)
+    compiled, batch = _run_beside_eager(caplog)
+    src, lengths, prev = batch
     assert compiled.encoder.compiled_step.failed and compiled.decoder.compiled_step.failed
     # one line per side, naming the compiler's own error (not dynamo's wrapper around it)
     assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
