@@ -117,12 +117,14 @@ def _run_beside_eager(caplog):
     return compiled, batch
 
 
+@pytest.mark.parametrize("loop", [False, True], ids=["step", "loop"])
 @pytest.mark.parametrize("rule", ["stick-breaking", "act"])
-def test_the_step_decides_with_its_threshold_input(rule):
-    """α_thresh reaches the step as a tensor input (so that changing it compiles nothing
-    again): the decision for the next step follows that input, not the halting unit's
-    attribute."""
-    _, model = _models(dict(encoder_halting=rule), compile=False)
+def test_the_step_decides_with_its_threshold_input(rule, loop):
+    """α_thresh reaches the step (or the loop of all steps) as a tensor input, so that
+    changing it compiles nothing again: the decision for the next step follows that
+    input, not the halting unit's attribute. The loop runs 2 steps: a position runs the
+    second step exactly when the decision after the first let it (c_1 < α_thresh)."""
+    _, model = _models(dict(encoder_halting=rule, encoder_layers=2), loop, compile=False)
     side = model.encoder
     step = side.compiled_step.step
     src, _, _ = _batch()
@@ -139,10 +141,51 @@ def test_the_step_decides_with_its_threshold_input(rule):
             out = step(h0, h0.clone(), real, real, state.c, state.log_remain, state.weighted_sum,
                        state.steps, ~real, threshold=torch.tensor(given), changed=real,
                        k_rows=rows, v_rows=rows.clone())
-        running_next, c = out[3], out[4]
+        if loop:  # (S, steps, c, ...): c after the first step's decision, steps 1 or 2
+            running_next, c = out[1].eq(2), out[2]
+            assert torch.equal(out[1], real.long() + running_next.long())
+        else:  # (h, S, steps, running_next, c, ...)
+            running_next, c = out[3], out[4]
         assert torch.equal(running_next, real & (c < given)), (given, c)
         decisions[given] = running_next
     assert not torch.equal(decisions[0.3], decisions[0.999])  # the case this test is about
+
+
+def test_the_step_projects_keys_and_values_only_for_the_rows_whose_state_changed():
+    """Without a step embedding the keys/values of S are carried between steps (the
+    eager ``HaltedStateKV``'s saving): a row whose S changed is projected again (whatever
+    was carried for it), a row whose S did not keeps what was carried. Garbage carried
+    for the changed rows leaves the step's output as it is; garbage carried for the
+    others reaches it."""
+    _, model = _models({}, compile=False)
+    side = model.encoder
+    step = side.compiled_step.step
+    assert step.carries_kv
+    src, _, _ = _batch()
+    h0 = torch.randn(*src.shape, side.embed_tokens.embedding_dim,
+                     generator=torch.Generator().manual_seed(3))
+    real = src.ne(1)
+    state = side.halting.begin(h0, real)
+    changed = torch.zeros_like(real)
+    changed[:, ::2] = True
+    everything = torch.ones_like(real)
+    attn = side.block.self_attn
+    zeros = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
+    garbage = torch.full_like(zeros, 7.0)
+
+    def run(k_rows, v_rows, rows):
+        with torch.no_grad():
+            return step(h0, h0.clone(), real, real, state.c, state.log_remain, state.weighted_sum,
+                        state.steps, ~real, changed=rows, k_rows=k_rows, v_rows=v_rows)[0]
+
+    with torch.no_grad():
+        k_true, v_true = step.changed_kv(h0, everything, zeros, zeros)
+    expected = run(k_true, v_true, everything)
+    mask = changed.unsqueeze(-1)
+    torch.testing.assert_close(run(torch.where(mask, garbage, k_true),
+                                   torch.where(mask, garbage, v_true), changed), expected)
+    assert not torch.allclose(run(torch.where(mask, k_true, garbage),
+                                  torch.where(mask, v_true, garbage), changed), expected)
 
 
 def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, caplog):
@@ -194,39 +237,44 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
     _assert_same(eager, compiled, _batch())
 
 
-@pytest.mark.parametrize("compile, loop", [(True, True), (False, True), (False, False)],
-                         ids=["compiled", "uncompiled", "uncompiled-step"])
+@pytest.mark.parametrize("compile, loop", [(True, True), (False, True), (True, False), (False, False)],
+                         ids=["compiled", "uncompiled", "compiled-step", "uncompiled-step"])
 def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkeypatch):
     """Where the eager loop stops early because every position halted, the loop's steps
     after that change nothing: the outputs, the halting weights and every gradient equal
-    the eager model's; and where positions run to the last step they equal them too
-    (threshold 0.3: every position halts before the last of 3 steps). Compiled, and the
-    loop module run as it is; and the per-step path (``uncompiled-step``), which stops
-    at the first step with no running position."""
+    the eager model's (threshold 0.3: every position halts before the last of 3 steps);
+    and where positions run to the last step (0.999) they equal them too. Compiled, and
+    the loop module run as it is; and the per-step path (``compiled-step``,
+    ``uncompiled-step``), which stops at the first step with no running position.
+
+    α_thresh is an input of the compiled graph: changing it compiles nothing again. The
+    loop is one graph per side; the per-step path two per side in training: step 1,
+    whose halting inputs (c, log R, the weighted sum) are constants, and the later
+    steps, where they carry gradients (dynamo specialises on ``requires_grad``)."""
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("aot_eager")
     monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
     torch._dynamo.reset()
-    overrides = dict(halting_threshold=0.3, encoder_layers=3, decoder_layers=3)
+    overrides = dict(halting_threshold=0.999, encoder_layers=3, decoder_layers=3)
     eager, compiled = _models(overrides, loop=loop, compile=compile)
     eager.train(), compiled.train()
     batch = _batch()
     with torch.no_grad():
         _, extra = eager(*batch)
+    assert all(extra[key].steps.max().item() == 3 for key in ("halting_encoder", "halting_decoder"))
+    _assert_same(eager, compiled, batch)  # every step runs: every graph compiled here
+    compilations = counter.frame_count
+    assert compilations == (0 if not compile else 2 if loop else 4)
+    for model in (eager, compiled):
+        for side in (model.encoder, model.decoder):
+            side.halting.threshold = 0.3
+    with torch.no_grad():
+        _, extra = eager(*batch)
     for key in ("halting_encoder", "halting_decoder"):  # the case this test is about
         assert extra[key].steps.max().item() < 3, (key, extra[key].steps)
     _assert_same(eager, compiled, batch)
-    # and where positions run to the last step (α_thresh is an input: nothing recompiles)
-    for model in (eager, compiled):
-        for side in (model.encoder, model.decoder):
-            side.halting.threshold = 0.999
-    with torch.no_grad():
-        _, extra = eager(*batch)
-    assert all(extra[key].steps.max().item() == 3 for key in ("halting_encoder", "halting_decoder"))
-    compilations = counter.frame_count
-    _assert_same(eager, compiled, batch)
-    assert counter.frame_count == compilations == (2 if compile else 0)  # one per side, once
+    assert counter.frame_count == compilations
 
 
 def test_the_default_backend_is_inductor(monkeypatch):
