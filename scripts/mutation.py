@@ -22,7 +22,9 @@ The score counts a mutant as killed when a test failed (or timed out) on it; tim
 mutants are tried once more at the end of every module's run (a loaded machine times
 tests out), so a timeout counted as killed happened twice. Mutants
 listed as equivalent in docs/testing.md (a backquoted mutant name in a row of its
-"Equivalent mutants" table) leave N; every other survivor is printed. The run ends with::
+"Equivalent mutants" table) that survived leave N; every other survivor is printed, and so
+is every listed mutant a test kills (it counts as killed; its row's reason is wrong). The
+run ends with::
 
     mutation score: K killed of N (P%)
 
@@ -257,7 +259,7 @@ def main(argv=None) -> int:
         return 0
 
     equivalent = equivalent_mutants()
-    rows, failed = [], []
+    rows, failed, wrongly_listed = [], [], []
     for module, tests in targets.items():
         workdir = os.path.join(args.workdir, module[:-3].replace("/", "."))
         if not args.report:
@@ -272,6 +274,7 @@ def main(argv=None) -> int:
         pending = sum(s == PENDING for s in status.values())
         status = {n: s for n, s in status.items() if s != PENDING}
         equiv = [n for n in status if n in equivalent and status[n] not in DETECTED]
+        wrongly_listed += sorted(n for n in status if n in equivalent and status[n] in DETECTED)
         counted = {n: s for n, s in status.items() if n not in equiv}
         killed = sum(s in DETECTED for s in counted.values())
         survivors = sorted(n for n, s in counted.items() if s not in DETECTED)
@@ -288,6 +291,8 @@ def main(argv=None) -> int:
     for module, _, _, _, survivors, counted, _ in rows:
         for name in survivors:
             print(f"survivor: {name} ({counted[name]}); mutmut show {name}  (in its work directory)")
+    for name in wrongly_listed:  # a test tells it apart: the table's reason is wrong
+        print(f"listed as equivalent but killed (take it out of the table): {name}")
     not_run = [r[0] for r in rows if r[1] == 0]
     if not_run:
         print(f"not run (no results yet): {', '.join(not_run)}")

@@ -84,7 +84,8 @@ def test_the_equivalent_table_is_read_from_the_testing_page(mutation, monkeypatc
 
 def test_the_report_leaves_untried_mutants_and_equivalents_out_of_the_score(mutation, monkeypatch, capsys):
     monkeypatch.setattr(mutation, "discover", lambda: {"pkg/a.py": ("test_a.py",), "pkg/b.py": ("test_b.py",)})
-    monkeypatch.setattr(mutation, "equivalent_mutants", lambda: {"a__mutmut_4": "same values"})
+    monkeypatch.setattr(mutation, "equivalent_mutants", lambda: {"a__mutmut_4": "same values",
+                                                                 "a__mutmut_1": "wrongly listed"})
     status = {"a": {"a__mutmut_1": "killed", "a__mutmut_2": "timeout", "a__mutmut_3": "survived",
                     "a__mutmut_4": "survived", "a__mutmut_5": "not checked"},
               "b": {"b__mutmut_1": "not checked"}}
@@ -95,4 +96,6 @@ def test_the_report_leaves_untried_mutants_and_equivalents_out_of_the_score(muta
     assert "| pkg/b.py | 0 | 0 | not run | 0 | 0 | 1 |" in out
     assert "survivor: a__mutmut_3 (survived)" in out and "a__mutmut_4 (" not in out
     assert "not tried yet (left out of the score): 2 mutants" in out
+    # a listed mutant that a test kills counts as killed, and the table is said to be wrong
+    assert "listed as equivalent but killed (take it out of the table): a__mutmut_1" in out
     assert out.strip().splitlines()[-1] == "mutation score: 2 killed of 3 (66.7%)"

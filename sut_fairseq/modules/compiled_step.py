@@ -239,6 +239,23 @@ def mark_batch_dims(inputs: dict) -> None:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
+#: the inputs one step hands the next (zeros at step 1, carrying gradients after it)
+_CARRIED = ("c", "log_remain", "weighted_sum", "k_rows", "v_rows")
+
+
+def one_graph_for_every_step(inputs: dict) -> None:
+    """dynamo specialises a graph on each input's ``requires_grad``: in training, step 1's
+    carried inputs (zeros, no gradient) would compile a graph of their own beside the
+    later steps' (two per side, three with validation's no-grad graph). Marked as
+    requiring a gradient (leaves whose gradient is computed and dropped: a few (B, T)
+    and (B, T, d) tensors per step), every step of a training forward runs one graph."""
+    if torch.is_grad_enabled():
+        for name in _CARRIED:
+            tensor = inputs.get(name)
+            if tensor is not None and not tensor.requires_grad:  # (so a leaf)
+                tensor.requires_grad_()
+
+
 def step_module(step: Callable) -> RecurrenceStep:
     """The ``RecurrenceStep`` of a step, of a ``RecurrenceLoop`` or of their ``CompiledStep``."""
     body = step.step if isinstance(step, CompiledStep) else step
@@ -268,8 +285,9 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
         S_L (B, T, d), the HaltingResult and the final HaltingState, as the eager loop.
     """
     state = halting.begin(h0, real)
-    # S_0 = h_0, as a tensor of its own: inputs that alias would make another graph
-    h, S, running = h0, h0.clone(), real
+    # S_0 = h_0 and running = real, as tensors of their own: inputs that alias each other
+    # would make a graph for step 1 apart from the later steps'
+    h, S, running = h0, h0.clone(), real.clone()
     threshold = getattr(halting, "threshold", None)
     if threshold is not None:  # an input, not a constant of the graph
         threshold = torch.tensor(float(threshold), device=h0.device)
@@ -299,6 +317,7 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
                       self_padding_mask=self_padding_mask, threshold=threshold, te=te,
                       **kv, **block_inputs)
         mark_batch_dims(inputs)
+        one_graph_for_every_step(inputs)
         (h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha,
          k_rows, v_rows) = step(**inputs)
         if kv:  # the rows that ran this step changed their S
