@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import make_model, randomise_halting
+from sut_fairseq.criterions.losses import record_routing
 from sut_fairseq.modules import compiled_step
 from sut_fairseq.modules.compiled_step import (CompiledStep, RecurrenceLoop, RecurrenceStep,
                                                build_compiled, count_graph_breaks)
@@ -417,8 +418,9 @@ def _wmt_shaped_batches(n, seed=0):
                                      pytest.param(_wmt_shaped_batches, marks=pytest.mark.slow)])
 def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
     """50 training batches whose B and T change, with a validation forward (no
-    gradient, eval mode) after every tenth, as fairseq-train runs them: one graph per
-    side for training and one for validation."""
+    gradient, eval mode) after every tenth, as fairseq-train runs them, the routers'
+    statistics recorded as the criterion records them: one graph per side for training
+    and one for validation."""
     from torch._dynamo.testing import CompileCounter
 
     counter = CompileCounter()
@@ -427,11 +429,12 @@ def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
     _, model = _models({})
     for i, (src, lengths, prev) in enumerate(batches(50)):
         model.train()
-        out, _ = model(src, lengths, prev)
-        out.float().mean().backward()
+        with record_routing(model) as stats:
+            out, _ = model(src, lengths, prev)
+        (out.float().mean() + sum(s.sum_neg_entropy for s in stats)).backward()
         if i % 10 == 9:
             model.eval()
-            with torch.no_grad():
+            with torch.no_grad(), record_routing(model):
                 model(src, lengths, prev)
     for side in (model.encoder, model.decoder):
         assert not side.compiled_step.failed

@@ -25,11 +25,15 @@ EPS = 1e-9
 class RouterStats:
     """Sums over the (position, step) pairs a router saw during one recorded forward."""
 
-    def __init__(self, num_experts: int, device=None):
+    def __init__(self, num_experts: int, device=None, grad: bool = False):
         """The sums start at zero tensors on ``device`` (the same attribute types at every
-        call, which a compiled step needs; a router that saw nothing has zero losses)."""
-        self.sum_probs = torch.zeros(num_experts, device=device)  # (E,)  Σ_x g(e|x)
-        self.sum_neg_entropy = torch.zeros((), device=device)  # ()  Σ_x Σ_e g log g
+        call, which a compiled step needs; a router that saw nothing has zero losses).
+        ``grad``: the forward differentiates the router; the two sums of gates then carry
+        a gradient after the first call, and start as leaves requiring one, so that the
+        first step of a compiled recurrence is the later steps' graph (dynamo specialises
+        on ``requires_grad``)."""
+        self.sum_probs = torch.zeros(num_experts, device=device, requires_grad=grad)  # (E,)  Σ_x g(e|x)
+        self.sum_neg_entropy = torch.zeros((), device=device, requires_grad=grad)  # ()  Σ_x Σ_e g log g
         self.count = torch.zeros((), device=device)  # ()  |X|
         self.assignments = torch.zeros(num_experts, device=device)  # (E,) top-k picks per expert
 
