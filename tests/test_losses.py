@@ -78,6 +78,34 @@ def test_routing_statistics_exist_only_inside_the_context():
     assert all(r.stats is None for r in routers)
 
 
+def test_the_sums_of_gates_start_with_a_gradient_when_the_forward_differentiates_the_router():
+    """In training the sums of gates (Σ g, Σ g log g) carry a gradient from a router's first
+    call on; they start as leaves requiring one, so that a compiled step sees the same
+    tensors at step 1 as after it (one graph: ``test_compiled_step.py``'s compilation
+    bound). The counts never carry one; without autograd (validation) or with the model
+    frozen (``--exit-loss offramps``' base model), nothing does, before or after a call."""
+    from conftest import make_model
+
+    model = make_model().train()
+    src, prev = torch.randint(4, 40, (2, 5)), torch.randint(4, 40, (2, 4))
+
+    def grads(stats):
+        return {(s.sum_probs.requires_grad, s.sum_neg_entropy.requires_grad,
+                 s.count.requires_grad, s.assignments.requires_grad) for s in stats}
+
+    with record_routing(model) as stats:
+        assert grads(stats) == {(True, True, False, False)}
+        model(src, torch.tensor([5, 5]), prev)
+        assert grads(stats) == {(True, True, False, False)}
+    with torch.no_grad(), record_routing(model) as stats:
+        assert grads(stats) == {(False, False, False, False)}
+    model.requires_grad_(False)
+    with record_routing(model) as stats:
+        assert grads(stats) == {(False, False, False, False)}
+        model(src, torch.tensor([5, 5]), prev)
+        assert grads(stats) == {(False, False, False, False)}
+
+
 def test_criterion_aux_scale_per_token_and_reference():
     from types import SimpleNamespace
 

@@ -49,6 +49,7 @@ def record_routing(model: nn.Module) -> Iterator[List[RouterStats]]:
     routers = [m for m in model.modules() if isinstance(m, Router) and m.num_experts > 1]
     collected = []
     for router in routers:
+        # the sums of gates will carry a gradient (a frozen model's routers give none)
         grad = torch.is_grad_enabled() and router.fc1.weight.requires_grad
         router.stats = RouterStats(router.num_experts, router.fc1.weight.device, grad)
         collected.append(router.stats)
