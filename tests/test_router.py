@@ -83,7 +83,8 @@ def _fixed_logits_router(logits, top_k, sample_topk=0, dtype=torch.float32):
 def test_stats_start_at_zero_float32_on_the_given_device(device):
     """Every sum starts as a float32 zero of its shape ((E,), (), (), (E,)) on the device
     asked for (the meta device stands in for an accelerator: a sum left on the CPU would
-    show); no device means the default one."""
+    show); no device means the default one. None requires a gradient unless asked
+    (``grad``: then the two sums of gates do, the counts never)."""
     s = RouterStats(5, device=device)
     want = torch.device(device) if device is not None else torch.empty(0).device
     shapes = dict(sum_probs=(5,), sum_neg_entropy=(), count=(), assignments=(5,))
@@ -91,8 +92,11 @@ def test_stats_start_at_zero_float32_on_the_given_device(device):
         t = getattr(s, name)
         assert t.device == want, name
         assert t.dtype == torch.float32 and tuple(t.shape) == shape, name
+        assert not t.requires_grad, name
         if want.type != "meta":
             assert (t == 0).all(), name
+    s = RouterStats(5, device=device, grad=True)
+    assert [getattr(s, name).requires_grad for name in shapes] == [True, True, False, False]
 
 
 # ---------------------------------------------------------------- greedy routing
