@@ -118,6 +118,19 @@ def _run_beside_eager(caplog):
     return compiled, batch
 
 
+def _first_step_inputs(side, seed):
+    """A side's step-1 inputs for a direct call of its step: h_0 (B, T, d) random, the
+    real positions (B, T) of ``_batch``'s source, the halting state begun on them and a
+    (B, T, H·D) zero tensor for carried keys/values."""
+    src, _, _ = _batch()
+    h0 = torch.randn(*src.shape, side.embed_tokens.embedding_dim,
+                     generator=torch.Generator().manual_seed(seed))
+    real = src.ne(1)
+    attn = side.block.self_attn
+    rows = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
+    return h0, real, side.halting.begin(h0, real), rows
+
+
 @pytest.mark.parametrize("loop", [False, True], ids=["step", "loop"])
 @pytest.mark.parametrize("rule", ["stick-breaking", "act"])
 def test_the_step_decides_with_its_threshold_input(rule, loop):
@@ -128,16 +141,10 @@ def test_the_step_decides_with_its_threshold_input(rule, loop):
     _, model = _models(dict(encoder_halting=rule, encoder_layers=2), loop, compile=False)
     side = model.encoder
     step = side.compiled_step.step
-    src, _, _ = _batch()
-    h0 = torch.randn(*src.shape, side.embed_tokens.embedding_dim,
-                     generator=torch.Generator().manual_seed(2))
-    real = src.ne(1)
     decisions = {}
     for given in (0.3, 0.999):
         side.halting.threshold = 1.3 - given  # the attribute says otherwise
-        state = side.halting.begin(h0, real)
-        attn = side.block.self_attn
-        rows = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
+        h0, real, state, rows = _first_step_inputs(side, seed=2)
         with torch.no_grad():
             out = step(h0, h0.clone(), real, real, state.c, state.log_remain, state.weighted_sum,
                        state.steps, ~real, threshold=torch.tensor(given), changed=real,
@@ -162,16 +169,10 @@ def test_the_step_projects_keys_and_values_only_for_the_rows_whose_state_changed
     side = model.encoder
     step = side.compiled_step.step
     assert step.carries_kv
-    src, _, _ = _batch()
-    h0 = torch.randn(*src.shape, side.embed_tokens.embedding_dim,
-                     generator=torch.Generator().manual_seed(3))
-    real = src.ne(1)
-    state = side.halting.begin(h0, real)
+    h0, real, state, zeros = _first_step_inputs(side, seed=3)
     changed = torch.zeros_like(real)
     changed[:, ::2] = True
     everything = torch.ones_like(real)
-    attn = side.block.self_attn
-    zeros = h0.new_zeros(*h0.shape[:2], attn.num_heads * attn.head_dim)
     garbage = torch.full_like(zeros, 7.0)
 
     def run(k_rows, v_rows, rows):

@@ -239,23 +239,6 @@ def mark_batch_dims(inputs: dict) -> None:
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)
 
 
-#: the inputs one step hands the next (zeros at step 1, carrying gradients after it)
-_CARRIED = ("c", "log_remain", "weighted_sum", "k_rows", "v_rows")
-
-
-def one_graph_for_every_step(inputs: dict) -> None:
-    """dynamo specialises a graph on each input's ``requires_grad``: in training, step 1's
-    carried inputs (zeros, no gradient) would compile a graph of their own beside the
-    later steps' (two per side, three with validation's no-grad graph). Marked as
-    requiring a gradient (leaves whose gradient is computed and dropped: a few (B, T)
-    and (B, T, d) tensors per step), every step of a training forward runs one graph."""
-    if torch.is_grad_enabled():
-        for name in _CARRIED:
-            tensor = inputs.get(name)
-            if tensor is not None and not tensor.requires_grad:  # (so a leaf)
-                tensor.requires_grad_()
-
-
 def step_module(step: Callable) -> RecurrenceStep:
     """The ``RecurrenceStep`` of a step, of a ``RecurrenceLoop`` or of their ``CompiledStep``."""
     body = step.step if isinstance(step, CompiledStep) else step
@@ -308,6 +291,14 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
         S, state.steps, state.c, state.log_remain, state.weighted_sum, alphas = step(**inputs)
         state.alphas.extend(alphas)
         return S, halting.finish(state, max_steps), state
+    if torch.is_grad_enabled():
+        # dynamo specialises a graph on each input's requires_grad: the inputs one step
+        # hands the next are zeros without a gradient at step 1 and carry one after it,
+        # so step 1 would compile a graph of its own. Marked as requiring one (leaves
+        # whose gradient is computed and dropped), every step runs the same graph.
+        carried = [state.c, state.log_remain, state.weighted_sum]
+        for tensor in carried + ([kv["k_rows"], kv["v_rows"]] if kv else []):
+            tensor.requires_grad_()
     for l in range(1, max_steps + 1):
         if l > 1 and not bool(running.any()):  # the one host read of a step
             break
@@ -317,7 +308,6 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
                       self_padding_mask=self_padding_mask, threshold=threshold, te=te,
                       **kv, **block_inputs)
         mark_batch_dims(inputs)
-        one_graph_for_every_step(inputs)
         (h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha,
          k_rows, v_rows) = step(**inputs)
         if kv:  # the rows that ran this step changed their S
