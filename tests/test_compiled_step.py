@@ -278,6 +278,25 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkey
     assert counter.frame_count == compilations
 
 
+@pytest.mark.parametrize("rule", ["none", "act"])
+def test_every_step_of_a_training_forward_runs_one_graph(rule, monkeypatch):
+    """Whatever the halting rule, the per-step path compiles one graph per side for
+    training: under ``none`` S_l is h_l itself, which as two aliased inputs of step 2
+    made a second graph."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    counter = CompileCounterWithBackend("aot_eager")
+    monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
+    torch._dynamo.reset()
+    _, model = _models(dict(encoder_halting=rule, decoder_halting=rule, encoder_layers=3,
+                            decoder_layers=3))
+    model.train()
+    for _ in range(2):
+        out, _ = model(*_batch())
+        out.float().mean().backward()
+    assert counter.frame_count == 2
+
+
 def test_the_default_backend_is_inductor(monkeypatch):
     monkeypatch.delenv("SUT_COMPILE_BACKEND", raising=False)
     assert compiled_step.compile_backend() == "inductor"

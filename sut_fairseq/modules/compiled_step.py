@@ -310,6 +310,8 @@ def run_compiled(step: Callable, h0: torch.Tensor, real: torch.Tensor, halting: 
         mark_batch_dims(inputs)
         (h, S, state.steps, running_next, c, log_remain, weighted_sum, alpha,
          k_rows, v_rows) = step(**inputs)
+        if S is h:  # the rule none's S_l = h_l: as aliased inputs, another graph
+            S = h.clone()
         if kv:  # the rows that ran this step changed their S
             kv = dict(changed=running.clone(), k_rows=k_rows, v_rows=v_rows)  # (no aliased inputs)
         if l < max_steps:  # the decision for step l + 1
