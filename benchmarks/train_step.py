@@ -20,9 +20,11 @@ of them alike while each timed step runs in its model's steady state.
 ``--profile N`` runs, after the timing, one more step of each model under
 ``torch.profiler`` and prints its wall time, the number of kernel launches and of aten
 operator calls (nested ones included), how long the
-device was busy (the sum of the kernels' own times; a step whose device is busy for a small
-part of its wall time is bound by the host, i.e. by launches and Python) and the N
-operations with the most self time on the device (on a CPU: on the host). With
+device was busy (the sum of the device's own events: kernels, memsets, copies; a step whose
+device is busy for a small part of its wall time is bound by the host, i.e. by launches
+and Python) and the N operations with the most self time on the device (on a CPU: on the
+host); on a GPU then, from one more profiled step, the N operators with the most device
+time grouped by their input shapes (which product a slow kernel serves). With
 ``--compile`` the compiled models are profiled the same way after the eager ones
 (``== profile compiled ARCH: ...``).
 
@@ -348,37 +350,58 @@ def time_steps(archs, sample, vocab: int, repeats: int, halting_bias: float = 0.
     return {arch: statistics.median(t) for arch, t in times.items()}
 
 
-def profiled(step, cuda: bool = False):
+def profiled(step, cuda: bool = False, shapes: bool = False):
     """(the profiler's per-operator averages, wall ms) of one call of ``step`` under
-    ``torch.profiler``; on a GPU with the CUDA activity too, synchronised on both sides."""
+    ``torch.profiler``; on a GPU with the CUDA activity too, synchronised on both sides.
+    ``shapes``: the averages grouped by operator and input shapes as well."""
     from torch.profiler import ProfilerActivity, profile
 
     if cuda:
         torch.cuda.synchronize()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with profile(activities=activities) as prof:
+    with profile(activities=activities, record_shapes=shapes) as prof:
         start = time.perf_counter()
         step()
         if cuda:
             torch.cuda.synchronize()
         wall_ms = 1e3 * (time.perf_counter() - start)
-    return prof.key_averages(), wall_ms
+    return prof.key_averages(group_by_input_shape=shapes), wall_ms
+
+
+def device_ms(events) -> float:
+    """Milliseconds the device spent in the profiled events' kernels, memsets and copies.
+
+    Only the device's own events count: a host-side operator carries the time of the
+    kernels it launched as its ``self_device_time_total`` too, so summing every event
+    counts each kernel twice (what this benchmark printed until stop 47, and torch's own
+    table footer, "Self CUDA time total", avoids the same way)."""
+    from torch.autograd import DeviceType
+
+    return sum(e.self_device_time_total for e in events
+               if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)) / 1e3
 
 
 def print_profile(arch: str, step, rows: int, cuda: bool) -> None:
     """Profile one call of ``arch``'s (warm) ``step``; print its wall time, kernel launches,
-    aten calls, device busy time (GPU) and its ``rows`` most expensive operations."""
+    aten calls, device busy time (GPU) and its ``rows`` most expensive operations; on a
+    GPU, from a second profiled call, the operators with the most device time by input
+    shapes (which product a slow kernel serves)."""
     events, wall_ms = profiled(step, cuda)
     launches = sum(e.count for e in events if e.key.startswith(("cudaLaunch", "cuLaunch")))
     ops = sum(e.count for e in events if e.key.startswith("aten::"))   # nested calls included
     busy = ""
     if cuda:
-        device_ms = sum(e.self_device_time_total for e in events) / 1e3
-        busy = f", device busy {device_ms:.1f} ms ({100 * device_ms / wall_ms:.0f}%)"
+        busy_ms = device_ms(events)
+        busy = f", device busy {busy_ms:.1f} ms ({100 * busy_ms / wall_ms:.0f}%)"
     print(f"== profile {arch}: {wall_ms:.1f} ms wall under the profiler, {launches} kernel launches, "
           f"{ops} aten operator calls{busy}")
     print(events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=rows),
           flush=True)
+    if cuda:
+        by_shape, _ = profiled(step, cuda, shapes=True)
+        print(f"== device time of {arch} by operator and input shapes")
+        print(by_shape.table(sort_by="device_time_total", row_limit=rows, max_name_column_width=40,
+                             max_shapes_column_width=90), flush=True)
 
 
 #: halting bias at which no position halts (â = sigmoid(-30)): every encoder step runs, as

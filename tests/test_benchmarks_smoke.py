@@ -248,3 +248,26 @@ def test_grouped_gemm_cpu_checks_both_ways_agree_and_ends_with_the_ratio():
     assert len(re.findall(r"^.+ (forward|forward \+ backward) +loop +\d+\.\d\d ms  grouped +\d+\.\d\d ms"
                           r"  ratio \d+\.\d\d$", out, re.M)) == 8, out
     assert re.fullmatch(r"grouped / loop time: \d+\.\d\d", out.strip().splitlines()[-1]), out
+
+
+def test_device_busy_counts_each_kernel_once():
+    """A host operator carries the device time of the kernels it launched as its own
+    self device time; the kernels' events carry it again. Summing every event counted a
+    step's device time twice (the leases' "device busy" figures until stop 47)."""
+    from types import SimpleNamespace
+    from torch.autograd import DeviceType
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train_step
+
+    def event(device, us, annotation=False):
+        return SimpleNamespace(device_type=device, self_device_time_total=us,
+                               is_user_annotation=annotation)
+
+    events = [event(DeviceType.CPU, 300.0),            # aten::mm, its kernel's 300 us
+              event(DeviceType.CUDA, 300.0),           # the GEMM kernel
+              event(DeviceType.CPU, 20.0),             # aten::zero_
+              event(DeviceType.CUDA, 20.0),            # its memset
+              event(DeviceType.CUDA, 999.0, True),     # a user annotation on the device's row
+              event(DeviceType.CPU, 0.0)]              # a view: no device time
+    assert train_step.device_ms(events) == pytest.approx(0.32)

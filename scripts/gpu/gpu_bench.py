@@ -45,8 +45,8 @@ BENCH_TRAIN_STEP_ESTIMATE_S = 240
 #: second process after the first: start-up and the three models built twice, about 30 s;
 #: the expert kernels come from Triton's on-disk caches (compiled, autotuned: the
 #: autotuner's key has no row count), about 5 s; the timed steps about 15 s (the 4,096-token
-#: SUT step is host-bound, 294 ms with the device busy 119 ms: at 4x the tokens the device
-#: work grows to about 0.5 s per step, the launches stay about 14,000); the compilations:
+#: SUT step is host-bound, 294 ms with the device busy 60 ms: at 4x the tokens the device
+#: work grows to about 0.25 s per step, the launches stay about 14,000); the compilations:
 #: the SUT/UT steps are compiled with dynamic batch and length (``maybe_mark_dynamic``), so
 #: inductor's on-disk caches can serve the graphs of the first run and what is left is
 #: tracing, about 15 s per model; the transformer is compiled for static shapes, so its new
