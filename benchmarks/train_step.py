@@ -60,6 +60,17 @@ in the SUT step: N`` (``torch._dynamo.explain`` over every step of one forward).
 
     python benchmarks/train_step.py --preset logic --compile --threads 1
 
+Suffixes of ``--arch`` (wmt) choose how a model compiles; eager, a suffixed model is the
+model itself: ``+loop`` a SUT/UT with ``--compile-loop`` (all L steps of a side one
+graph); ``+graphs`` in ``torch.compile``'s mode ``reduce-overhead``, whose graphs a GPU
+replays as CUDA graphs (a SUT/UT over its compiled loop, ``sut_base+loop+graphs``;
+fairseq's transformer whole, ``transformer_wmt_en_de+graphs``). Every compiled SUT is
+compared with every compiled transformer and with the eager transformer (what
+``fairseq-train`` runs; the issue's goal 0.6):
+
+    python benchmarks/train_step.py --device cuda --bf16 --profile 25 --compile \
+        --arch sut_base+loop+graphs transformer_wmt_en_de+graphs
+
 ``--preset cpvr``: the three models of the C-PVR recipe (``configs/cpvr``: ``ut_cpvr`` the
 dense UT, ``sut_cpvr`` the SUT of the same active size, ``hyper_ut_cpvr`` Hyper-UT), pre-LN
 with shared embeddings and the recipe's losses (no label smoothing, ACT 0.01), on one batch
@@ -114,6 +125,26 @@ FUSED_CE = "+fused-ce"  # suffix: fairseq's transformer with the plugin's CE op 
 #: suffix: a SUT/UT whose compiled form runs all steps of a side as one graph
 #: (--compile-loop) rather than one graph per step; eager it is the model without suffix
 LOOP = "+loop"
+#: suffix: compiled with torch.compile's mode "reduce-overhead", whose graphs a GPU replays
+#: as CUDA graphs (one launch for a graph's kernels, no per-kernel host work): fairseq's
+#: transformer whole, a SUT/UT over its compiled loop (with +loop: one graph invocation per
+#: side and forward); eager it is the model without suffix
+GRAPHS = "+graphs"
+
+
+def split_arch(arch: str):
+    """``"sut_base+loop+graphs"`` -> ``("sut_base", {"+loop", "+graphs"})``; an unknown
+    suffix, or ``+graphs`` on a SUT/UT without ``+loop``, is an error naming it."""
+    name, *rest = arch.split("+")
+    suffixes = {"+" + s for s in rest}
+    unknown = sorted(suffixes - {FUSED_CE, LOOP, GRAPHS})
+    if unknown:
+        raise SystemExit(f"train_step.py: {arch}: unknown suffix {unknown[0]!r} "
+                         f"(known: {FUSED_CE}, {LOOP}, {GRAPHS})")
+    if GRAPHS in suffixes and is_recurrent(name) and LOOP not in suffixes:
+        raise SystemExit(f"train_step.py: {arch}: {GRAPHS} on a SUT/UT needs {LOOP} (CUDA graphs "
+                         f"over the compiled loop: {name}{LOOP}{GRAPHS})")
+    return name, suffixes
 
 
 class FusedLabelSmoothedCrossEntropy(LabelSmoothedCrossEntropyCriterion):
@@ -255,8 +286,9 @@ def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
     """The model and its criterion for one benchmark entry; ``compiled``: the plugin's
     models with ``--compile-step``, fairseq's transformer through ``torch.compile``."""
     torch.manual_seed(0)
-    fused, loop = arch.endswith(FUSED_CE), arch.endswith(LOOP)
-    name = arch[: -len(FUSED_CE)] if fused else arch[: -len(LOOP)] if loop else arch
+    name, suffixes = split_arch(arch)
+    fused, loop, graphs = FUSED_CE in suffixes, LOOP in suffixes, GRAPHS in suffixes
+    mode = "reduce-overhead" if graphs else None
     loss = None
     extra = {"compile_loop" if loop else "compile_step": True} if compiled and is_recurrent(arch) else {}
     if name in RECIPE_MODELS:
@@ -268,7 +300,11 @@ def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
         model = build_model(name, dict_size=vocab, share_all_embeddings=True, **extra)
     model.train()
     if compiled and not is_recurrent(arch):
-        model = torch.compile(model)  # the criterion reaches the model's methods through it
+        model = torch.compile(model, mode=mode)  # the criterion reaches the model's methods through it
+    elif compiled:
+        for side in (model.encoder, model.decoder):
+            if side.compiled_step is not None:
+                side.compiled_step.mode = mode
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)
     if loss is not None and loss["criterion"] == "sut_label_smoothed_cross_entropy":  # the recipe's losses
         criterion = SUTLabelSmoothedCrossEntropyCriterion(
@@ -555,7 +591,9 @@ def main(argv=None):
     parser.add_argument("--arch", nargs="*", default=None,
                         help=f"models (wmt: {' '.join(MODELS)}; logic: {' '.join(LOGIC_MODELS)}; "
                              f"cpvr: {' '.join(CPVR_MODELS)}); a SUT/UT with the suffix {LOOP} "
-                             f"is compiled with --compile-loop (all steps one graph)")
+                             f"is compiled with --compile-loop (all steps one graph); with "
+                             f"{GRAPHS} too (or fairseq's transformer with {GRAPHS}) in "
+                             f"torch.compile's mode reduce-overhead (CUDA graphs on a GPU)")
     parser.add_argument("--logic-tokens", type=int, default=2048,
                         help="logic, cpvr: source tokens per batch (the recipe's --max-tokens)")
     parser.add_argument("--threads", type=int, nargs="+", default=[1, 2],
@@ -614,10 +652,16 @@ def main(argv=None):
                                   torch.get_num_threads(), "target", device, dtype, compiled_steps)
         for arch in compiled:
             print(f"{arch} compiled / eager tokens/s: {compiled[arch] / speed[arch]:.2f}")
-        for sut in ("sut_base", "sut_base" + LOOP):
-            if {sut, "transformer_wmt_en_de"} <= compiled.keys():
-                print(f"compiled: {sut} / transformer_wmt_en_de tokens/s: "
-                      f"{compiled[sut] / compiled['transformer_wmt_en_de']:.2f}")
+        transformers = ("transformer_wmt_en_de", "transformer_wmt_en_de" + GRAPHS)
+        eager_transformer = next((speed[t] for t in transformers if t in speed), None)
+        for sut in ("sut_base", "sut_base" + LOOP, "sut_base" + LOOP + GRAPHS):
+            for transformer in transformers:
+                if {sut, transformer} <= compiled.keys():
+                    print(f"compiled: {sut} / {transformer} tokens/s: "
+                          f"{compiled[sut] / compiled[transformer]:.2f}")
+            if sut in compiled and eager_transformer is not None:  # what fairseq-train runs
+                print(f"compiled: {sut} / transformer_wmt_en_de(eager) tokens/s: "
+                      f"{compiled[sut] / eager_transformer:.2f} (goal >= 0.6)")
     if args.profile:  # the timed models themselves, already warm; eager, then compiled
         for arch, step in [*steps.items(), *((f"compiled {a}", s) for a, s in compiled_steps.items())]:
             print_profile(arch, step, args.profile, cuda=device.type == "cuda")

@@ -250,6 +250,31 @@ def test_grouped_gemm_cpu_checks_both_ways_agree_and_ends_with_the_ratio():
     assert re.fullmatch(r"grouped / loop time: \d+\.\d\d", out.strip().splitlines()[-1]), out
 
 
+def test_train_step_graphs_suffix_compiles_in_reduce_overhead_mode(monkeypatch):
+    """``+graphs``: the SUT's compiled loop and fairseq's transformer in torch.compile's
+    mode reduce-overhead (CUDA graphs on a GPU); without ``+loop`` on a SUT, an unknown
+    suffix: errors that name the arch."""
+    import torch
+
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import train_step
+
+    assert train_step.split_arch("sut_base+loop+graphs") == ("sut_base", {"+loop", "+graphs"})
+    with pytest.raises(SystemExit, match=r"sut_base\+graphs: \+graphs on a SUT/UT needs \+loop"):
+        train_step.split_arch("sut_base+graphs")
+    with pytest.raises(SystemExit, match=r"sut_base\+lop: unknown suffix '\+lop'"):
+        train_step.split_arch("sut_base+lop")
+    model, _ = train_step.build("sut_tiny+loop+graphs", 64, 0.5, compiled=True)
+    assert [side.compiled_step.mode for side in (model.encoder, model.decoder)] == ["reduce-overhead"] * 2
+    model, _ = train_step.build("sut_tiny+loop", 64, 0.5, compiled=True)
+    assert [side.compiled_step.mode for side in (model.encoder, model.decoder)] == [None, None]
+    modes = []
+    monkeypatch.setattr(torch, "compile", lambda model, **kw: modes.append(kw.get("mode")) or model)
+    train_step.build("transformer_wmt_en_de+graphs", 64, 0.5, compiled=True)
+    train_step.build("transformer_wmt_en_de", 64, 0.5, compiled=True)
+    assert modes == ["reduce-overhead", None]
+
+
 def test_device_busy_counts_each_kernel_once():
     """A host operator carries the device time of the kernels it launched as its own
     self device time; the kernels' events carry it again. Summing every event counted a

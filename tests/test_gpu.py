@@ -22,6 +22,9 @@ Every test here is marked ``gpu`` and skipped when no CUDA device is present, so
    after the router's forward (which does synchronise; recorded as an expected failure).
 5. The compiled recurrence step (``--compile-step``): no host synchronisation inside the
    step's graph, forward and backward (the loop's one read per step is outside it).
+6. The compiled loop (``--compile-loop``) replayed as CUDA graphs (torch.compile's mode
+   reduce-overhead, ``benchmarks/train_step.py``'s ``+graphs``) equals the eager model:
+   outputs and every gradient, on a recorded shape replayed and on a new shape.
 """
 import contextlib
 import importlib
@@ -459,6 +462,43 @@ def test_compiled_step_backward_makes_no_host_sync():
     loss = model(src, lengths, prev)[0].float().logsumexp(-1).sum()
     _without_host_sync(loss.backward)
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+
+
+# --------------------------------------------------------------------------------------
+# 6. CUDA graphs over the compiled loop equal the eager model
+
+
+def test_compiled_loop_as_cuda_graphs_equals_eager():
+    """``sut_tiny`` with ``--compile-loop`` in torch.compile's mode reduce-overhead against
+    the same weights eager, three training steps: a first batch (recorded), the same batch
+    again (replayed from the CUDA graphs' static buffers) and a batch of other B and T (a
+    new recording). Outputs and every parameter's gradient agree (fp32, no TF32), each
+    read before the next step replays the graphs."""
+    from conftest import randomise_halting
+
+    eager = make_model()
+    randomise_halting(eager)
+    graphs = make_model(compile_loop=True)
+    graphs.load_state_dict(eager.state_dict())
+    for side in (graphs.encoder, graphs.decoder):
+        side.compiled_step.mode = "reduce-overhead"
+    eager, graphs = eager.to(DEV).train(), graphs.to(DEV).train()
+    small = tuple(t[:3, :8] if t.dim() == 2 else t[:3] for t in _tiny_batch(1))
+    for src, lengths, prev in (_tiny_batch(0), _tiny_batch(0), (small[0], small[0].ne(1).sum(1), small[2])):
+        results = []
+        for model in (eager, graphs):
+            model.zero_grad(set_to_none=True)
+            out = model(src, lengths, prev)[0]
+            out.float().logsumexp(-1).sum().backward()
+            results.append((out.detach().clone(),
+                            {n: p.grad.detach().clone() for n, p in model.named_parameters()
+                             if p.grad is not None}))
+        (out_e, grads_e), (out_g, grads_g) = results
+        torch.testing.assert_close(out_g, out_e, rtol=1e-4, atol=1e-4)
+        assert grads_g.keys() == grads_e.keys()
+        for name in grads_e:
+            torch.testing.assert_close(grads_g[name], grads_e[name], rtol=1e-4, atol=1e-4, msg=name)
+    assert not any(side.compiled_step.failed for side in (graphs.encoder, graphs.decoder))
 
 
 def test_dropout_on_cuda_drops_at_its_rate_and_rescales():

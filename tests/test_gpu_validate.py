@@ -251,16 +251,35 @@ def test_train_step_parser_keeps_eager_and_compiled_profiles_apart():
     assert b.GPU_TRAIN_STEP_ARGS[-3:] == ["--compile", "sut_base", "transformer_wmt_en_de"]
 
 
-def test_the_compiled_loop_step_runs_only_when_named():
+@pytest.mark.parametrize("key", ["train-loop", "train-graphs"])
+def test_the_compiled_loop_steps_run_only_when_named(key):
     """SUT_BENCH_STEPS=train-loop: the --compile-loop step (sut_base+loop against the
-    transformer), never part of the default plan, whose estimates it would not fit."""
+    transformer); train-graphs: the same loop and the transformer, both as CUDA graphs.
+    Never part of the default plan, whose estimates they would not fit."""
     load_validate()
     import gpu_bench as b
 
-    assert all(k != "train-loop" for k, _ in b.bench_plan(False, {}))
-    assert all(k != "train-loop" for k, _ in b.bench_plan(True, {}))
-    assert b.bench_plan(False, {"SUT_BENCH_STEPS": "train-loop"}) == [("train-loop", True)]
+    assert all(k != key for k, _ in b.bench_plan(False, {}))
+    assert all(k != key for k, _ in b.bench_plan(True, {}))
+    assert b.bench_plan(False, {"SUT_BENCH_STEPS": key}) == [(key, True)]
     assert "sut_base+loop" in b.GPU_TRAIN_LOOP_ARGS and "--compile" in b.GPU_TRAIN_LOOP_ARGS
+    assert b.GPU_TRAIN_GRAPHS_ARGS[-4:] == ["--arch", "sut_base+loop+graphs",
+                                            "transformer_wmt_en_de+graphs", "--compile"]
+
+
+def test_smoke_bench_stage_runs_the_named_loop_steps(tmp_path):
+    """SUT_BENCH_STEPS="train-loop train-graphs" on the smoke sizes: both steps run
+    train_step.py with their suffixed models (eager: the models themselves), parse their
+    rows into results.json and give each its table in the summary."""
+    out = tmp_path / "out"
+    proc = run_stage("bench", out, "--smoke", SUT_BENCH_STEPS="train-loop train-graphs")
+    summary, results = check_passed(proc, out, "bench", ["environment", "train_step.py --compile-loop",
+                                                         "train_step.py CUDA graphs"])
+    assert set(results["results"]["train_step_loop"]["models"]) == {"sut_base+loop", "transformer_wmt_en_de"}
+    graphs = results["results"]["train_step_graphs"]["models"]
+    assert set(graphs) == {"sut_base+loop+graphs", "transformer_wmt_en_de+graphs"}
+    assert "One training step, CUDA graphs over the compiled loop" in summary
+    assert "| sut_base+loop+graphs |" in summary
 
 
 # --------------------------------------------------------------------------- smoke runs

@@ -11,12 +11,16 @@
    transformer_wmt_en_de`` (the same at 16,384 target tokens, no profile);
 4. ``benchmarks/generate_throughput.py --device cuda --bf16 --compile`` (beam 4 over 3,003
    WMT-shaped synthetic sentences: sentences/s of sut_base and transformer_wmt_en_de, eager
-   then compiled).
+   then compiled);
+5. only when named: ``train-loop`` (``train_step.py ... --arch sut_base+loop
+   transformer_wmt_en_de --compile``: all steps of a side one compiled graph) and
+   ``train-graphs`` (``--arch sut_base+loop+graphs transformer_wmt_en_de+graphs
+   --compile``: both models in torch.compile's mode reduce-overhead, CUDA graphs).
 
 1 and 2 always run; 3 and 4 start when their estimate fits the time left (always on a warm
 node, where the package is already importable; not after a fresh install) and, once
 started, must pass. ``SUT_BENCH_STEPS`` names the steps to run (``moe train train-16k
-generate``, any of them): every step it names is required."""
+generate train-loop train-graphs``, any of them): every step it names is required."""
 import itertools
 import os
 import re
@@ -71,8 +75,15 @@ BENCH_GENERATE_ESTIMATE_S = 130
 #: are 6 times the step's, so their compilation is estimated at 4 minutes.
 BENCH_TRAIN_LOOP_ESTIMATE_S = 330
 
+#: train_step.py with CUDA graphs (``sut_base+loop+graphs``: the compiled loop in
+#: torch.compile's mode reduce-overhead; ``transformer_wmt_en_de+graphs`` likewise), eager,
+#: compiled and profiled; run only when SUT_BENCH_STEPS names it. Not measured on a GPU yet:
+#: the loop's compilation as for train-loop (about 4 minutes), the transformer's about a
+#: minute, the recording of each graph a few steps.
+BENCH_TRAIN_GRAPHS_ESTIMATE_S = 360
+
 #: SUT_BENCH_STEPS keys that run only when named
-NAMED_ONLY = ("train-loop",)
+NAMED_ONLY = ("train-loop", "train-graphs")
 
 #: The stage's steps in order: SUT_BENCH_STEPS key -> (step name, GPU estimate s, run
 #: without SUT_BENCH_STEPS whatever the time left; NAMED_ONLY: not without it). On a warm node all four fit the
@@ -83,7 +94,8 @@ BENCH_STEPS = {"moe": ("moe_gpu.py", BENCH_MOE_ESTIMATE_S, True),
                "train": ("train_step.py", BENCH_TRAIN_STEP_ESTIMATE_S, True),
                "train-16k": ("train_step.py large batch", BENCH_TRAIN_STEP_16K_ESTIMATE_S, False),
                "generate": ("generate_throughput.py", BENCH_GENERATE_ESTIMATE_S, False),
-               "train-loop": ("train_step.py --compile-loop", BENCH_TRAIN_LOOP_ESTIMATE_S, False)}
+               "train-loop": ("train_step.py --compile-loop", BENCH_TRAIN_LOOP_ESTIMATE_S, False),
+               "train-graphs": ("train_step.py CUDA graphs", BENCH_TRAIN_GRAPHS_ESTIMATE_S, False)}
 
 SMOKE_MOE_ARGS = ["--device", "cpu", "--tokens", "32", "--dim", "16", "--hidden", "16",
                   "--experts", "4", "--topk", "2", "--repeats", "1", "--dtype", "bf16"]
@@ -104,6 +116,10 @@ GPU_TRAIN_LOOP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", "--arch"
                        "transformer_wmt_en_de", "--compile"]
 SMOKE_TRAIN_LOOP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1",
                          "--arch", "sut_base+loop", "transformer_wmt_en_de"]
+GRAPHS_MODELS = ("sut_base+loop+graphs", "transformer_wmt_en_de+graphs")
+GPU_TRAIN_GRAPHS_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", "--arch", *GRAPHS_MODELS, "--compile"]
+SMOKE_TRAIN_GRAPHS_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1",
+                           "--arch", *GRAPHS_MODELS]
 #: "== profile [compiled ]ARCH: W ms wall under the profiler, L kernel launches, O aten operator calls[, device busy D ms (P%)]"
 PROFILE_ROW = re.compile(r"^== profile ((?:compiled )?\S+): ([\d.]+) ms wall under the profiler, (\d+) kernel launches, "
                          r"(\d+) aten operator calls(?:, device busy ([\d.]+) ms)?")
@@ -290,10 +306,13 @@ def stage_bench(stage, python):
                           *(SMOKE_TRAIN_STEP_16K_ARGS if stage.smoke else GPU_TRAIN_STEP_16K_ARGS)],
             "generate": [python, "benchmarks/generate_throughput.py", *generate_args],
             "train-loop": [python, "benchmarks/train_step.py",
-                           *(SMOKE_TRAIN_LOOP_ARGS if stage.smoke else GPU_TRAIN_LOOP_ARGS)]}
+                           *(SMOKE_TRAIN_LOOP_ARGS if stage.smoke else GPU_TRAIN_LOOP_ARGS)],
+            "train-graphs": [python, "benchmarks/train_step.py",
+                             *(SMOKE_TRAIN_GRAPHS_ARGS if stage.smoke else GPU_TRAIN_GRAPHS_ARGS)]}
     checks = {"moe": moe_check, "train": train_check("train", True),
               "train-16k": train_check("train-16k", False), "generate": generate_check,
-              "train-loop": train_check("train-loop", not stage.smoke, LOOP_MODELS)}
+              "train-loop": train_check("train-loop", not stage.smoke, LOOP_MODELS),
+              "train-graphs": train_check("train-graphs", not stage.smoke, GRAPHS_MODELS)}
     for i, (key, required) in enumerate(plan):
         name, estimate, _ = BENCH_STEPS[key]
         later = sum(BENCH_STEPS[k][1] for k, _ in plan[i + 1:])
@@ -309,7 +328,7 @@ def stage_bench(stage, python):
                   check=checks[key])
     stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows}})
     for key, result in (("train", "train_step"), ("train-16k", "train_step_16k"), ("generate", "generate"),
-                        ("train-loop", "train_step_loop")):
+                        ("train-loop", "train_step_loop"), ("train-graphs", "train_step_graphs")):
         if key in parsed:
             stage.results[result] = parsed[key]
     text = []
@@ -321,12 +340,15 @@ def stage_bench(stage, python):
                  f"{r['dense_ms']:.3f} | {r['dense_tflops']:.1f} | {r['reference_ms']:.3f} | "
                  f"{r['triton_over_dense']:.2f} | {r['host_syncs']} |" for r in moe_rows]
     for key, title in (("train", "One training step"), ("train-16k", "One training step, the large batch"),
-                       ("train-loop", "One training step, --compile-loop")):
+                       ("train-loop", "One training step, --compile-loop"),
+                       ("train-graphs", "One training step, CUDA graphs over the compiled loop")):
         if parsed.get(key, {}).get("models"):
             text += train_table(title, parsed[key])
     profiles = {**parsed.get("train", {}).get("profiles", {}),
                 **{f"{a} (--compile-loop run)": r
-                   for a, r in parsed.get("train-loop", {}).get("profiles", {}).items()}}
+                   for a, r in parsed.get("train-loop", {}).get("profiles", {}).items()},
+                **{f"{a} (CUDA-graphs run)": r
+                   for a, r in parsed.get("train-graphs", {}).get("profiles", {}).items()}}
     if profiles:
         text += ["", "One profiled step per model (`train_step.py --profile`; the operations are in "
                  f"`{stage.name}.log`):", "",

@@ -193,10 +193,12 @@ class CompiledStep:
     (``torch.compile(fullgraph=True)``).
 
     A failure to compile is reported once, in one line, and the side falls back to the
-    eager step for the rest of the process (``failed``)."""
+    eager step for the rest of the process (``failed``). ``mode`` is ``torch.compile``'s
+    (None: its default); ``"reduce-overhead"`` replays the compiled graphs as CUDA graphs
+    on a GPU (``benchmarks/train_step.py``'s ``+graphs`` models, over the compiled loop)."""
 
-    def __init__(self, step: RecurrenceStep, side: str):
-        self.step, self.side = step, side
+    def __init__(self, step: RecurrenceStep, side: str, mode: Optional[str] = None):
+        self.step, self.side, self.mode = step, side, mode
         self.compiled: Optional[Callable] = None
         self.failed = False
 
@@ -212,7 +214,8 @@ class CompiledStep:
 
     def __call__(self, **inputs):
         if self.compiled is None:
-            self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend())
+            self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend(),
+                                          mode=self.mode)
         return self.compiled(**inputs)
 
     def disable(self, error: BaseException) -> None:
