@@ -64,8 +64,9 @@ Suffixes of ``--arch`` (wmt) choose how a model compiles; eager, a suffixed mode
 model itself: ``+loop`` a SUT/UT with ``--compile-loop`` (all L steps of a side one
 graph); ``+graphs`` in ``torch.compile``'s mode ``reduce-overhead``, whose graphs a GPU
 replays as CUDA graphs (a SUT/UT over its compiled loop, ``sut_base+loop+graphs``;
-fairseq's transformer whole, ``transformer_wmt_en_de+graphs``). Every compiled SUT is
-compared with every compiled transformer and with the eager transformer (what
+fairseq's transformer whole, ``transformer_wmt_en_de+graphs``; the run prints how many
+compiled graphs inductor did not replay as CUDA graphs, and logs why). Every compiled SUT
+is compared with every compiled transformer and with the eager transformer (what
 ``fairseq-train`` runs; the issue's goal 0.6):
 
     python benchmarks/train_step.py --device cuda --bf16 --profile 25 --compile \
@@ -277,6 +278,14 @@ def force_halting(model, bias: float, seed: int = 0) -> None:
             unit.fc2.bias.fill_(bias)
 
 
+def cudagraph_skips() -> int:
+    """How many compiled graphs inductor declined to replay as CUDA graphs in this process
+    (every graph on a CPU; on a GPU e.g. one that mutates an input or syncs the host)."""
+    from torch._dynamo.utils import counters
+
+    return counters["inductor"]["cudagraph_skips"]
+
+
 def is_recurrent(arch: str) -> bool:
     """Whether ``arch`` is one of the plugin's models (SUT, UT, Hyper-UT)."""
     return arch.startswith(("sut", "ut", "hyper_ut"))
@@ -299,6 +308,8 @@ def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
     else:
         model = build_model(name, dict_size=vocab, share_all_embeddings=True, **extra)
     model.train()
+    if compiled and graphs:  # why a graph is not replayed as a CUDA graph, in the log
+        torch._logging.set_logs(cudagraphs=True)
     if compiled and not is_recurrent(arch):
         model = torch.compile(model, mode=mode)  # the criterion reaches the model's methods through it
     elif compiled:
@@ -652,6 +663,9 @@ def main(argv=None):
                                   torch.get_num_threads(), "target", device, dtype, compiled_steps)
         for arch in compiled:
             print(f"{arch} compiled / eager tokens/s: {compiled[arch] / speed[arch]:.2f}")
+        if any(GRAPHS in split_arch(a)[1] for a in compiled):
+            print(f"CUDA graphs: {cudagraph_skips()} compiled graph(s) not replayed as CUDA graphs "
+                  f"(inductor's cudagraph_skips; the reasons are the log's cudagraphs lines)")
         transformers = ("transformer_wmt_en_de", "transformer_wmt_en_de" + GRAPHS)
         eager_transformer = next((speed[t] for t in transformers if t in speed), None)
         for sut in ("sut_base", "sut_base" + LOOP, "sut_base" + LOOP + GRAPHS):

@@ -470,11 +470,15 @@ def test_compiled_step_backward_makes_no_host_sync():
 
 def test_compiled_loop_as_cuda_graphs_equals_eager():
     """``sut_tiny`` with ``--compile-loop`` in torch.compile's mode reduce-overhead against
-    the same weights eager, three training steps: a first batch (recorded), the same batch
-    again (replayed from the CUDA graphs' static buffers) and a batch of other B and T (a
-    new recording). Outputs and every parameter's gradient agree (fp32, no TF32), each
-    read before the next step replays the graphs."""
+    the same weights eager, training steps on one batch three times (CUDA-graph trees warm
+    up on a shape's first call, record on its second, replay from the graphs' static
+    buffers after) and then on a batch of other B and T three times (the same for the new
+    shape). Outputs and every parameter's gradient agree at every step (fp32, no TF32),
+    each read before the next step replays the graphs; inductor replays every graph as a
+    CUDA graph (no ``cudagraph_skips``: a skipped graph would leave the test comparing
+    the plain compiled loop)."""
     from conftest import randomise_halting
+    from torch._dynamo.utils import counters
 
     eager = make_model()
     randomise_halting(eager)
@@ -484,7 +488,8 @@ def test_compiled_loop_as_cuda_graphs_equals_eager():
         side.compiled_step.mode = "reduce-overhead"
     eager, graphs = eager.to(DEV).train(), graphs.to(DEV).train()
     small = tuple(t[:3, :8] if t.dim() == 2 else t[:3] for t in _tiny_batch(1))
-    for src, lengths, prev in (_tiny_batch(0), _tiny_batch(0), (small[0], small[0].ne(1).sum(1), small[2])):
+    skips = counters["inductor"]["cudagraph_skips"]
+    for src, lengths, prev in [_tiny_batch(0)] * 3 + [(small[0], small[0].ne(1).sum(1), small[2])] * 3:
         results = []
         for model in (eager, graphs):
             model.zero_grad(set_to_none=True)
@@ -499,6 +504,7 @@ def test_compiled_loop_as_cuda_graphs_equals_eager():
         for name in grads_e:
             torch.testing.assert_close(grads_g[name], grads_e[name], rtol=1e-4, atol=1e-4, msg=name)
     assert not any(side.compiled_step.failed for side in (graphs.encoder, graphs.decoder))
+    assert counters["inductor"]["cudagraph_skips"] == skips
 
 
 def test_dropout_on_cuda_drops_at_its_rate_and_rescales():
