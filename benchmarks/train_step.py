@@ -22,7 +22,7 @@ of them alike while each timed step runs in its model's steady state.
 operator calls (nested ones included), how long the
 device was busy (the sum of the device's own events: kernels, memsets, copies; a step whose
 device is busy for a small part of its wall time is bound by the host, i.e. by launches
-and Python) and the N operations with the most self time on the device (on a CPU: on the
+and Python), the CUDA-graph launches where graphs are replayed (``+graphs``) and the N operations with the most self time on the device (on a CPU: on the
 host); on a GPU then, from one more profiled step, the N operators with the most device
 time grouped by their input shapes (which product a slow kernel serves). With
 ``--compile`` the compiled models are profiled the same way after the eager ones
@@ -440,6 +440,9 @@ def print_profile(arch: str, step, rows: int, cuda: bool) -> None:
     if cuda:
         busy_ms = device_ms(events)
         busy = f", device busy {busy_ms:.1f} ms ({100 * busy_ms / wall_ms:.0f}%)"
+        graphs = sum(e.count for e in events if e.key.startswith("cudaGraphLaunch"))
+        if graphs:  # CUDA graphs: one host call replays a graph's kernels
+            busy += f", {graphs} CUDA-graph launches"
     print(f"== profile {arch}: {wall_ms:.1f} ms wall under the profiler, {launches} kernel launches, "
           f"{ops} aten operator calls{busy}")
     print(events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=rows),
