@@ -304,6 +304,30 @@ def test_the_default_backend_is_inductor(monkeypatch):
     assert compiled_step.compile_backend() == "aot_eager"
 
 
+def test_the_step_compiles_once_whole_with_the_backend_and_mode_it_was_given(monkeypatch):
+    """``torch.compile`` is called at the first call only, with ``fullgraph=True``, the
+    backend ``SUT_COMPILE_BACKEND`` names and the step's ``mode`` (default: torch's own;
+    ``"reduce-overhead"``: CUDA graphs on a GPU, set by ``train_step.py``'s ``+graphs``)."""
+    calls = []
+
+    def fake_compile(fn, **kwargs):
+        calls.append(kwargs)
+        return lambda **inputs: fn(**inputs)
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+
+    class Double(torch.nn.Module):
+        def forward(self, x):
+            return 2 * x
+
+    default, graphs = CompiledStep(Double(), "encoder"), CompiledStep(Double(), "decoder", mode="reduce-overhead")
+    for step in (default, graphs, default, graphs):
+        assert torch.equal(step(x=torch.ones(2)), torch.full((2,), 2.0))
+    assert calls == [dict(fullgraph=True, backend="aot_eager", mode=None),
+                     dict(fullgraph=True, backend="aot_eager", mode="reduce-overhead")]
+
+
 def test_step_module_finds_the_step_in_every_form():
     side = make_model().encoder
     step = RecurrenceStep(side.block, side.halting, side.step_embedding)
