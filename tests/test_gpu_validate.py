@@ -284,13 +284,14 @@ def test_smoke_bench_stage_runs_the_named_loop_steps(tmp_path):
 
 # --------------------------------------------------------------------------- smoke runs
 
-def test_smoke_tests_stage(tmp_path):
+@pytest.mark.parametrize("stage,test_file", [("tests", "test_gpu.py"), ("tests-compiled", "test_gpu_compiled.py")])
+def test_smoke_tests_stage(tmp_path, stage, test_file):
     out = tmp_path / "out"
-    proc = run_stage("tests", out, "--smoke")
-    summary, results = check_passed(proc, out, "tests", ["environment", "pytest -m gpu"])
+    proc = run_stage(stage, out, "--smoke")
+    summary, results = check_passed(proc, out, stage, ["environment", "pytest -m gpu"])
     counts = results["results"]["pytest"]["counts"]
     assert counts.get("skipped", 0) > 0 and not counts.get("failed") and not counts.get("passed")
-    assert "pytest -m gpu tests/test_gpu.py:" in summary
+    assert f"pytest -m gpu tests/{test_file}:" in summary
     assert "every test skipped: no CUDA device" in summary  # recorded, not hidden
     assert "selftest" not in results["results"]
 

@@ -8,6 +8,8 @@ STAGE is one of
 
 * ``tests``           ``pytest -m gpu -q tests/test_gpu.py``: the Triton kernels and the expert
                       layers against the reference, incremental decoding, no host syncs;
+* ``tests-compiled``  ``pytest -m gpu -q tests/test_gpu_compiled.py``: no host sync in a
+                      compiled step, CUDA graphs over the compiled loop equal to eager;
 * ``tests-train``     ``pytest -m gpu -q tests/test_gpu_train.py`` (fairseq-train in fp32, fp16
                       and bf16) and ``python -m sut_fairseq.selftest``;
 * ``bench``           ``benchmarks/moe_gpu.py`` (bf16, 4096 8192 16384 tokens),
@@ -91,7 +93,7 @@ __all__ = ["main", "parse_args", "required_estimate", "deadline_s", "STAGES", "T
            "bucket_count", "logic_plan", "run_estimate", "cpvr_train_cap", "CPVR_GENERATE_ESTIMATE_S",
            "CPVR_TRAIN_OVERHEAD_S", "CPVR_MIN_TRAIN_S", "CPVR_EVALUATE_ESTIMATE_S", "CPVR_REPORT_ESTIMATE_S"]
 
-STAGES = ("tests", "tests-train", "bench", "logic-sut", "logic-baselines", "cpvr")
+STAGES = ("tests", "tests-compiled", "tests-train", "bench", "logic-sut", "logic-baselines", "cpvr")
 USAGE = ("usage: scripts/gpu/validate.sh STAGE OUT [--smoke] [--time-limit S] [--max-files N] "
          "[--max-file-mib M] [--base-python P]\n"
          f"  STAGE: one of {', '.join(STAGES)}\n"
