@@ -14,23 +14,13 @@ import pytest
 import torch
 
 from conftest import make_model
-from test_gpu import DEV, _without_host_sync
+# _default_backend: test_gpu.py's autouse fixture (Triton for CUDA tensors, no TF32), here too
+from test_gpu import DEV, _default_backend, _without_host_sync  # noqa: F401
 
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device (run with pytest -m gpu on a GPU machine)"),
 ]
-
-
-@pytest.fixture(autouse=True)
-def _default_backend(monkeypatch):
-    """The default backend choice (Triton for CUDA tensors) and fp32 matmuls in full
-    precision (no TF32), whatever the calling environment set."""
-    monkeypatch.delenv("SUT_KERNELS", raising=False)
-    tf32 = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = False
-    yield
-    torch.backends.cuda.matmul.allow_tf32 = tf32
 
 
 # --------------------------------------------------------------------------------------
