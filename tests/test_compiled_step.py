@@ -321,7 +321,8 @@ def test_the_step_compiles_once_whole_with_the_backend_and_mode_it_was_given(mon
         def forward(self, x):
             return 2 * x
 
-    default, graphs = CompiledStep(Double(), "encoder"), CompiledStep(Double(), "decoder", mode="reduce-overhead")
+    default, graphs = CompiledStep(Double(), "encoder"), CompiledStep(Double(), "decoder")
+    graphs.mode = "reduce-overhead"
     for step in (default, graphs, default, graphs):
         assert torch.equal(step(x=torch.ones(2)), torch.full((2,), 2.0))
     assert calls == [dict(fullgraph=True, backend="aot_eager", mode=None),

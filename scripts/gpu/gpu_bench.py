@@ -344,11 +344,9 @@ def stage_bench(stage, python):
                        ("train-graphs", "One training step, CUDA graphs over the compiled loop")):
         if parsed.get(key, {}).get("models"):
             text += train_table(title, parsed[key])
-    profiles = {**parsed.get("train", {}).get("profiles", {}),
-                **{f"{a} (--compile-loop run)": r
-                   for a, r in parsed.get("train-loop", {}).get("profiles", {}).items()},
-                **{f"{a} (CUDA-graphs run)": r
-                   for a, r in parsed.get("train-graphs", {}).get("profiles", {}).items()}}
+    profiles = dict(parsed.get("train", {}).get("profiles", {}))
+    for key, run in (("train-loop", "--compile-loop run"), ("train-graphs", "CUDA-graphs run")):
+        profiles.update({f"{a} ({run})": r for a, r in parsed.get(key, {}).get("profiles", {}).items()})
     if profiles:
         text += ["", "One profiled step per model (`train_step.py --profile`; the operations are in "
                  f"`{stage.name}.log`):", "",

@@ -193,12 +193,14 @@ class CompiledStep:
     (``torch.compile(fullgraph=True)``).
 
     A failure to compile is reported once, in one line, and the side falls back to the
-    eager step for the rest of the process (``failed``). ``mode`` is ``torch.compile``'s
-    (None: its default); ``"reduce-overhead"`` replays the compiled graphs as CUDA graphs
-    on a GPU (``benchmarks/train_step.py``'s ``+graphs`` models, over the compiled loop)."""
+    eager step for the rest of the process (``failed``). ``mode``, set before the first
+    call, is ``torch.compile``'s (None: its default); ``"reduce-overhead"`` replays the
+    compiled graphs as CUDA graphs on a GPU (``benchmarks/train_step.py``'s ``+graphs``
+    models, over the compiled loop)."""
 
-    def __init__(self, step: RecurrenceStep, side: str, mode: Optional[str] = None):
-        self.step, self.side, self.mode = step, side, mode
+    def __init__(self, step: RecurrenceStep, side: str):
+        self.step, self.side = step, side
+        self.mode: Optional[str] = None
         self.compiled: Optional[Callable] = None
         self.failed = False
 
