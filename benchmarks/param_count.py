@@ -15,7 +15,7 @@ from sut_fairseq.models.standalone import build_model  # noqa: E402
 
 PRESETS = ["sut_base", "sut_big", "ut_base", "ut_big", "ut_cfq", "sut_logic", "sut_tiny",
            "ut_cpvr", "hyper_ut_cpvr", "tlb_logic", "gutlb_logic", "tlb_flipflop", "gutlb_flipflop",
-           "transformer_wmt_en_de"]
+           "transformer_wmt_en_de", "sut_multi30k", "ut_multi30k", "transformer_multi30k"]
 PAPER = {"sut_base": 66e6, "sut_big": 110e6, "ut_base": 64e6, "ut_big": 105e6,
          "transformer_wmt_en_de": 65e6}
 

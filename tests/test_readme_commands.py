@@ -39,7 +39,7 @@ BIN = os.path.dirname(sys.executable)
 WORKED_EXAMPLE_CUTS = [("--max-update 800", "--max-update 20"),
                        ("fairseq-generate example/bin", "fairseq-generate --max-len-a 0 --max-len-b 12 example/bin")]
 #: The options of the WMT'14 scripts' dry runs in this test (one run instead of five).
-DRY_RUN_EXTRA = {"wmt14": ["--runs", "sut_base"]}
+DRY_RUN_EXTRA = {"wmt14": ["--runs", "sut_base"], "multi30k": ["--local-dir", "multi30k-raw"]}
 #: The architecture and criterion whose --help lists the README's model and criterion options.
 HELP_ARGS = ["--task", "translation", "--arch", "sut_base", "--criterion", "sut_label_smoothed_cross_entropy"]
 

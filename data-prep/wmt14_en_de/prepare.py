@@ -56,9 +56,6 @@ temporary sibling directory) before its step's marker is written.
 """
 import argparse
 import os
-import shlex
-import shutil
-import subprocess
 import sys
 import time
 
@@ -68,49 +65,11 @@ if HERE not in sys.path:
 
 import wmt14_prep as wp  # noqa: E402
 from sut_fairseq.recipes.commands import RecipeError, tool  # noqa: E402
+from wmt14_prep import binarize_command, run_binarize  # noqa: E402
 
 DEFAULT_MERGES = 32764  # the recipe's BPE_TOKENS ("32k"); the joined dictionary comes out near 32k
 DEFAULT_SPM_VOCAB = 32000  # pieces including the 4 specials = the fairseq dictionary's size
 DEFAULT_SPM_SENTENCES = 2000000  # sampled lines of train.en + train.de for training SentencePiece
-
-
-def binarize_command(executable: str, bpe_dir: str, dest: str, workers: int, srcdict: str = None):
-    """The fairseq-preprocess command; ``srcdict``: a fixed joined dictionary (the
-    SentencePiece path's dict.txt) instead of one counted from the training data."""
-    command = [executable, "--source-lang", wp.SRC, "--target-lang", wp.TGT,
-               "--trainpref", os.path.join(bpe_dir, "train"),
-               "--validpref", os.path.join(bpe_dir, "valid"),
-               "--testpref", os.path.join(bpe_dir, "test"),
-               "--destdir", dest, "--joined-dictionary", "--workers", str(workers)]
-    if srcdict is not None:
-        command += ["--srcdict", srcdict]
-    return command
-
-
-def run_binarize(command, dest: str, extra_files: dict = None) -> dict:
-    """Run ``fairseq-preprocess`` into a temporary sibling of ``dest`` that replaces
-    ``dest`` only when it succeeds (a failure or an interruption leaves ``dest`` as it
-    was; the step's marker is gone already, so it is not trusted). ``extra_files``
-    ``{name: path}`` are copied into it beside the binarized data."""
-    print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
-    od = wp.output_dir
-    shutil.rmtree(dest + ".tmp", ignore_errors=True)  # the staging name of older versions
-    od.remove_stale(dest)
-    with od.StagedDir(dest, overwrite=True) as stage:
-        tmp = stage.path
-        command = list(command)
-        command[command.index("--destdir") + 1] = tmp
-        log = os.path.join(tmp, "preprocess.stdout")
-        with open(log, "w") as handle:
-            proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
-        if proc.returncode != 0:
-            sys.stdout.write(open(log).read()[-3000:])
-            raise wp.PrepError(f"fairseq-preprocess failed (exit {proc.returncode}; the end of "
-                               f"its output is printed above)")
-        for name, path in (extra_files or {}).items():
-            shutil.copyfile(wp.require_file(path, f"file for {dest}"), os.path.join(tmp, name))
-    dict_path = os.path.join(dest, f"dict.{wp.SRC}.txt")
-    return {"dictionary_entries": wp.count_lines(dict_path) + 4}  # + <s> <pad> </s> <unk>
 
 
 def build(args, pipe=None) -> wp.Pipeline:
@@ -292,36 +251,10 @@ def parse_args(argv=None):
 
 
 def check_workdir(args) -> None:
-    """Refuse (PrepError with the ``--overwrite`` hint) a WORKDIR that holds foreign files
-    or the output of other parameters, unless --overwrite/--force; with them, delete the
-    outputs of undeclared steps that the rerun would leave out of date."""
-    W = os.path.abspath(args.workdir)
-    plan = build(args, wp.Plan(W))
-    foreign = plan.foreign_entries(inputs=args.local_dir)
-    changed = plan.changed_parameters()
-    replace = args.overwrite or args.force
-    if foreign and not replace:
-        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} entries)" if len(foreign) > 3 else "")
-        raise WorkdirRefused(f"work directory {W} is not empty and holds entries that are not "
-                             f"prepare.py's ({shown}); pass --overwrite to prepare into it "
-                             "anyway, or choose another directory")
-    if changed and not replace:
-        shown = "; ".join(f"{name}: {', '.join(notes)}" for name, notes in list(changed.items())[:4])
-        more = f"; ... ({len(changed)} steps)" if len(changed) > 4 else ""
-        raise WorkdirRefused(f"work directory {W} holds the output of a run with other "
-                             f"parameters ({shown}{more}); pass --overwrite to replace those "
-                             "steps' outputs (or --force to rerun every step), or choose "
-                             "another directory")
-    if replace:
-        rerun = list(plan.steps) if args.force else list(changed)
-        for name in plan.stale_unplanned(rerun):
-            removed = plan.remove_step(name)
-            print(f"[del ] {name}: built from steps that run again; removed "
-                  f"{', '.join(removed) or 'its marker'}", flush=True)
-
-
-class WorkdirRefused(wp.PrepError):
-    """WORKDIR is not this run's to write (exit status 2 with an ``error:`` line)."""
+    """Refuse a WORKDIR that holds foreign files or the output of other parameters unless
+    --overwrite/--force (:func:`wmt14_prep.check_workdir`)."""
+    wp.check_workdir(args.workdir, lambda plan: build(args, plan), inputs=args.local_dir,
+                     overwrite=args.overwrite, force=args.force)
 
 
 def main(argv=None) -> int:

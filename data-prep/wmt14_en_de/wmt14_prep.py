@@ -36,7 +36,10 @@ import json
 import multiprocessing
 import os
 import re
+import shlex
 import shutil
+import subprocess
+import sys
 import tarfile
 import tempfile
 import urllib.error
@@ -549,6 +552,49 @@ def learn_spm(train_paths: Sequence[str], model_path: str, vocab_path: str, dict
             "dictionary_entries": len(entries) + len(SPM_SPECIAL_IDS)}
 
 
+# --------------------------------------------------------------------------- binarize
+
+def binarize_command(executable: str, prefix_dir: str, dest: str, workers: int, srcdict: str = None,
+                     src: str = SRC, tgt: str = TGT, tests: Sequence[str] = ("test",)):
+    """The fairseq-preprocess command over ``prefix_dir/{train,valid,TEST...}.{src,tgt}``
+    with one joined dictionary; ``srcdict``: a fixed one (the SentencePiece path's
+    dict.txt) instead of one counted from the training data. ``tests``: the test files'
+    names, binarized as fairseq's subsets ``test``, ``test1``, ``test2``, ... in order."""
+    command = [executable, "--source-lang", src, "--target-lang", tgt,
+               "--trainpref", os.path.join(prefix_dir, "train"),
+               "--validpref", os.path.join(prefix_dir, "valid"),
+               "--testpref", ",".join(os.path.join(prefix_dir, name) for name in tests),
+               "--destdir", dest, "--joined-dictionary", "--workers", str(workers)]
+    if srcdict is not None:
+        command += ["--srcdict", srcdict]
+    return command
+
+
+def run_binarize(command, dest: str, extra_files: dict = None, lang: str = SRC) -> dict:
+    """Run ``fairseq-preprocess`` into a temporary sibling of ``dest`` that replaces
+    ``dest`` only when it succeeds (a failure or an interruption leaves ``dest`` as it
+    was; the step's marker is gone already, so it is not trusted). ``extra_files``
+    ``{name: path}`` are copied into it beside the binarized data."""
+    print("+ " + " ".join(shlex.quote(c) for c in command), flush=True)
+    shutil.rmtree(dest + ".tmp", ignore_errors=True)  # the staging name of older versions
+    output_dir.remove_stale(dest)
+    with output_dir.StagedDir(dest, overwrite=True) as stage:
+        tmp = stage.path
+        command = list(command)
+        command[command.index("--destdir") + 1] = tmp
+        log = os.path.join(tmp, "preprocess.stdout")
+        with open(log, "w") as handle:
+            proc = subprocess.run(command, stdout=handle, stderr=subprocess.STDOUT)
+        if proc.returncode != 0:
+            sys.stdout.write(open(log).read()[-3000:])
+            raise PrepError(f"fairseq-preprocess failed (exit {proc.returncode}; the end of "
+                            f"its output is printed above)")
+        for name, path in (extra_files or {}).items():
+            shutil.copyfile(require_file(path, f"file for {dest}"), os.path.join(tmp, name))
+    dict_path = os.path.join(dest, f"dict.{lang}.txt")
+    return {"dictionary_entries": count_lines(dict_path) + 4}  # + <s> <pad> </s> <unk>
+
+
 # --------------------------------------------------------------------------- BPE
 
 def word_counts(paths: Sequence[str], workers: int = 1, chunk_lines: int = 10000) -> collections.Counter:
@@ -998,3 +1044,40 @@ class Plan(Pipeline):
                 continue
             removed.append(rel)
         return removed
+
+
+class WorkdirRefused(PrepError):
+    """WORKDIR is not this run's to write (exit status 2 with an ``error:`` line)."""
+
+
+def check_workdir(workdir: str, declare: Callable[["Plan"], object], inputs: Sequence[str] = (),
+                  overwrite: bool = False, force: bool = False) -> None:
+    """Refuse (:class:`WorkdirRefused` with the ``--overwrite`` hint) a work directory that
+    holds foreign files or the output of other parameters, unless ``overwrite``/``force``;
+    with them, delete the outputs of undeclared steps that the rerun would leave out of
+    date. ``declare(plan)`` declares the build's steps on a :class:`Plan`; ``inputs``:
+    input paths that may lie inside the work directory."""
+    W = os.path.abspath(workdir)
+    plan = Plan(W)
+    declare(plan)
+    foreign = plan.foreign_entries(inputs=inputs)
+    changed = plan.changed_parameters()
+    replace = overwrite or force
+    if foreign and not replace:
+        shown = ", ".join(foreign[:3]) + (f", ... ({len(foreign)} entries)" if len(foreign) > 3 else "")
+        raise WorkdirRefused(f"work directory {W} is not empty and holds entries that are not "
+                             f"prepare.py's ({shown}); pass --overwrite to prepare into it "
+                             "anyway, or choose another directory")
+    if changed and not replace:
+        shown = "; ".join(f"{name}: {', '.join(notes)}" for name, notes in list(changed.items())[:4])
+        more = f"; ... ({len(changed)} steps)" if len(changed) > 4 else ""
+        raise WorkdirRefused(f"work directory {W} holds the output of a run with other "
+                             f"parameters ({shown}{more}); pass --overwrite to replace those "
+                             "steps' outputs (or --force to rerun every step), or choose "
+                             "another directory")
+    if replace:
+        rerun = list(plan.steps) if force else list(changed)
+        for name in plan.stale_unplanned(rerun):
+            removed = plan.remove_step(name)
+            print(f"[del ] {name}: built from steps that run again; removed "
+                  f"{', '.join(removed) or 'its marker'}", flush=True)

@@ -84,11 +84,15 @@ import torch.nn as nn
 
 PRESETS = ["sut_base", "sut_big", "ut_base", "ut_big", "ut_cfq", "sut_logic", "sut_tiny",
            "ut_cpvr", "hyper_ut_cpvr", "tlb_logic", "gutlb_logic", "tlb_flipflop",
-           "gutlb_flipflop", "transformer_wmt_en_de"]
+           "gutlb_flipflop", "transformer_wmt_en_de", "sut_multi30k", "ut_multi30k",
+           "transformer_multi30k"]
 BASELINE = "transformer_wmt_en_de"
 # paper Table 1 (WMT'14 En-De), MACs in millions; the ratios are what we compare
 PAPER_MACS = {"transformer_wmt_en_de": 604, "sut_base": 787, "sut_big": 787, "ut_base": 1998,
               "ut_big": 3707}
+# the paper's model each smaller preset scales down (its ratio is the one to compare with)
+PAPER_ANALOGUE = {"sut_multi30k": "sut_base", "ut_multi30k": "ut_base",
+                  "transformer_multi30k": "transformer_wmt_en_de"}
 CATEGORIES = ("ffd", "att_proj", "kv", "att_core", "router", "halting", "offramp")
 # counted only for models with hyper-modules (their parts gain this key)
 HYPER_CATEGORY = "hyper"
@@ -590,6 +594,13 @@ def fmt(macs: float) -> str:
     return f"{macs:.0f}"
 
 
+def paper_pair(arch: str, baseline: str) -> Optional[Tuple[int, int]]:
+    """(paper MACs of ``arch``, of ``baseline``) in millions, through the paper model each
+    scales down (:data:`PAPER_ANALOGUE`); None when the paper has no such pair."""
+    a, b = PAPER_ANALOGUE.get(arch, arch), PAPER_ANALOGUE.get(baseline, baseline)
+    return (PAPER_MACS[a], PAPER_MACS[b]) if a in PAPER_MACS and b in PAPER_MACS else None
+
+
 def _arch_main(args) -> Dict:
     archs = PRESETS if args.arch == ["all"] else args.arch
     modes = {"static": ["static"], "dynamic": ["dynamic"], "both": ["static", "dynamic"]}[args.mode]
@@ -630,9 +641,8 @@ def _arch_main(args) -> Dict:
             row += f" {fmt(dyn.total)} ({dyn.total:,}) | {steps} |"
         if base is not None:
             ratio = f"{r['static'].total / base.total:.2f}" if "static" in r else "–"
-            paper = (f"{PAPER_MACS[arch]}/{PAPER_MACS[args.baseline]} = "
-                     f"{PAPER_MACS[arch] / PAPER_MACS[args.baseline]:.2f}"
-                     if arch in PAPER_MACS and args.baseline in PAPER_MACS else "–")
+            pair = paper_pair(arch, args.baseline)
+            paper = f"{pair[0]}/{pair[1]} = {pair[0] / pair[1]:.2f}" if pair else "–"
             row += f" {ratio} | {paper} |"
         print(row)
     if base is not None:
@@ -641,9 +651,10 @@ def _arch_main(args) -> Dict:
                 continue
             ratio = results[arch]["static"].total / base.total
             line = f"static MAC ratio {arch} / {args.baseline} = {ratio:.3f}"
-            if arch in PAPER_MACS and args.baseline in PAPER_MACS:
-                paper = PAPER_MACS[arch] / PAPER_MACS[args.baseline]
-                line += (f" (paper {PAPER_MACS[arch]}/{PAPER_MACS[args.baseline]} = {paper:.3f}; "
+            pair = paper_pair(arch, args.baseline)
+            if pair:
+                paper = pair[0] / pair[1]
+                line += (f" (paper {pair[0]}/{pair[1]} = {paper:.3f}; "
                          f"{100 * (ratio / paper - 1):+.1f}%)")
             print(line)
     return {arch: {mode: {"total": c.total, "parts": c.parts, "other": c.other,

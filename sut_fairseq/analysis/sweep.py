@@ -33,7 +33,10 @@ examples whose hypothesis equals the reference token for token; ``accuracy`` —
 token positions right: Σ matches at the same position / Σ max(|hyp|, |ref|) (for one-token
 targets such as logical inference's relation label it equals exact match); ``bleu`` —
 ``sut_fairseq.eval.bleu.tokenized_bleu`` (corpus BLEU on the tokens as printed, hyphenated
-compounds split; pass ``--generate-args "--remove-bpe"`` for BPE data).
+compounds split; pass ``--generate-args "--remove-bpe"`` for BPE data); ``sacrebleu`` —
+SacreBLEU (13a) of detokenised text (SentencePiece data: ``--generate-args
+"--post-process sentencepiece"``, which turns both the H- and the T- lines into text).
+``decode_seconds``: fairseq-generate's wall time at that threshold.
 """
 import argparse
 import csv
@@ -46,11 +49,13 @@ import time
 from typing import Dict, List, Optional, Sequence
 
 DEFAULT_THRESHOLDS = (0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.99, 0.999)
-METRICS = ("exact_match", "accuracy", "bleu")
-METRIC_LABELS = {"exact_match": "exact match (%)", "accuracy": "token accuracy (%)", "bleu": "BLEU"}
+METRICS = ("exact_match", "accuracy", "bleu", "sacrebleu")
+METRIC_LABELS = {"exact_match": "exact match (%)", "accuracy": "token accuracy (%)", "bleu": "BLEU",
+                 "sacrebleu": "SacreBLEU"}
 CSV_COLUMNS = ("threshold", "skipped", "skipped_encoder", "skipped_decoder", "mean_steps_encoder",
                "mean_steps_decoder", "metric", "metric_name", "sentences",
-               "decode_executed_encoder", "decode_executed_decoder", "macs_executed", "macs_static")
+               "decode_executed_encoder", "decode_executed_decoder", "decode_seconds",
+               "macs_executed", "macs_static")
 
 
 def parse_thresholds(text: str) -> List[float]:
@@ -89,6 +94,10 @@ def score(examples, metric: str) -> float:
         from ..eval.bleu import tokenized_bleu
 
         return tokenized_bleu([e.hypothesis for e in examples], [e.reference for e in examples]).score
+    if metric == "sacrebleu":
+        from ..eval.bleu import sacrebleu_score
+
+        return sacrebleu_score([e.hypothesis for e in examples], [e.reference for e in examples]).score
     raise ValueError(f"unknown metric {metric!r}; choose from {METRICS}")
 
 
@@ -231,10 +240,12 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
         if abs(threshold - heatmap_threshold) < 1e-12:
             heat_sentence = _find(analysis, example_id)
         out = os.path.join(output_dir, f"generate-{threshold:g}.txt")
+        decode_start = time.time()
         executed = run_generate(generate_command(data, path, task_name, src_lang, tgt_lang, subset,
                                                  threshold, beam, batch_size, generate_args), out)
         examples = read_generate_output(out)
         row.update(metric=score(examples, metric), sentences=len(examples),
+                   decode_seconds=round(time.time() - decode_start, 2),
                    decode_executed_encoder=executed.get("encoder"),
                    decode_executed_decoder=executed.get("decoder"))
         if static_macs is not None:

@@ -88,6 +88,29 @@ def sacrebleu_score(detok_hyps: Sequence[str], raw_refs: Sequence[str]) -> Score
     return Score(result.score, str(result), str(metric.get_signature()))
 
 
+def moses_lowercase(lines: Sequence[str], lang: str) -> List[str]:
+    """Moses punctuation normalisation and tokenisation (``tokenizer.perl -l LANG``, no
+    ``-a``, no escaping), lowercased: the text the multimodal-translation literature
+    scores Multi30k on."""
+    from sacremoses import MosesPunctNormalizer, MosesTokenizer
+
+    normaliser, tokeniser = MosesPunctNormalizer(lang=lang), MosesTokenizer(lang=lang)
+    return [tokeniser.tokenize(normaliser.normalize(line), escape=False, return_str=True).lower()
+            for line in lines]
+
+
+def lowercased_tokenized_bleu(detok_hyps: Sequence[str], raw_refs: Sequence[str], lang: str) -> Score:
+    """(c): BLEU of Moses-tokenised, lowercased hypotheses and references, whitespace
+    tokens, no smoothing (``multi-bleu.perl -lc`` on tokenised text), as Multi30k papers
+    report it."""
+    from sacrebleu.metrics import BLEU
+
+    _check_lengths(detok_hyps, raw_refs)
+    metric = BLEU(tokenize="none", smooth_method="none", force=True)
+    result = metric.corpus_score(moses_lowercase(detok_hyps, lang), [moses_lowercase(raw_refs, lang)])
+    return Score(result.score, str(result), f"{metric.get_signature()}|moses-tok:{lang}|lc")
+
+
 def read_lines(path: str) -> List[str]:
     with open(path, encoding="utf-8", newline="\n") as handle:
         return [line.rstrip("\n") for line in handle]

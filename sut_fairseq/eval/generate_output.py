@@ -19,16 +19,19 @@ class Example:
     hypothesis: str = ""
 
 
-def read_generate_output(path: str) -> List[Example]:
-    """Examples in id order. Raises ValueError naming the file if a hypothesis or a
-    reference is missing."""
+def read_generate_output(path: str, hypothesis: str = "H") -> List[Example]:
+    """Examples in id order. ``hypothesis``: the lines the hypotheses come from, ``H``
+    (the model's tokens) or ``D`` (decoded by ``--bpe`` / ``--tokenizer``: detokenised
+    text). Raises ValueError naming the file if a hypothesis is missing."""
+    if hypothesis not in ("H", "D"):
+        raise ValueError(f"hypothesis lines {hypothesis!r}: choose H or D")
     examples: Dict[int, Example] = {}
     seen_h = set()
     with open(path, encoding="utf-8") as handle:
         for line in handle:
             tag, _, rest = line.rstrip("\n").partition("\t")
             kind, dash, index = tag.partition("-")
-            if not dash or kind not in ("S", "T", "H") or not index.isdigit():
+            if not dash or kind not in ("S", "T", hypothesis) or not index.isdigit():
                 continue
             ex = examples.setdefault(int(index), Example(int(index)))
             if kind == "S":
@@ -40,7 +43,7 @@ def read_generate_output(path: str) -> List[Example]:
                 ex.hypothesis = rest.partition("\t")[2]
     missing = [i for i in examples if i not in seen_h]
     if missing:
-        raise ValueError(f"{path}: {len(missing)} examples have no H- line (e.g. id {missing[0]})")
+        raise ValueError(f"{path}: {len(missing)} examples have no {hypothesis}- line (e.g. id {missing[0]})")
     return [examples[i] for i in sorted(examples)]
 
 

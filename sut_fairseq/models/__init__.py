@@ -3,4 +3,4 @@
 Importing ``sut_transformer`` registers the model and then every preset of
 ``architectures.PRESETS`` as an ``--arch``.
 """
-from . import sut_transformer  # noqa: F401  (registration)
+from . import baselines, sut_transformer  # noqa: F401  (registration)

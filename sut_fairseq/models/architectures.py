@@ -16,6 +16,15 @@
 | gutlb_logic | (1, 1, 2, 32, 1)       | (1, 1, 128)     | 128  | 5/5       | global-mean + transition + gate; as tlb_logic |
 | tlb_flipflop | (1, 1, 4, 16, 8)      | (1, 1, 256)     | 64   | 2/1       | none; encoder chunks g 8, k 4, U 2, memory out, pre-LN |
 | gutlb_flipflop | (1, 1, 4, 16, 8)    | (1, 1, 256)     | 64   | 4/1       | global-mean + transition + gate; as tlb_flipflop |
+| sut_multi30k | (12, 4, 4, 32, 32)    | (12, 4, 256)    | 256  | 3/3       | SB; dropouts 0.3 / 0.1 |
+| ut_multi30k  | (1, 1, 8, 64, 32)     | (1, 1, 1920)    | 512  | 3/3       | SB; dropouts 0.3 / 0.1 |
+
+The ``*_multi30k`` presets are ``sut_base`` / ``ut_base`` at half the width and half the
+depth for Multi30k (docs/multi30k.md), beside ``transformer_multi30k`` (fairseq's
+transformer, d 256, 3 + 3 layers, FFN 1,024, 4 heads; registered in ``baselines.py``): the
+SUT has the transformer's parameter count (E = 12 shared experts instead of 24, since it
+runs 3 steps rather than 6) and about 1.3x its static MACs, the UT about 3.3x, as the
+paper's base models stand to ``transformer_wmt_en_de``.
 
 The UT widths are not published; see README "Presets" for how they were chosen (parameter
 count and static MAC ratio to ``transformer_wmt_en_de`` both close to the paper).
@@ -179,6 +188,30 @@ def gutlb_flipflop(args):
     tlb_flipflop(args)
 
 
+def _multi30k_regularisation(args):
+    """A small corpus (29k pairs): dropout 0.3 on the residual stream, 0.1 elsewhere."""
+    _set(args, dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, gating_dropout=0.1)
+
+
+def sut_multi30k(args):
+    """``sut_base`` at half its width and depth for Multi30k: d 256, MoMHA (12, 4, 4, 32,
+    32), MoE-FFD (12, 4, 256), 3/3 steps, stick-breaking halting."""
+    _set(args, encoder_embed_dim=256, encoder_layers=3,
+         att_experts=12, att_topk=4, att_heads=4, att_head_dim=32, rel_window=32,
+         ffd_experts=12, ffd_topk=4, ffd_hidden_dim=256)
+    _multi30k_regularisation(args)
+    base_architecture(args)
+
+
+def ut_multi30k(args):
+    """``ut_base`` at half its width and depth for Multi30k: d 512, 8 heads of 64, FFN
+    1,920, 3/3 steps, stick-breaking halting."""
+    _dense(args, embed_dim=512, heads=8, ffd_hidden=1920)
+    _set(args, encoder_layers=3, rel_window=32)
+    _multi30k_regularisation(args)
+    base_architecture(args)
+
+
 #: ``--arch`` name -> preset, in registration order (``sut_transformer`` itself first).
 PRESETS = {
     "sut_transformer": base_architecture,
@@ -195,4 +228,6 @@ PRESETS = {
     "gutlb_logic": gutlb_logic,
     "tlb_flipflop": tlb_flipflop,
     "gutlb_flipflop": gutlb_flipflop,
+    "sut_multi30k": sut_multi30k,
+    "ut_multi30k": ut_multi30k,
 }

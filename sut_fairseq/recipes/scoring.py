@@ -16,7 +16,9 @@ Metrics (each returns counts and percentages in a dict):
 * :func:`exact_match` -- CFQ: the hypothesis equals the reference token for token; with
   ``canonical``, also the order-insensitive match of the canonical forms;
 * :func:`bleu` -- WMT'14: tokenised BLEU with compound splitting and SacreBLEU
-  (``sut_fairseq.eval.bleu``).
+  (``sut_fairseq.eval.bleu``);
+* :func:`detok_bleu` -- detokenised output (SentencePiece): SacreBLEU and lowercased
+  Moses-tokenised BLEU (Multi30k).
 """
 import os
 from typing import Callable, Dict, List, Optional, Tuple
@@ -30,10 +32,11 @@ def read_reference(path: str) -> List[str]:
         return handle.read().splitlines()
 
 
-def aligned(generate_output: str, reference: str,
-            check_targets: bool = True) -> Tuple[List[Example], List[str]]:
-    """The examples in id order and the reference lines, after the checks above."""
-    examples = read_generate_output(generate_output)
+def aligned(generate_output: str, reference: str, check_targets: bool = True,
+            hypothesis: str = "H") -> Tuple[List[Example], List[str]]:
+    """The examples in id order and the reference lines, after the checks above
+    (``hypothesis``: ``H`` or ``D`` lines, :func:`read_generate_output`)."""
+    examples = read_generate_output(generate_output, hypothesis)
     references = read_reference(reference)
     ids = [e.id for e in examples]
     if ids != list(range(len(references))):
@@ -125,6 +128,19 @@ def bleu(generate_output: str, tok_reference: str, raw_reference: str, target_la
     hyps = [e.hypothesis for e in examples]
     tok, sacre, detok = bleu_scores.score_both(hyps, tok_refs, raw_refs, target_lang, compound_split)
     return hyps, tok, sacre, detok
+
+
+def detok_bleu(generate_output: str, raw_reference: str, target_lang: str):
+    """SacreBLEU and lowercased Moses-tokenised BLEU of the detokenised hypotheses (the
+    ``D-`` lines of fairseq-generate run with ``--bpe sentencepiece``) against the raw
+    reference, every line of which must be scored once. Returns ``(hypotheses, SacreBLEU,
+    tokenised lowercased BLEU)`` (``sut_fairseq.eval.bleu``)."""
+    from ..eval import bleu as bleu_scores
+
+    examples, refs = aligned(generate_output, raw_reference, check_targets=False, hypothesis="D")
+    hyps = [e.hypothesis for e in examples]
+    return (hyps, bleu_scores.sacrebleu_score(hyps, refs),
+            bleu_scores.lowercased_tokenized_bleu(hyps, refs, target_lang))
 
 
 def cli(argv, description: str, score: Callable[[str, str], Dict],
