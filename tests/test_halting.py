@@ -472,3 +472,40 @@ def test_the_recurrence_loop_hands_each_rule_call_its_arguments():
     torch.testing.assert_close(exits[0][1], h0 + 1 + 2)  # h after steps 1 and 2
     torch.testing.assert_close(S, h0 + 3)
     assert state.steps.tolist() == [[2, 2]]
+
+
+@pytest.mark.parametrize("rule", ["stick-breaking", "global-mean"])
+def test_the_transition_reading_is_the_earlier_state_then_the_later(rule):
+    """[x(h_{l-2}); x(h_{l-1})] in that order: a unit that reads only the first half's
+    first coordinate gives α from h_{l-2}, computed by hand (swapping the halves gives
+    other values from step 2 on)."""
+    from sut_fairseq.modules.halting import LearnedHalting
+
+    halting = LearnedHalting(rule, 2, 0.0, 0.999, False, transition=True)
+    with torch.no_grad():
+        halting.unit.fc1.weight.copy_(torch.tensor([[1.0, 0.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]]))
+        halting.unit.fc1.bias.zero_()
+        halting.unit.fc2.weight.copy_(torch.tensor([[1.0, 0.0]]))
+        halting.unit.fc2.bias.zero_()
+    h = [torch.tensor([[[0.8, 0.3]]]), torch.tensor([[[-1.5, 2.0]]]), torch.tensor([[[2.5, -0.7]]])]
+    real = torch.ones(1, 1, dtype=torch.bool)
+    state = halting.begin(h[0], real)
+    running = real
+    for step, h_prev in enumerate(h, 1):  # decide before step l from h_{l-1}
+        running = halting.decide(h_prev, running, state, step)
+
+    def gelu(v):
+        return v * 0.5 * (1.0 + math.erf(v / math.sqrt(2.0)))
+
+    def sigmoid(v):
+        return 1.0 / (1.0 + math.exp(-v))
+
+    # the first half read at step l is h_{l-2} (h_0 at steps 1 and 2), its first coordinate
+    earlier = [h[0][0, 0, 0].item(), h[0][0, 0, 0].item(), h[1][0, 0, 0].item()]
+    remain, expected = 1.0, []
+    for value in earlier:
+        p = sigmoid(gelu(value))
+        expected.append(p * remain)
+        remain *= 1.0 - p
+    got = [a[0, 0].item() for a in state.alphas]
+    assert got == pytest.approx(expected, abs=1e-6)
