@@ -206,7 +206,7 @@ def test_the_dry_run_prints_every_stage_and_writes_nothing(tmp_path):
         for seed in (1, 2, 3):
             assert f"== {model} seed {seed}" in out
         assert f"--arch {arch}" in out
-    assert out.count("env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c 1 /usr/bin/time -v") == 9
+    assert out.count("env OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 taskset -c 1 /usr/bin/time -v") == 18
     assert "--max-update 1000" in out and "--keep-best-checkpoints 5" in out
     assert out.count("--gen-subset test --batch-size 64 --beam 5") == 9
     assert "sut_fairseq.analysis.sweep" in out and "--metric sacrebleu" in out
@@ -255,8 +255,8 @@ def test_the_whole_recipe_runs_on_the_fixture_and_resumes(prepared, tmp_path):
         assert first["sacrebleu_signature"].startswith("nrefs:1|case:mixed|eff:no|tok:13a")
         assert first["tok_lc_bleu_signature"].endswith("|moses-tok:de|lc")
         assert scored["train"]["updates"] == 6
-        if os.access("/usr/bin/time", os.X_OK):  # GNU time's report ends the training log
-            assert 0.1 < scored["train"]["peak_rss_gb"] < 8
+        if os.access("/usr/bin/time", os.X_OK):  # GNU time's report ends the logs
+            assert 0.1 < scored["train"]["peak_rss_gb"] < 8 and 0.1 < first["decode_peak_rss_gb"] < 8
     analysis = os.path.join(work, "analysis", "sut-seed1")
     for name in ("sweep/tradeoff.png", "sweep/sweep.json", "heatmaps-0.png", "heatmaps-1.png", "experts.json"):
         assert os.path.exists(os.path.join(analysis, name)), name

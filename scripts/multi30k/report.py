@@ -71,7 +71,8 @@ def model_rows(results: Dict[str, List[dict]], tests: List[str]):
     header = ["model", "seeds", "updates", "params"]
     for name in tests:
         header += [f"{name} SacreBLEU", f"{name} tok. lc BLEU"]
-    header += ["train h / run", "peak RSS GB", f"{tests[0]} sentences/s", "steps executed enc / dec"]
+    header += ["train h / run", "peak RSS GB (train / decode)", f"{tests[0]} sentences/s",
+               "steps executed enc / dec"]
     rows, numbers = [], {}
     for model, runs in results.items():
         first = tests[0]
@@ -80,6 +81,8 @@ def model_rows(results: Dict[str, List[dict]], tests: List[str]):
         hours = mean_std([r["train"]["train_wall_seconds"] / 3600 for r in runs
                           if r["train"].get("train_wall_seconds")])
         peak = max((r["train"].get("peak_rss_gb") or 0 for r in runs), default=0) or None
+        decode_peak = max((r["tests"][first].get("decode_peak_rss_gb") or 0 for r in runs
+                           if first in r["tests"]), default=0) or None
         speed = mean_std([r["tests"][first]["sentences_per_second"] for r in runs if first in r["tests"]])
         steps = [r["tests"][first].get("steps_executed", {}) for r in runs if first in r["tests"]]
         executed = " / ".join(
@@ -89,10 +92,12 @@ def model_rows(results: Dict[str, List[dict]], tests: List[str]):
                ", ".join(sorted({str(r["updates"]) for r in runs})), f"{runs[0]['params'] / 1e6:.2f} M"]
         for name in tests:
             row += [fmt(cells[name]["sacrebleu"]), fmt(cells[name]["tok_lc_bleu"])]
-        row += [fmt(hours), f"{peak:.2f}" if peak else "–", fmt(speed, 1), executed]
+        row += [fmt(hours), " / ".join(f"{p:.2f}" if p else "–" for p in (peak, decode_peak)),
+                fmt(speed, 1), executed]
         rows.append(row)
         numbers[model] = {"seeds": [r["seed"] for r in runs], "tests": cells, "train_hours": hours,
-                          "peak_rss_gb": peak, "sentences_per_second": speed, "params": runs[0]["params"],
+                          "peak_rss_gb": peak, "decode_peak_rss_gb": decode_peak,
+                          "sentences_per_second": speed, "params": runs[0]["params"],
                           "updates": [r["updates"] for r in runs]}
     return header, rows, numbers
 

@@ -18,7 +18,8 @@ Stages (``--stage`` / ``--stop-stage``, by name or number):
             time (peak memory in train.log); ``train.json`` when it has finished;
 3 evaluate  per run: the ``--average`` best checkpoints by validation NLL averaged, then
             fairseq-generate with beam 5 on every test set (``--bpe sentencepiece``: the
-            ``D-`` lines are detokenised text) on one thread, timed, scored with SacreBLEU
+            ``D-`` lines are detokenised text) on one thread, timed (and its peak memory),
+            scored with SacreBLEU
             (signature printed) and lowercased Moses-tokenised BLEU against
             ``DATA/raw/TEST.de`` (every line scored once) -> ``result.json``; for the
             halting models' first seed also the analyses into ``WORK/analysis/MODEL-seedN/``:
@@ -156,13 +157,14 @@ def average(args, rd: RunDir) -> str:
 
 
 def generate(args, checkpoint: str, subset: str, out: str, extra=()) -> float:
-    """Beam-5 fairseq-generate of one test subset, one thread; returns its wall seconds."""
+    """Beam-5 fairseq-generate of one test subset, one thread, under GNU time (its peak
+    memory ends ``out``); returns its wall seconds."""
     flags = ["--beam", str(BEAM), "--required-batch-size-multiple", "1", "--num-workers", "0",
              "--bpe", "sentencepiece", "--sentencepiece-model", os.path.join(data_bin(args), "spm.model")]
     command = GRID.generate_command(data_bin(args), checkpoint, subset, GENERATE_BATCH, flags, args.cpu,
                                     [*shlex.split(args.generate_args), *extra], required=not args.dry_run)
     start = time.time()
-    run(pinned(command, args), out, dry_run=args.dry_run)
+    run(pinned(command, args, time_it=True), out, dry_run=args.dry_run)
     return time.time() - start
 
 
@@ -186,7 +188,7 @@ def evaluate(args, model: str, seed: int) -> None:
             tests[name] = {"subset": subset, "sentences": len(hyps), "sacrebleu": sacre.score,
                            "sacrebleu_signature": sacre.signature, "sacrebleu_detail": sacre.detail,
                            "tok_lc_bleu": tok.score, "tok_lc_bleu_signature": tok.signature,
-                           "decode_seconds": round(seconds, 2),
+                           "decode_seconds": round(seconds, 2), "decode_peak_rss_gb": peak_rss_gb(out),
                            "sentences_per_second": len(hyps) / seconds,
                            "steps_executed": {side: s["executed"] / s["possible"] for side, s in steps.items()}}
             print(f"   {name}: SacreBLEU {sacre.score:.2f} ({sacre.signature}), tokenised lowercased "
