@@ -509,3 +509,37 @@ def test_the_transition_reading_is_the_earlier_state_then_the_later(rule):
         remain *= 1.0 - p
     got = [a[0, 0].item() for a in state.alphas]
     assert got == pytest.approx(expected, abs=1e-6)
+
+
+@pytest.mark.parametrize("rule", ["stick-breaking", "global-mean", "act"])
+def test_halted_rows_keep_h_and_s_bit_for_bit(monkeypatch, rule):
+    """Every parameter random (biases, LayerNorm gains: a row passed through the block
+    would change): once a row stops running, its h and S enter every later step unchanged,
+    bit for bit, on both sides."""
+    from conftest import randomise_parameters
+    from sut_fairseq.modules import side_step
+
+    model = randomise_parameters(make_model(halting_threshold=0.6, encoder_layers=5,
+                                            decoder_layers=5, encoder_halting=rule), seed=3)
+    calls = []
+    real_call = side_step.SideStep.__call__
+
+    def recording(self, h, S, running, step, ctx):
+        calls.append((id(self), step, h.clone(), S.clone(), running.clone()))
+        return real_call(self, h, S, running, step, ctx)
+
+    monkeypatch.setattr(side_step.SideStep, "__call__", recording)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(4, 40, (4, 7), generator=g)
+    prev = torch.randint(4, 40, (4, 6), generator=g)
+    with torch.no_grad():
+        model(src, torch.full((4,), 7), prev)
+    halted_rows = 0
+    for side in {c[0] for c in calls}:
+        steps = [c for c in calls if c[0] == side]
+        assert [c[1] for c in steps] == list(range(1, len(steps) + 1))
+        for (_, _, h, S, running), (_, _, h_next, S_next, _) in zip(steps, steps[1:]):
+            stopped = ~running
+            halted_rows += int(stopped.sum())
+            assert torch.equal(h_next[stopped], h[stopped]) and torch.equal(S_next[stopped], S[stopped])
+    assert halted_rows > 0, "the test needs rows that halt before the last step"

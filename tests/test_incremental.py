@@ -7,8 +7,8 @@ import torch
 from conftest import make_model, randomise_halting, run_incremental
 
 
-def _setup(threshold, seed=0):
-    model = make_model(halting_threshold=threshold, decoder_layers=4, seed=seed)
+def _setup(threshold, seed=0, **overrides):
+    model = make_model(halting_threshold=threshold, decoder_layers=4, seed=seed, **overrides)
     randomise_halting(model, seed=seed + 5)
     g = torch.Generator().manual_seed(seed)
     src = torch.randint(4, 40, (3, 6), generator=g)
@@ -35,8 +35,12 @@ def test_incremental_equals_full_forward(threshold):
         assert (steps.max(0).values < 4).any(), "the test needs whole-batch early exits"
 
 
-def test_incremental_equals_full_forward_after_beam_reordering():
-    model, src, prev = _setup(0.6, seed=1)
+@pytest.mark.parametrize("rule", ["stick-breaking", "global-mean", "act"])
+def test_incremental_equals_full_forward_after_beam_reordering(rule):
+    """Every cache follows the beams: the keys/values per step and, under global-mean
+    halting, the causal prefix sums of the states its decisions read."""
+    overrides = {} if rule == "stick-breaking" else {"decoder_halting": rule}
+    model, src, prev = _setup(0.6, seed=1, **overrides)
     reorder = torch.tensor([2, 0, 0])
     with torch.no_grad():
         enc = model.encoder(src)
