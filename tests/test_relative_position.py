@@ -103,6 +103,29 @@ def test_clipped_term_against_a_loop_in_another_dtype_and_device():
     assert meta.index(T, q_start, S, k, meta.offsets(T, q_start, S)[0]).device.type == "meta"
 
 
+@pytest.mark.parametrize("W,T,q_start,S", [(31, 40, 0, 40), (2, 3, 0, 3), (4, 1, 6, 7), (8, 16, 0, 16)])
+def test_clipped_term_pads_its_offsets_to_an_aligned_count(W, T, q_start, S):
+    """The scores are computed for a multiple of 16 offsets (zero vectors after the O that
+    occur: 63 -> 64 at W = 31), and the term and its gradients equal those over the O
+    offsets alone (fp32)."""
+    torch.manual_seed(2)
+    rel = ClippedRelativePosition(2, 8, W)
+    lo, padded = rel.aligned_offsets(T, q_start, S)
+    _, r = rel.offsets(T, q_start, S)
+    assert padded.size(0) % 16 == 0 and padded.size(0) - r.size(0) < 16
+    assert torch.equal(padded[: r.size(0)], r) and not padded[r.size(0):].any()
+    q = torch.randn(2, 2, T * 3, 8, requires_grad=True)
+    out = rel(q, T, q_start, S)
+    direct = torch.einsum("bhmd,ohd->bhmo", q, r).gather(
+        3, rel.index(T, q_start, S, 3, lo).expand(2, 2, -1, -1))
+    torch.testing.assert_close(out, direct, rtol=0, atol=1e-6)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, rel.embeddings), grad)
+    want = torch.autograd.grad(direct, (q, rel.embeddings), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+
+
 def test_clipped_construction():
     """2W + 1 embeddings of (H, D), N(0, 1/D) at start; W = 0 (one shared vector) is
     allowed, a negative W refused by name."""

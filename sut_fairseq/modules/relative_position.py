@@ -11,6 +11,13 @@ import math
 
 import torch
 import torch.nn as nn
+import torch.nn.functional as F
+
+#: The relative vectors are padded with zero rows to a multiple of this many offsets, so
+#: that the products over the offsets (the term's gradient with respect to the queries
+#: sums over them) have aligned dimensions: cuBLAS runs an odd count such as 2W + 1 = 63
+#: in bf16/fp16 as an alignment-1 kernel. The padded offsets are never gathered.
+OFFSET_ALIGNMENT = 16
 
 
 class ClippedRelativePosition(nn.Module):
@@ -32,6 +39,13 @@ class ClippedRelativePosition(nn.Module):
         hi = max(-W, min(W, (S - 1) - q_start))
         return lo, self.embeddings[lo + W: hi + W + 1]
 
+    def aligned_offsets(self, T: int, q_start: int, S: int):
+        """``offsets`` with r padded by zero rows to a multiple of :data:`OFFSET_ALIGNMENT`:
+        ``(lo, r)``, r (O', H, D) with O' >= O."""
+        lo, r = self.offsets(T, q_start, S)
+        pad = -r.size(0) % OFFSET_ALIGNMENT
+        return lo, F.pad(r, (0, 0, 0, 0, 0, pad))
+
     def index(self, T: int, q_start: int, S: int, k: int, lo: int) -> torch.Tensor:
         """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use, on
         the embeddings' device."""
@@ -44,9 +58,10 @@ class ClippedRelativePosition(nn.Module):
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
         """q: (B, H, T*k, D), query row m at position q_start + m // k.
 
-        Returns the logits term (B, H, T*k, S): ``q_m · r_{clip(j - i_m)}``.
+        Returns the logits term (B, H, T*k, S): ``q_m · r_{clip(j - i_m)}``, from the
+        scores of every (aligned) offset, (B, H, T*k, O'), gathered per key.
         """
-        lo, r = self.offsets(T, q_start, S)
+        lo, r = self.aligned_offsets(T, q_start, S)
         scores = torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
         idx = self.index(T, q_start, S, q.size(2) // T, lo)
         return scores.gather(3, idx.expand(q.size(0), q.size(1), -1, -1))
