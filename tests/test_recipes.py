@@ -169,6 +169,23 @@ def test_a_resumed_run_continues_from_its_own_checkpoint(tmp_path, capsys):
     assert resume_command(["a", "--reset-meters-x", "b"]) == (["a", "--reset-meters-x", "b"], [])
 
 
+def test_a_run_that_reached_its_update_budget_is_not_resumed(tmp_path, capsys):
+    """fairseq-train resumed at --max-update trains one update more (and may replace a
+    kept best checkpoint): a run whose log reached the budget is finished as it is, while
+    a larger budget resumes it."""
+    run_dir = RunDir(str(tmp_path / "run"), "== run")
+    os.makedirs(run_dir.save_dir)
+    open(os.path.join(run_dir.save_dir, "checkpoint_last.pt"), "wb").close()
+    with open(run_dir.train_log, "w") as log:
+        log.write("| train_inner | epoch 008: loss=4.7, num_updates=1000, lr=0.0007\n")
+    command = [sys.executable, "-c", "print('trained on')", "--max-update", "1000"]
+    assert run_dir.train(command) == 0.0
+    assert "finished before: train.log reached --max-update 1000" in capsys.readouterr().out
+    assert "trained on" not in open(run_dir.train_log).read()
+    command[-1] = "2000"
+    assert run_dir.train(command) > 0.0 and "trained on" in open(run_dir.train_log).read()
+
+
 def test_results_and_summary_helpers(tmp_path):
     for seed, value in ((1, 70.0), (2, 74.0)):
         write_json_atomic(str(tmp_path / "v" / "s" / f"seed{seed}" / "result.json"),

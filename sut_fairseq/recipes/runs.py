@@ -14,7 +14,7 @@ import shutil
 import time
 from typing import Optional, Sequence
 
-from .commands import RecipeError, run, show
+from .commands import RecipeError, flag_value, run, show
 from .files import load_json, write_json_atomic
 from .stages import add_stage_arguments
 
@@ -32,7 +32,8 @@ class RunDir:
               dry_run: bool = False) -> Optional[float]:
         """Run the training ``command`` (its output appended to train.log) unless the run
         has trained before; ``force`` deletes the run first. Returns the seconds it took, or
-        None when nothing ran. The caller writes train.json."""
+        None when nothing ran (0.0 when the run had finished before, :meth:`finished`).
+        The caller writes train.json."""
         print(self.title, flush=True)
         if dry_run:
             show(command, self.train_log)
@@ -44,6 +45,10 @@ class RunDir:
             return None
         os.makedirs(self.dir, exist_ok=True)
         if os.path.exists(os.path.join(self.save_dir, "checkpoint_last.pt")):
+            if self.finished(command):
+                print(f"   finished before: train.log reached --max-update {flag_value(command, '--max-update')} "
+                      "(not resumed: fairseq-train would train one update more)", flush=True)
+                return 0.0
             command, dropped = resume_command(command)
             print("   resuming from checkpoints/checkpoint_last.pt"
                   + (f" (dropped {' '.join(dropped)}: they set up the first call)" if dropped else ""),
@@ -51,6 +56,18 @@ class RunDir:
         start = time.time()
         run(command, self.train_log, append=True)
         return time.time() - start
+
+    def finished(self, command: Sequence[str]) -> bool:
+        """Whether train.log has reached the command's ``--max-update``. fairseq-train
+        resumed from such a run's checkpoint_last.pt trains one more update (and saves and
+        validates it) before it sees the limit, so a finished run is not resumed."""
+        from .train_log import parse_train_log
+
+        limit = flag_value(command, "--max-update")
+        if not limit or not os.path.exists(self.train_log):
+            return False
+        updates = parse_train_log(self.train_log)["updates"]
+        return updates is not None and updates >= int(limit)
 
     def needs_evaluation(self, force: bool = False, dry_run: bool = False) -> bool:
         """Whether the evaluate stage should score this run: not when it has a result.json
