@@ -260,6 +260,9 @@ def test_the_whole_recipe_runs_on_the_fixture_and_resumes(prepared, tmp_path):
     analysis = os.path.join(work, "analysis", "sut-seed1")
     for name in ("sweep/tradeoff.png", "sweep/sweep.json", "heatmaps-0.png", "heatmaps-1.png", "experts.json"):
         assert os.path.exists(os.path.join(analysis, name)), name
+    experts = open(os.path.join(analysis, "experts.md")).read()
+    assert experts.startswith(os.path.join(work, "sut", "seed1", "averaged.pt") + ": 12 sentence pairs of test")
+    assert "### encoder self-attn (E = 12, k = 4;" in experts and "INFO" not in experts
     with open(os.path.join(analysis, "sweep", "sweep.json")) as handle:
         rows = json.load(handle)["rows"]
     assert [r["threshold"] for r in rows] == [0.5, 0.999] and all(r["decode_seconds"] > 0 for r in rows)

@@ -222,7 +222,7 @@ def analyse(args, model: str, seed: int, rd: RunDir) -> None:
         commands.append([sys.executable, "-m", "sut_fairseq.analysis.expert_report", "--path", checkpoint,
                          "--data", data_bin(args), "--gen-subset", "test",
                          "--json", os.path.join(out, "experts.json")])
-    logs = [None, None, os.path.join(out, "experts.md")]
+    logs = [None, None, os.path.join(out, "experts.log")]
     if args.dry_run:
         for command, log in zip(commands, logs):
             show(pinned(command, args), log)
@@ -232,6 +232,19 @@ def analyse(args, model: str, seed: int, rd: RunDir) -> None:
     os.makedirs(out)
     for command, log in zip(commands, logs):
         run(pinned(command, args), log)
+    if len(commands) == 3:
+        experts_markdown(os.path.join(out, "experts.json"), os.path.join(out, "experts.md"))
+
+
+def experts_markdown(json_path: str, md_path: str) -> None:
+    """The expert-token tables of ``experts.json`` as markdown (the report's own format)."""
+    from sut_fairseq.analysis.expert_report import format_markdown
+    from sut_fairseq.recipes import write_text_atomic
+
+    report = load_json(json_path)
+    head = (f"{report['checkpoint']}: {report['sentences']} sentence pairs of {report['subset']}, "
+            "teacher-forced\n\n")
+    write_text_atomic(md_path, head + format_markdown(report["routers"], report["score"], report["min_count"]) + "\n")
 
 
 def report(args) -> None:
