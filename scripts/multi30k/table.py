@@ -47,9 +47,9 @@ sys.path.insert(0, HERE)
 
 from sut_fairseq.recipes import RecipeError, load_json, run, show, write_json_atomic  # noqa: E402
 from sut_fairseq.recipes.grid import ModelGrid  # noqa: E402
-from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args  # noqa: E402
+from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args, train_grid_run  # noqa: E402
 from sut_fairseq.recipes.stages import recipe_parser, run_grid  # noqa: E402
-from sut_fairseq.recipes.train_log import best_valid, parse_train_log  # noqa: E402
+from sut_fairseq.recipes.train_log import best_valid  # noqa: E402
 
 MODELS = ("transformer", "sut", "ut")
 GRID = ModelGrid(os.path.join(REPO, "configs", "multi30k"), MODELS)
@@ -118,25 +118,19 @@ def peak_rss_gb(log: str):
     return peak
 
 
-def train(args, model: str, seed: int) -> None:
-    """Stage 2 for one run."""
-    rd = run_dir(args, model, seed)
-    command = GRID.train_command(model, data_bin(args), args.config, seed, rd.save_dir,
-                                 args.stop_time_hours, args.max_update, args.cpu,
-                                 shlex.split(args.train_args), required=not args.dry_run)
-    seconds = rd.train(pinned(command, args, time_it=True), args.force, args.dry_run)
-    if seconds is None:
-        return
-    trained = parse_train_log(rd.train_log)
+def train_details(args, rd: RunDir) -> dict:
+    """What train.json holds beside the shared fields: fairseq's wall clock of the run,
+    GNU time's peak memory, the threads and the best validation NLL."""
     walls = [float(w) for w in _WALL.findall(open(rd.train_log, errors="replace").read())]
-    trained.update({"seconds_this_call": round(seconds, 1), "train_wall_seconds": walls[-1] if walls else None,
-                    "peak_rss_gb": peak_rss_gb(rd.train_log), "command": command, "config": args.config,
-                    "threads": args.threads,
-                    "best_valid_nll_loss": best_valid(rd.train_log, "nll_loss", maximize=False),
-                    "best_valid_accuracy": best_valid(rd.train_log, "accuracy")})
-    write_json_atomic(rd.train_json, trained)
-    print(f"   trained: {trained['updates']} updates in {seconds / 3600:.2f} h, best validation "
-          f"nll_loss {trained['best_valid_nll_loss']}, peak RSS {trained['peak_rss_gb']} GB", flush=True)
+    return {"train_wall_seconds": walls[-1] if walls else None, "peak_rss_gb": peak_rss_gb(rd.train_log),
+            "threads": args.threads, "best_valid_nll_loss": best_valid(rd.train_log, "nll_loss", maximize=False)}
+
+
+def train(args, model: str, seed: int) -> None:
+    """Stage 2 for one run: the grid's training, pinned and timed."""
+    train_grid_run(GRID, args, model, seed, run_dir(args, model, seed), data_bin=data_bin(args),
+                   wrap=lambda command: pinned(command, args, time_it=True),
+                   details=lambda rd: train_details(args, rd))
 
 
 def average(args, rd: RunDir) -> str:
@@ -156,13 +150,13 @@ def average(args, rd: RunDir) -> str:
     return output
 
 
-def generate(args, checkpoint: str, subset: str, out: str, extra=()) -> float:
+def generate(args, checkpoint: str, subset: str, out: str) -> float:
     """Beam-5 fairseq-generate of one test subset, one thread, under GNU time (its peak
     memory ends ``out``); returns its wall seconds."""
     flags = ["--beam", str(BEAM), "--required-batch-size-multiple", "1", "--num-workers", "0",
              "--bpe", "sentencepiece", "--sentencepiece-model", os.path.join(data_bin(args), "spm.model")]
     command = GRID.generate_command(data_bin(args), checkpoint, subset, GENERATE_BATCH, flags, args.cpu,
-                                    [*shlex.split(args.generate_args), *extra], required=not args.dry_run)
+                                    shlex.split(args.generate_args), required=not args.dry_run)
     start = time.time()
     run(pinned(command, args, time_it=True), out, dry_run=args.dry_run)
     return time.time() - start
@@ -218,7 +212,8 @@ def analyse(args, model: str, seed: int, rd: RunDir) -> None:
                 "--data", data_bin(args), "--ids", *[str(i) for i in args.heatmap_ids],
                 "--output", os.path.join(out, "heatmaps.png")]
     commands = [sweep, heatmaps]
-    if GRID.model(model)["arch"].startswith("sut"):
+    experts = GRID.model(model)["arch"].startswith("sut")  # a dense UT routes nothing
+    if experts:
         commands.append([sys.executable, "-m", "sut_fairseq.analysis.expert_report", "--path", checkpoint,
                          "--data", data_bin(args), "--gen-subset", "test",
                          "--json", os.path.join(out, "experts.json")])
@@ -232,7 +227,7 @@ def analyse(args, model: str, seed: int, rd: RunDir) -> None:
     os.makedirs(out)
     for command, log in zip(commands, logs):
         run(pinned(command, args), log)
-    if len(commands) == 3:
+    if experts:
         experts_markdown(os.path.join(out, "experts.json"), os.path.join(out, "experts.md"))
 
 

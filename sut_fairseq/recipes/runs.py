@@ -137,23 +137,29 @@ def resume_command(command: Sequence[str]):
     return kept, dropped
 
 
-def train_grid_run(grid, args, model: str, seed: int, run_dir: RunDir) -> None:
+def train_grid_run(grid, args, model: str, seed: int, run_dir: RunDir, data_bin: Optional[str] = None,
+                   wrap=None, details=None) -> None:
     """The train stage of one run of a grid recipe (``grid``: a ``ModelGrid``):
-    fairseq-train on ``DATA/bin`` with the configuration, budget and extra options of
-    ``args`` (resumed when interrupted), then ``train.json``: what the log says (parameters,
-    updates, stop reason), the command, the configuration and the best validation accuracy."""
+    fairseq-train on ``data_bin`` (default ``DATA/bin``) with the configuration, budget and
+    extra options of ``args`` (resumed when interrupted), then ``train.json``: what the log
+    says (parameters, updates, stop reason), the command, the configuration and the best
+    validation accuracy. ``wrap``: the command as run (e.g. pinned to a core, under GNU
+    time; train.json records the fairseq-train command itself); ``details``: a function of
+    the run directory returning more fields for train.json."""
     from .train_log import best_valid, parse_train_log
 
+    data_bin = data_bin or os.path.join(args.data_dir, "bin")
     command = grid.train_command(
-        model, os.path.join(args.data_dir, "bin"), args.config, seed, run_dir.save_dir,
+        model, data_bin, args.config, seed, run_dir.save_dir,
         args.stop_time_hours, args.max_update, args.cpu, shlex.split(args.train_args),
         required=not args.dry_run)
-    seconds = run_dir.train(command, args.force, args.dry_run)
+    seconds = run_dir.train(wrap(command) if wrap else command, args.force, args.dry_run)
     if seconds is None:
         return
     trained = parse_train_log(run_dir.train_log)
     trained.update({"seconds_this_call": round(seconds, 1), "command": command,
                     "config": args.config, "best_valid_accuracy": best_valid(run_dir.train_log, "accuracy")})
+    trained.update(details(run_dir) if details else {})
     write_json_atomic(run_dir.train_json, trained)
     print(f"   trained: {trained['updates']} updates, best validation accuracy "
           f"{trained['best_valid_accuracy']} ({trained['stop_reason']})", flush=True)
