@@ -31,6 +31,7 @@ over chunks of lines in a ``multiprocessing`` pool; output order equals input or
 """
 import collections
 import dataclasses
+import gzip
 import hashlib
 import json
 import multiprocessing
@@ -138,9 +139,10 @@ def read_lines(path: str) -> Iterator[str]:
 
 
 def count_lines(path: str) -> int:
-    """Number of lines (``wc -l``, plus one for a last line without a newline)."""
+    """Number of lines (``wc -l``, plus one for a last line without a newline); a ``.gz``
+    file's decompressed lines."""
     n, last = 0, b"\n"
-    with open(path, "rb") as handle:
+    with (gzip.open(path, "rb") if path.endswith(".gz") else open(path, "rb")) as handle:
         while True:
             block = handle.read(1 << 20)
             if not block:
