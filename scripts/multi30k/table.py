@@ -203,7 +203,7 @@ def analyse(args, model: str, seed: int, rd: RunDir) -> None:
     if os.path.exists(done) and not args.force and not args.dry_run:
         print(f"   analysed before: {out} (--force to redo)")
         return
-    gen_args = f"--post-process sentencepiece --num-workers 0 {args.generate_args}".strip()
+    gen_args = f"--post-process sentencepiece {args.generate_args}".strip()
     sweep = [sys.executable, "-m", "sut_fairseq.analysis.sweep", "--path", checkpoint,
              "--data", data_bin(args), "--gen-subset", "test", "--metric", "sacrebleu",
              "--thresholds", args.thresholds, "--beam", str(BEAM), "--batch-size", str(GENERATE_BATCH),
