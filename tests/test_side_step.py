@@ -144,7 +144,7 @@ def test_the_early_exit_hook_caches_the_frozen_state_for_the_skipped_steps(mode)
         for t in range(prev.size(1)):
             S, extra = dec(prev[:, : t + 1], enc, incremental_state=state, features_only=True)
             assert bool((extra["halting_decoder"].steps[prev[:, t:t + 1].ne(1)] == 1).all())
-            cache = dec.get_incremental_state(state, "sut_cache")
+            buffer = dec.get_incremental_state(state, "sut_cache")["kv"]
             d = S.size(-1)
             coords = 0
             if mode == "coordinate":
@@ -153,8 +153,9 @@ def test_the_early_exit_hook_caches_the_frozen_state_for_the_skipped_steps(mode)
             for l in range(2, dec.num_steps + 1):
                 E = (sinusoid(torch.tensor(float(l)), d) + coords) if mode != "none" else 0
                 ref_k, ref_v = dec.block.self_kv(S + E)
-                torch.testing.assert_close(cache["self_k"][l - 1][:, :, -1:], ref_k, rtol=1e-9, atol=1e-9)
-                torch.testing.assert_close(cache["self_v"][l - 1][:, :, -1:], ref_v, rtol=1e-9, atol=1e-9)
+                k, v = buffer.read(l, t + 1)
+                torch.testing.assert_close(k[:, :, -1:], ref_k, rtol=1e-9, atol=1e-9)
+                torch.testing.assert_close(v[:, :, -1:], ref_v, rtol=1e-9, atol=1e-9)
 
 
 def test_incremental_decoding_projects_every_new_row_and_carries_nothing():

@@ -32,6 +32,7 @@ from ..modules.chunked_recurrence import (
     chunked_recurrence,
     local_positions,
 )
+from ..modules.decoder_cache import BufferedKeyCache, CrossKV, KeyValueBuffer
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, build_halting
@@ -496,15 +497,9 @@ class SUTDecoder(FairseqIncrementalDecoder):
             positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
-        enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)
-        enc_pad = encoder_out["encoder_padding_mask"][0]
         cache = self._get_cache(incremental_state)
-        if cache is not None and "cross_k" in cache:
-            cross_k, cross_v = cache["cross_k"], cache["cross_v"]
-        else:
-            cross_k, cross_v = self.block.cross_kv(enc)
         inputs = dict(self_padding_mask=key_pad, real=real, q_start=q_start, coords=coords,
-                      cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad)
+                      **self._cross_inputs(encoder_out, incremental_state))
         exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
         rule = self.halting.bind(self.output_projection.weight) if exits else self.halting
         if incremental_state is None:
@@ -516,8 +511,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
                 # the first position: zero sums, so that a position that halts early (the
                 # early-exit hook) continues them for the steps it skipped
                 prefix_in = chunk_cache.empty_prefix(x, self.num_steps)
-            keys = StepKeyCache(self.num_steps, cache.get("self_k"), cache.get("self_v"),
-                                prefix_in=prefix_in)
+            keys = BufferedKeyCache(cache.get("kv") or KeyValueBuffer(self.num_steps), q_start,
+                                    prefix_in=prefix_in)
             # Hyper-UT: step l's (Σ h_{l-1}, count) over the earlier positions
             ctx = self.step.context(keys, hyper_prefix_in=cache.get("hyper_prefix"), **inputs)
             S, halting, state = run_recurrence(
@@ -527,8 +522,7 @@ class SUTDecoder(FairseqIncrementalDecoder):
             self.step_meter.add("dec", halting)
         if incremental_state is not None:
             prefix = {**state.prefix_out, **keys.frozen_prefix} if state.prefix_out else None
-            self._update_cache(incremental_state, cache, keys.new_k, keys.new_v, cross_k, cross_v,
-                               prefix, ctx.hyper_prefix_out or None)
+            self._update_cache(incremental_state, keys.buffer, prefix, ctx.hyper_prefix_out or None)
         if self.final_norm is not None:
             S = self.final_norm(S)
         extra = {
@@ -544,16 +538,10 @@ class SUTDecoder(FairseqIncrementalDecoder):
     def chunk_features(self, prev_output_tokens, encoder_out, incremental_state=None):
         """Chunk-wise recurrence (docs/chunked.md): position t attends causally within its
         chunk, reads the memory M^c of the completed chunks, then the encoder output."""
-        enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)
-        enc_pad = encoder_out["encoder_padding_mask"][0]
-        cache = self._get_cache(incremental_state)
-        if cache and "cross_k" in cache:
-            cross_k, cross_v = cache["cross_k"], cache["cross_v"]
-        else:
-            cross_k, cross_v = self.block.cross_kv(enc)
-        cross = dict(cross_k=cross_k, cross_v=cross_v, cross_padding_mask=enc_pad)
+        cross = self._cross_inputs(encoder_out, incremental_state)
         if incremental_state is not None:
-            S, halting = self.chunk_step(prev_output_tokens, cache, incremental_state, cross)
+            S, halting = self.chunk_step(prev_output_tokens, self._get_cache(incremental_state),
+                                         incremental_state, cross)
         else:
             real = prev_output_tokens.ne(self.padding_idx)
             layout = ChunkLayout(real, self.chunk_size)
@@ -608,7 +596,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
                                                       **keys.frozen_prefix}
         cache, opened, raised = chunk_cache.advance(cache, keys.new_k, keys.new_v, S, real[:, 0],
                                                     halting.steps[:, 0], g, self.memory, prefix)
-        cache["cross_k"], cache["cross_v"] = cross["cross_k"], cross["cross_v"]
         self.set_incremental_state(incremental_state, "sut_cache", cache)
         return S, ChunkedHaltingResult(
             weights=halting.weights, expected_depth=halting.expected_depth, steps=halting.steps,
@@ -618,19 +605,31 @@ class SUTDecoder(FairseqIncrementalDecoder):
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         return self.output_projection(features)
 
-    # ---- incremental decoding state: per-step self-attention K/V and the cross K/V ----
-    def _get_cache(self, incremental_state) -> Optional[Dict[str, torch.Tensor]]:
+    # ---- incremental decoding state (``modules/decoder_cache.py``): "sut_cross", the
+    # cross-attention keys/values; "sut_cache", the self-attention keys/values of every step
+    # ("kv", a KeyValueBuffer) and the causal prefix sums, or the chunked decoder's cache ----
+    def _cross_inputs(self, encoder_out, incremental_state) -> Dict[str, torch.Tensor]:
+        """The block's cross-attention inputs: keys/values (B_kv, H, S, D) of the encoder
+        output and its padding mask (B_kv, S); incremental decoding projects them at the
+        first position, once per sentence under beam search (``CrossKV``)."""
+        enc = encoder_out["encoder_out"][0].transpose(0, 1)  # (B, S, d_enc)
+        enc_pad = encoder_out["encoder_padding_mask"][0]
+        if incremental_state is None:
+            k, v = self.block.cross_kv(enc)
+            return dict(cross_k=k, cross_v=v, cross_padding_mask=enc_pad)
+        cross = self.get_incremental_state(incremental_state, "sut_cross")
+        if cross is None:
+            cross = CrossKV.project(self.block, enc, enc_pad, getattr(self, "_beam_size", 1))
+            self.set_incremental_state(incremental_state, "sut_cross", cross)
+        return dict(cross_k=cross.k, cross_v=cross.v, cross_padding_mask=cross.padding)
+
+    def _get_cache(self, incremental_state) -> Optional[Dict]:
         if incremental_state is None:
             return None
         return self.get_incremental_state(incremental_state, "sut_cache") or {}
 
-    def _update_cache(self, incremental_state, cache, new_k, new_v, cross_k, cross_v, prefix,
-                      hyper_prefix=None):
-        k, v = torch.stack(new_k), torch.stack(new_v)  # (L, B, H, 1, D)
-        if "self_k" in cache:
-            k = torch.cat([cache["self_k"], k], 3)
-            v = torch.cat([cache["self_v"], v], 3)
-        new_cache = {"self_k": k, "self_v": v, "cross_k": cross_k, "cross_v": cross_v}
+    def _update_cache(self, incremental_state, buffer: KeyValueBuffer, prefix, hyper_prefix=None):
+        new_cache = {"kv": buffer}
         if prefix is not None:
             new_cache["prefix"] = prefix
         if hyper_prefix is not None:  # step l -> (Σ h_{l-1}, count) over the real prefix
@@ -638,6 +637,9 @@ class SUTDecoder(FairseqIncrementalDecoder):
         self.set_incremental_state(incremental_state, "sut_cache", new_cache)
 
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
+        cross = self.get_incremental_state(incremental_state, "sut_cross")
+        if cross is not None:
+            cross.reorder(new_order)
         cache = self._get_cache(incremental_state)
         if not cache:
             return
@@ -645,17 +647,11 @@ class SUTDecoder(FairseqIncrementalDecoder):
             self.set_incremental_state(incremental_state, "sut_cache",
                                        chunk_cache.reorder(cache, new_order))
             return
-        reordered = {
-            "self_k": cache["self_k"].index_select(1, new_order),
-            "self_v": cache["self_v"].index_select(1, new_order),
-            "cross_k": cache["cross_k"].index_select(0, new_order),
-            "cross_v": cache["cross_v"].index_select(0, new_order),
-        }
+        cache["kv"].reorder(new_order)
         for key in ("prefix", "hyper_prefix"):
             if key in cache:
-                reordered[key] = {l: (s.index_select(0, new_order), c.index_select(0, new_order))
-                                  for l, (s, c) in cache[key].items()}
-        self.set_incremental_state(incremental_state, "sut_cache", reordered)
+                cache[key] = {l: (s.index_select(0, new_order), c.index_select(0, new_order))
+                              for l, (s, c) in cache[key].items()}
 
     def max_positions(self):
         return self.max_target_positions

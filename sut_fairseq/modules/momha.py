@@ -112,16 +112,26 @@ class MixtureOfMultiHeadAttention(nn.Module):
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 active: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
                 q_start: int = 0) -> torch.Tensor:
-        """query: (B, T, d) at positions q_start..; key/value: (B, H, S, D) at 0..S-1;
+        """query: (B, T, d) at positions q_start..; key/value: (B, H, S, D) at 0..S-1, or
+        (B / G, H, S, D) shared by each group of G consecutive query rows (beam search's
+        cross-attention, ``decoder_cache.CrossKV``; not causal, no relative term);
         active: (B, T) bool (inactive rows go to no expert and output 0 + b_o);
-        key_padding_mask: (B, S) bool, True = padding. Returns (B, T, d)."""
+        key_padding_mask: (B, S) bool, True = padding (B / G rows with groups).
+        Returns (B, T, d)."""
         B, T, d = query.shape
         H, D, S = self.num_heads, self.head_dim, key.size(2)
+        groups = B // key.size(0)
+        if key.size(0) != B and (self.causal or self.relative is not None or B % key.size(0)):
+            raise ValueError(f"{B} query rows over {key.size(0)} key rows: shared keys are "
+                             "for non-causal attention without relative positions")
         routing = self.router(query.reshape(B * T, d), active.reshape(-1))
         k = routing.k
         q = routed_linear(query.reshape(B * T, d), self.q_weight, self.q_bias, routing, fan_out=k)
         # query rows in slot order (position t, pick j): row m = t·k + j, position t = m // k
         q = q.view(B, T * k, H, D).transpose(1, 2)  # (B, H, T·k, D)
+        if groups > 1:  # one attention per key row: (B / G, H, G·T·k, D)
+            q = q.reshape(B // groups, groups, H, T * k, D).transpose(1, 2).reshape(
+                B // groups, H, groups * T * k, D)
 
         hidden = self._hidden_keys(q, T, q_start, S, key_padding_mask)
         if isinstance(self.relative, ClippedRelativePosition) and not q.is_cuda:
@@ -132,6 +142,8 @@ class MixtureOfMultiHeadAttention(nn.Module):
                 attn_mask=self._attention_bias(q, T, q_start, S, hidden),
                 dropout_p=self.attention_dropout if self.training else 0.0,
             )
+        if groups > 1:
+            o = o.view(B // groups, H, groups, T * k, D).transpose(1, 2).reshape(B, H, T * k, D)
         o = o.transpose(1, 2).reshape(B * T * k, H * D)  # slot rows again
         y = routed_linear(o, self.o_weight, None, routing, fan_out=1, gates=routing.gates)
         return (y + self.o_bias).view(B, T, d)
@@ -166,15 +178,22 @@ class MixtureOfMultiHeadAttention(nn.Module):
 
         The O relative vectors r are appended to the keys, so one matmul gives both
         q·k (B, H, T·k, S) and q·r (B, H, T·k, O), instead of a separate matmul with
-        O <= 2W+1 output columns. q: (B, H, T·k, D); key/value: (B, H, S, D).
+        O <= 2W+1 output columns; for a single position (T = 1, incremental decoding,
+        where the keys are the cache's view) q·r is its own matmul, so that the cached
+        keys are not copied. q: (B, H, T·k, D); key/value: (B, H, S, D).
         Returns (B, H, T·k, D)."""
         B, H, M, D = q.shape
         S = key.size(2)
         lo, r = self.relative.offsets(T, q_start, S)  # r (O, H, D)
-        keys = torch.cat([key, r.to(q.dtype).transpose(0, 1).unsqueeze(0).expand(B, -1, -1, -1)], 2)
-        a = torch.matmul(q * D ** -0.5, keys.transpose(2, 3))  # (B, H, T·k, S + O)
-        idx = self.relative.index(T, q_start, S, M // T, lo)
-        logits = a[..., :S] + a[..., S:].gather(3, idx.expand(B, H, -1, -1))
+        idx = self.relative.index(T, q_start, S, M // T, lo).expand(B, H, -1, -1)
+        q = q * D ** -0.5
+        if T == 1:  # one position (incremental decoding): q·r apart, the cached keys not copied
+            qr = torch.matmul(q.transpose(0, 1).reshape(H, B * M, D), r.to(q.dtype).permute(1, 2, 0))
+            logits = torch.matmul(q, key.transpose(2, 3)) + qr.view(H, B, M, -1).transpose(0, 1).gather(3, idx)
+        else:
+            keys = torch.cat([key, r.to(q.dtype).transpose(0, 1).unsqueeze(0).expand(B, -1, -1, -1)], 2)
+            a = torch.matmul(q, keys.transpose(2, 3))  # (B, H, T·k, S + O)
+            logits = a[..., :S] + a[..., S:].gather(3, idx)
         if hidden is not None:
             logits = logits.masked_fill(hidden, float("-inf"))
         p = logits.softmax(-1)

@@ -1,0 +1,140 @@
+"""Incremental decoding's caches for the (unchunked) SUT decoder: the self-attention keys
+and values of every step, preallocated and written in place, and the encoder output's
+cross-attention keys and values, projected once per sentence.
+
+Beam search calls the decoder once per generated position t and reorders its state
+between calls (``reorder_incremental_state``: row b of the next call continues row
+``order[b]``). Growing the caches by concatenation and reordering them by copying
+costs two copies of everything cached per position (what fairseq's transformer does);
+here:
+
+* ``KeyValueBuffer``: keys and values of all L steps in one time-major buffer
+  (T_cap, 2, L, B, H, D); step l of position t writes its row (B, H, D) in place and
+  attends over a view of positions 0..t; a reorder is one ``index_select`` of the
+  filled prefix into a second buffer of the same shape, and the two swap (no allocation
+  while the beams keep their number).
+* ``CrossKV``: with beam search (``set_beam_size`` > 1) the encoder output reaches the
+  decoder repeated for each of a sentence's beams; its keys and values are projected
+  from one copy per sentence (B / beam rows), the beams' queries attend to them as one
+  group (``MixtureOfMultiHeadAttention``), and a reorder within the sentences moves
+  nothing. Only when finished sentences leave the batch are the rows selected.
+"""
+from typing import Optional, Tuple
+
+import torch
+
+#: positions added to the buffer at a time (a copy of the filled part each time)
+CAPACITY_STEP = 32
+
+
+class KeyValueBuffer:
+    """Keys and values (B, H, D) per step l = 1..L and position t, time-major
+    (T_cap, 2, L, B, H, D); ``length``: positions written."""
+
+    def __init__(self, num_steps: int):
+        self.num_steps = num_steps
+        self.buf: Optional[torch.Tensor] = None
+        self.spare: Optional[torch.Tensor] = None  # the reorder's target, same shape
+        self.length = 0
+
+    def write(self, step: int, t: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Step l's keys and values k, v (B, H, 1, D) of position t."""
+        if k.size(2) != 1:
+            raise ValueError(f"the buffer takes one position per call; got {k.size(2)}")
+        if self.buf is None or t >= self.buf.size(0):
+            self._reserve(t + 1, k)
+        self.buf[t, 0, step - 1] = k[:, :, 0]
+        self.buf[t, 1, step - 1] = v[:, :, 0]
+        self.length = max(self.length, t + 1)
+
+    def read(self, step: int, n: int) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Step l's keys and values of positions 0..n-1: views (B, H, n, D) of the buffer."""
+        kv = self.buf[:n, :, step - 1]  # (n, 2, B, H, D)
+        return kv[:, 0].permute(1, 2, 0, 3), kv[:, 1].permute(1, 2, 0, 3)
+
+    def reorder(self, order: torch.Tensor) -> None:
+        """Row b continues row ``order[b]`` (B',): one gather of the written positions."""
+        if self.buf is None:
+            return
+        shape = (self.buf.size(0), 2, self.num_steps, order.numel()) + tuple(self.buf.shape[4:])
+        out = self.spare if self.spare is not None and self.spare.shape == shape else self.buf.new_empty(shape)
+        torch.index_select(self.buf[: self.length], 3, order, out=out[: self.length])
+        self.spare = self.buf if tuple(self.buf.shape) == shape else None
+        self.buf = out
+
+    def _reserve(self, n: int, like: torch.Tensor) -> None:
+        B, H, _, D = like.shape
+        capacity = -(-n // CAPACITY_STEP) * CAPACITY_STEP
+        grown = like.new_empty(capacity, 2, self.num_steps, B, H, D)
+        if self.buf is not None:
+            grown[: self.length] = self.buf[: self.length]
+        self.buf, self.spare = grown, None
+
+
+class BufferedKeyCache:
+    """The recurrence's view of ``KeyValueBuffer`` for one incremental call at position t:
+    ``extend`` writes the new position's keys/values of step l and returns those of
+    positions 0..t (B, H, t + 1, D); ``record`` only writes (``SideStep.freeze``: the
+    steps a halted position skips). ``prefix_in`` / ``frozen_prefix``: as
+    ``side_step.StepKeyCache``."""
+
+    def __init__(self, buffer: KeyValueBuffer, t: int, prefix_in=None):
+        if buffer.length != t:
+            raise ValueError(f"the cache holds {buffer.length} positions; the decoder was "
+                             f"called at position {t} (one call per position, in order)")
+        self.buffer, self.t, self.num_steps = buffer, t, buffer.num_steps
+        self.prefix_in, self.frozen_prefix = prefix_in, {}
+
+    def record(self, step: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.buffer.write(step, self.t, k, v)
+
+    def extend(self, step: int, k: torch.Tensor, v: torch.Tensor):
+        self.record(step, k, v)
+        return self.buffer.read(step, self.t + 1)
+
+
+class CrossKV:
+    """Cross-attention keys and values (B_kv, H, S, D) and the source padding (B_kv, S)
+    of incremental decoding, B_kv = B / ``beams``: one row per sentence under beam
+    search, else one per decoder row."""
+
+    def __init__(self, k: torch.Tensor, v: torch.Tensor, padding: Optional[torch.Tensor],
+                 beams: int):
+        self.k, self.v, self.padding, self.beams = k, v, padding, beams
+
+    @classmethod
+    def project(cls, block, enc: torch.Tensor, padding: Optional[torch.Tensor],
+                beam_size: int) -> "CrossKV":
+        """From the encoder output ``enc`` (B, S, d_enc) as the generator passes it: when
+        its rows come in groups of ``beam_size`` equal copies (one group per sentence,
+        what ``reorder_encoder_out`` gives beam search), one row per group is projected;
+        otherwise every row."""
+        beams = beam_size if beam_size > 1 and _repeated(enc, beam_size) else 1
+        if beams > 1:
+            enc = enc[::beams]
+            padding = None if padding is None else padding[::beams]
+        k, v = block.cross_kv(enc)
+        return cls(k, v, padding, beams)
+
+    def reorder(self, order: torch.Tensor) -> None:
+        """Row b of the next call continues row ``order[b]`` (B',). With beams, a reorder
+        within the sentences (order[b] // beams == b // beams) moves nothing; when
+        sentences left the batch, row group i takes the sentence order[i * beams] // beams."""
+        if self.beams > 1:
+            if order.numel() == self.k.size(0) * self.beams:
+                return
+            rows = order.view(-1, self.beams)[:, 0] // self.beams
+        else:
+            rows = order
+        self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
+        if self.padding is not None:
+            self.padding = self.padding.index_select(0, rows)
+
+
+def _repeated(enc: torch.Tensor, beams: int) -> bool:
+    """Whether the rows of ``enc`` (B, ...) come in consecutive groups of ``beams`` equal
+    rows (compared once per batch, at the first position)."""
+    if enc.size(0) % beams:
+        return False
+    groups = enc.view(-1, beams, *enc.shape[1:])
+    return bool((groups == groups[:, :1]).all())
