@@ -7,11 +7,14 @@ import os
 import re
 import struct
 import subprocess
+import sys
 
 import pytest
 import torch
 
 from conftest import make_model, randomise_halting
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 from sut_fairseq.analysis.macs import count_arch, count_call, count_forward, random_net_input
 
 # ---------------------------------------------------------------------------------------
@@ -299,3 +302,21 @@ def test_macs_on_real_data(trained, capsys):
     value, unit = re.findall(r"(\d[\d,]*(?:\.\d+)?)\s*([KMG]?)", last)[-1]
     assert 0 < float(value) * scale[unit] < float(static.group(1)) * scale[static.group(2)]
     assert "4 sentence pairs" in lines[0]
+
+
+def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skipped(trained):
+    """benchmarks/decode_halting.py on the trained checkpoint: the rows of both thresholds
+    (every decoder step executed at 0.999, fewer at 0.4) and the ratio line."""
+    data_bin, ckpt, _ = trained
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "decode_halting.py"),
+                           "--path", ckpt, "--data", data_bin, "--sentences", "12", "--batch-size", "5",
+                           "--beam", "2", "--thresholds", "0.999", "0.4"],
+                          capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"12 sentences of test in 3 batches, beam 2$", out, re.M), out
+    rows = dict(re.findall(r"^alpha_thresh ([\d.]+): [\d.]+ sentences/s, \d+ decoder positions, \d+ "
+                           r"us/position, decoder steps executed ([\d.]+)%", out, re.M))
+    assert float(rows["0.999"]) == 100.0 and float(rows["0.4"]) < 100.0, out
+    assert re.search(r"^alpha_thresh 0.4 against 0.999: time per position saved -?[\d.]+%, decoder steps "
+                     r"skipped [\d.]+%; time saved per position / decoder steps skipped: -?[\d.]+$", out, re.M), out

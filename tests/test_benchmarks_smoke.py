@@ -109,6 +109,16 @@ def test_generate_throughput_source_lengths_are_wmt_shaped_and_seeded():
     assert g.source_lengths(3003, 0).equal(lengths.long()) and not g.source_lengths(3003, 1).equal(lengths.long())
 
 
+def test_generate_throughput_multi30k_lengths_match_the_test_set():
+    """--preset multi30k: Multi30k test 2016 under the recipe's 8k SentencePiece has 15.6
+    tokens per source on average (</s> included), median 15, at most 37."""
+    g = _generate_benchmark()
+    p = g.PRESETS["multi30k"]
+    lengths = g.source_lengths(1000, 0, p["mu"], p["sigma"]).float()
+    assert 15.0 <= lengths.mean() <= 16.5 and 14 <= lengths.median() <= 16 and lengths.max() <= 45
+    assert p["vocab"] == 8000 and p["archs"] == ["sut_multi30k", "transformer_multi30k", "ut_multi30k"]
+
+
 def test_generate_throughput_decodes_every_sentence_to_its_maximum_length():
     """Beam search of the three models on 5 sentences in batches of 2: the rows, the ratio
     lines, and the generated tokens equal to what the length limit gives, computed here
@@ -133,10 +143,36 @@ def test_generate_throughput_decodes_every_sentence_to_its_maximum_length():
         assert abs(tokens_s / sentences_s - expected / n) <= 1.01 * rounding * expected / n
         m = re.search(rf"^{arch}: every sentence ran to its maximum length \((\d+) generated tokens\)", out, re.M)
         assert m and int(m.group(1)) == expected, (expected, out)
-    assert re.search(r"^sut_base: .* \| decoder steps executed [\d.]+% ", out, re.M), out
-    for other in ("transformer_wmt_en_de", "ut_base"):
-        assert re.search(rf"^sut_base / {other} sentences/s: \d+\.\d\d$", out, re.M), out
-    assert "steps executed" not in out.splitlines()[-1]   # no unlabelled summary at exit
+    assert re.search(r"^sut_base: .* \| decoder steps executed 100.0% ", out, re.M), out
+    # alpha_thresh 0.5: a random model's halting units give 0.5 at once, one step per position
+    for arch in ("sut_base", "ut_base"):
+        assert re.search(rf"^{arch}@0.5\s+\d+\.\d\d sentences/s", out, re.M), out
+        assert re.search(rf"^{arch}@0.5: .* \| encoder steps executed 16.7% .* decoder steps executed "
+                         r"16.7% ", out, re.M), out
+    for other in ("ut_base", "ut_base@0.5", "transformer_wmt_en_de"):
+        sut = "sut_base@0.5" if other.endswith("@0.5") else "sut_base"
+        assert re.search(rf"^{sut} / {other} sentences/s: \d+\.\d\d$", out, re.M), out
+    assert re.fullmatch(r"sut_base / transformer_wmt_en_de sentences/s: \d+\.\d\d", out.splitlines()[-1])
+
+
+def test_generate_throughput_multi30k_preset_ends_with_its_ratio():
+    out = run("generate_throughput.py", "--preset", "multi30k", "--sentences", "3", "--batch-size", "2",
+              "--beam", "2", "--max-len-a", "0.1", "--max-len-b", "2", "--thresholds", "0.999")
+    assert re.search(r"^--preset multi30k, .*; vocabulary 8000; beam 2", out, re.M), out
+    for arch in ("sut_multi30k", "transformer_multi30k", "ut_multi30k"):
+        assert re.search(rf"^{arch}: every sentence ran to its maximum length", out, re.M), out
+    assert "@" not in out
+    assert re.fullmatch(r"sut_multi30k / transformer_multi30k sentences/s: \d+\.\d\d", out.splitlines()[-1])
+
+
+def test_profile_decode_counts_operators_per_decoder_call():
+    out = run("profile_decode.py", "--arch", "sut_tiny", "transformer_wmt_en_de", "--sentences", "2",
+              "--beam", "2", "--max-len-a", "0.1", "--max-len-b", "2", "--top", "3")
+    for arch in ("sut_tiny", "transformer_wmt_en_de"):
+        m = re.search(rf"^== {arch}: [\d.]+ s unprofiled, (\d+) decoder calls of 4 rows, [\d.]+ ms/decoder "
+                      r"call, (\d+) aten calls/decoder call\n   (.*)$", out, re.M)
+        assert m and int(m.group(1)) >= 2 and int(m.group(2)) > 10, out
+        assert "matmul" in m.group(3) and "other" in m.group(3), out
 
 
 def compiled_generate_throughput(option, timeout):

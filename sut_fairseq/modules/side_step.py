@@ -18,8 +18,9 @@ Each part is an object chosen once, when the model is built (``build_side_step``
 What changes from forward to forward is a ``StepContext``: the masks, the coordinates, the
 cross-attention keys/values, the chunk memory's keys/values, the carried key/value rows
 (``HaltedStateKV``: a full forward projects only the rows whose S changed; ``EveryRowKV``:
-incremental decoding projects its new positions) and the cache (``StepKeyCache`` in
-incremental decoding, ``NO_CACHE`` otherwise). The compiled step (``compiled_step.py``)
+incremental decoding projects its new positions) and the cache (in incremental decoding
+``decoder_cache.BufferedKeyCache``, or ``StepKeyCache`` for the chunked decoder's
+right-aligned chunk cache; ``NO_CACHE`` otherwise). The compiled step (``compiled_step.py``)
 builds its queries with the same query objects.
 """
 import functools
@@ -37,7 +38,9 @@ Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]  # step l -> (Σ h (B, d),
 
 
 class StepKeyCache:
-    """Incremental decoding, one forward over the new positions: at step l the keys and
+    """The chunked decoder's incremental decoding (``chunk_cache.py``; the unchunked decoder
+    writes into a preallocated buffer instead, ``decoder_cache.BufferedKeyCache``), one
+    forward over the new positions: at step l the keys and
     values are those of the earlier positions, ``past_k[l-1]`` (B, H, t, D), followed by the
     new positions' (B, H, 1, D), which are recorded (``new_k``, ``new_v``) for the cache.
 

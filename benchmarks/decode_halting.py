@@ -1,0 +1,117 @@
+"""Does halting save decoding time? Beam search with a trained SUT/UT checkpoint at several
+α_thresh, through fairseq's ``SequenceGenerator`` as fairseq-generate runs it (beam 5,
+``max_len_a`` 0, ``max_len_b`` 200, fairseq-generate's defaults), over the first
+``--sentences`` sentences of a binarised subset.
+
+A lower threshold changes the hypotheses, and so their lengths and the number of decoder
+calls; the time is therefore compared per decoder position (one row of one decoder call:
+a beam's token), beside the decoder steps executed per position (the plugin's step
+accounting). Printed per threshold::
+
+    alpha_thresh A: S sentences/s, P decoder positions, U us/position, decoder steps executed X%, encoder Y%
+
+and, for each threshold against the first (the highest, where nothing halts):
+``time saved per position / decoder steps skipped: R`` (1.0: time falls in proportion to
+the decoder steps skipped; the encoder runs once per sentence and is inside the time).
+The thresholds take turns batch by batch (a slow phase of a shared machine hits all
+alike), after one untimed batch each.
+
+    python benchmarks/decode_halting.py --path CHECKPOINT --data DATA_BIN
+        [--subset test] [--sentences 500] [--thresholds 0.999 0.5] [--beam 5] [--batch-size 64]
+"""
+import argparse
+import logging
+import sys
+import time
+
+import torch
+
+logging.disable(logging.WARNING)
+
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+from sut_fairseq.analysis.sweep import load_checkpoint  # noqa: E402
+
+
+def load(path: str, data: str, subset: str, sentences: int, batch_size: int):
+    """The model (eval), its target dictionary and the batches of the first ``sentences``
+    sentences of ``subset`` (by id), in fairseq-generate's order (sorted by length)."""
+    model, task, _ = load_checkpoint(data, path, subset)
+    model.eval()
+    if not hasattr(model, "set_halting_threshold"):
+        raise SystemExit(f"decode_halting.py: {path} is not a SUT/UT checkpoint (no halting threshold)")
+    dataset = task.dataset(subset)
+    ids = list(range(min(sentences, len(dataset))))
+    order = [i for i in dataset.ordered_indices() if i < len(ids)]
+    batches = [dataset.collater([dataset[i] for i in order[s:s + batch_size]])
+               for s in range(0, len(order), batch_size)]
+    return model, task.target_dictionary, batches
+
+
+def decode_all(generator, model, batches, seconds):
+    """Decode every batch; add its seconds to ``seconds``."""
+    for sample in batches:
+        start = time.perf_counter()
+        generator.generate([model], sample)
+        seconds.append(time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", required=True, help="a trained SUT/UT checkpoint")
+    parser.add_argument("--data", required=True, help="its data-bin directory")
+    parser.add_argument("--subset", default="test")
+    parser.add_argument("--sentences", type=int, default=500)
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.999, 0.5])
+    parser.add_argument("--beam", type=int, default=5)
+    parser.add_argument("--batch-size", type=int, default=64)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    model, tgt_dict, batches = load(args.path, args.data, args.subset, args.sentences, args.batch_size)
+    generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam)
+    meter = model.step_meter
+    n = sum(b["nsentences"] for b in batches)
+    print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; "
+          f"{n} sentences of {args.subset} in {len(batches)} batches, beam {args.beam}", flush=True)
+    with torch.no_grad():
+        for threshold in args.thresholds:  # untimed: allocator, caches
+            model.set_halting_threshold(threshold)
+            decode_all(generator, model, batches[:1], [])
+        figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
+                       "positions": 0} for t in args.thresholds}
+        for i, sample in enumerate(batches, 1):
+            for threshold in args.thresholds:
+                model.set_halting_threshold(threshold)
+                meter.reset()
+                decode_all(generator, model, [sample], figures[threshold]["seconds"])
+                f = figures[threshold]
+                for side in ("enc", "dec"):
+                    f["executed"][side] += meter.executed[side]
+                    f["maximum"][side] += meter.maximum[side]
+                f["positions"] += meter.positions["dec"]
+            print(f"[batch {i}/{len(batches)}] " + ", ".join(
+                f"{t}: {sum(figures[t]['seconds']):.1f} s" for t in args.thresholds),
+                file=sys.stderr, flush=True)
+    rows = {}
+    for threshold in args.thresholds:
+        f = figures[threshold]
+        seconds = sum(f["seconds"])
+        rows[threshold] = {"per_position": seconds / f["positions"],
+                           "dec": f["executed"]["dec"] / f["maximum"]["dec"],
+                           "enc": f["executed"]["enc"] / f["maximum"]["enc"]}
+        print(f"alpha_thresh {threshold}: {n / seconds:.2f} sentences/s, {f['positions']} decoder "
+              f"positions, {1e6 * rows[threshold]['per_position']:.0f} us/position, decoder steps "
+              f"executed {100 * rows[threshold]['dec']:.1f}%, encoder {100 * rows[threshold]['enc']:.1f}%")
+    base = rows[args.thresholds[0]]
+    for threshold in args.thresholds[1:]:
+        r = rows[threshold]
+        saved = 1 - r["per_position"] / base["per_position"]
+        skipped = 1 - r["dec"] / base["dec"]
+        ratio = f"{saved / skipped:.2f}" if skipped > 0 else "n/a (no decoder step skipped)"
+        print(f"alpha_thresh {threshold} against {args.thresholds[0]}: time per position saved "
+              f"{100 * saved:.1f}%, decoder steps skipped {100 * skipped:.1f}%; time saved per "
+              f"position / decoder steps skipped: {ratio}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Incremental decoding's caches (``modules/decoder_cache.py``) against the plain
+computation they replace: keys/values grown by concatenation and reordered by
+``index_select``; cross-attention keys/values of every decoder row; MoMHA over shared keys
+equal to MoMHA over each row's own copy."""
+import pytest
+import torch
+
+from conftest import make_model
+from sut_fairseq.modules.decoder_cache import CAPACITY_STEP, BufferedKeyCache, CrossKV, KeyValueBuffer
+
+L, B, H, D = 3, 4, 2, 5
+
+
+def test_the_buffer_equals_concatenation_and_reordering_through_growth_and_shrinking():
+    """Positions past two capacity steps, a reorder after every position, and a reorder
+    that drops rows (finished sentences): every step's keys/values equal the reference's."""
+    g = torch.Generator().manual_seed(0)
+    buffer = KeyValueBuffer(L)
+    ref_k = ref_v = None  # (L, B, H, t, D)
+    rows = B
+    for t in range(2 * CAPACITY_STEP + 3):
+        new_k = torch.randn(L, rows, H, 1, D, generator=g)
+        new_v = torch.randn(L, rows, H, 1, D, generator=g)
+        cache = BufferedKeyCache(buffer, t)
+        for l in range(1, L + 1):
+            k, v = cache.extend(l, new_k[l - 1], new_v[l - 1])
+            want_k = new_k[l - 1] if ref_k is None else torch.cat([ref_k[l - 1], new_k[l - 1]], 2)
+            want_v = new_v[l - 1] if ref_v is None else torch.cat([ref_v[l - 1], new_v[l - 1]], 2)
+            assert torch.equal(k, want_k) and torch.equal(v, want_v)
+        ref_k = new_k if ref_k is None else torch.cat([ref_k, new_k], 3)
+        ref_v = new_v if ref_v is None else torch.cat([ref_v, new_v], 3)
+        if t == CAPACITY_STEP + 5:  # a sentence finished: 4 rows -> 3
+            order = torch.tensor([3, 0, 0])
+        else:
+            order = torch.randint(0, rows, (rows,), generator=g)
+        buffer.reorder(order)
+        ref_k, ref_v = ref_k.index_select(1, order), ref_v.index_select(1, order)
+        rows = order.numel()
+    assert buffer.buf.size(0) == 3 * CAPACITY_STEP  # grown in steps, not doubled
+
+
+def test_the_buffer_refuses_a_call_out_of_order():
+    buffer = KeyValueBuffer(L)
+    BufferedKeyCache(buffer, 0).record(1, torch.zeros(B, H, 1, D), torch.zeros(B, H, 1, D))
+    with pytest.raises(ValueError, match="holds 1 positions; the decoder was called at position 3"):
+        BufferedKeyCache(buffer, 3)
+
+
+def _block():
+    return make_model(decoder_layers=2).decoder.block
+
+
+def test_cross_keys_are_projected_once_per_sentence_when_the_rows_repeat_per_beam():
+    block = _block()
+    g = torch.Generator().manual_seed(1)
+    enc = torch.randn(2, 6, 64, generator=g).repeat_interleave(3, 0)  # 2 sentences x 3 beams
+    pad = torch.zeros(6, 6, dtype=torch.bool)
+    pad[3:, :2] = True
+    with torch.no_grad():
+        cross = CrossKV.project(block, enc, pad, beam_size=3)
+        ref_k, ref_v = block.cross_kv(enc[::3])
+    assert cross.beams == 3 and torch.equal(cross.k, ref_k) and torch.equal(cross.v, ref_v)
+    assert torch.equal(cross.padding, pad[::3])
+    k = cross.k
+    cross.reorder(torch.tensor([2, 2, 0, 4, 3, 3]))  # within the sentences: nothing moves
+    assert cross.k is k
+    cross.reorder(torch.tensor([4, 5, 3]))  # the first sentence finished
+    assert torch.equal(cross.k, ref_k[1:]) and torch.equal(cross.padding, pad[3:4])
+
+
+def test_cross_keys_of_rows_that_differ_are_projected_row_by_row():
+    """Rows that are not beam copies (a caller other than beam search) keep one row each,
+    and a reorder selects rows."""
+    block = _block()
+    enc = torch.randn(6, 4, 64)
+    with torch.no_grad():
+        cross = CrossKV.project(block, enc, None, beam_size=3)
+        ref_k, _ = block.cross_kv(enc)
+    assert cross.beams == 1 and torch.equal(cross.k, ref_k)
+    cross.reorder(torch.tensor([5, 0, 0, 1, 2, 3]))
+    assert torch.equal(cross.k, ref_k[[5, 0, 0, 1, 2, 3]])
+
+
+def test_momha_over_shared_keys_equals_momha_over_each_rows_copy():
+    """Cross-attention of 2 sentences x 3 beams (different queries, some rows halted) over
+    one key row per sentence equals the attention over the keys repeated per row."""
+    attn = _block().cross_attn
+    g = torch.Generator().manual_seed(2)
+    query = torch.randn(6, 1, 64, generator=g)
+    active = torch.tensor([[True], [False], [True], [True], [True], [False]])
+    k, v = torch.randn(2, attn.num_heads, 7, attn.head_dim, generator=g), torch.randn(2, attn.num_heads, 7, attn.head_dim, generator=g)
+    pad = torch.zeros(2, 7, dtype=torch.bool)
+    pad[1, :3] = True
+    with torch.no_grad():
+        shared = attn(query, k, v, active, pad)
+        copied = attn(query, k.repeat_interleave(3, 0), v.repeat_interleave(3, 0), active,
+                      pad.repeat_interleave(3, 0))
+    torch.testing.assert_close(shared, copied, rtol=1e-6, atol=1e-6)
+
+
+def test_shared_keys_are_refused_for_causal_attention():
+    attn = _block().self_attn
+    k = torch.randn(1, attn.num_heads, 3, attn.head_dim)
+    with pytest.raises(ValueError, match="2 query rows over 1 key rows"):
+        attn(torch.randn(2, 1, 64), k, k, torch.ones(2, 1, dtype=torch.bool))
