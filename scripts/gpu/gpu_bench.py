@@ -9,7 +9,8 @@
    eager and compiled);
 3. ``benchmarks/train_step.py --device cuda --bf16 --batch 512 --len 32 --compile sut_base
    transformer_wmt_en_de`` (the same at 16,384 target tokens, no profile);
-4. ``benchmarks/generate_throughput.py --device cuda --bf16 --compile`` (beam 4 over 3,003
+4. ``benchmarks/generate_throughput.py --device cuda --bf16 --compile --sentences 3003
+   --max-tokens 12000 --beam 4 --arch sut_base transformer_wmt_en_de --thresholds 0.999`` (beam 4 over 3,003
    WMT-shaped synthetic sentences: sentences/s of sut_base and transformer_wmt_en_de, eager
    then compiled);
 5. only when named: ``train-loop`` (``train_step.py ... --arch sut_base+loop
@@ -104,14 +105,17 @@ SMOKE_TRAIN_STEP_16K_ARGS = ["--batch", "8", "--len", "4", "--vocab", "64", "--r
 #: the default 32k vocabulary (a tiny one would let the random models emit </s>), 6
 #: sentences of a few generated tokens each, eager only
 SMOKE_GENERATE_ARGS = ["--sentences", "6", "--batch-size", "2", "--beam", "2", "--max-len-a", "0.1",
-                       "--max-len-b", "2"]
+                       "--max-len-b", "2", "--arch", "sut_base", "transformer_wmt_en_de", "--thresholds", "0.999"]
 GPU_MOE_ARGS = ["--tokens", "4096", "8192", "16384", "--dtype", "bf16"]
 #: the compiled pass: the SUT and the transformer (ut_base's compilation would not fit the
 #: stage after a fresh install, and the comparison the stage reports is SUT / transformer)
 GPU_COMPILE = ["--compile", "sut_base", "transformer_wmt_en_de"]
 GPU_TRAIN_STEP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", *GPU_COMPILE]
 GPU_TRAIN_STEP_16K_ARGS = ["--device", "cuda", "--bf16", "--batch", "512", "--len", "32", *GPU_COMPILE]
-GPU_GENERATE_ARGS = ["--device", "cuda", "--bf16", "--compile"]
+#: the workload the estimate above was made for (the benchmark's CPU defaults are smaller:
+#: 64 sentences, batches of 64, beam 5, the UT and two thresholds)
+GPU_GENERATE_ARGS = ["--device", "cuda", "--bf16", "--compile", "--sentences", "3003", "--max-tokens", "12000",
+                     "--beam", "4", "--arch", "sut_base", "transformer_wmt_en_de", "--thresholds", "0.999"]
 GPU_TRAIN_LOOP_ARGS = ["--device", "cuda", "--bf16", "--profile", "25", "--arch", "sut_base+loop",
                        "transformer_wmt_en_de", "--compile"]
 SMOKE_TRAIN_LOOP_ARGS = ["--batch", "2", "--len", "4", "--vocab", "64", "--repeats", "1",
