@@ -3,7 +3,7 @@ decoder code path, and the recorded results it must keep giving
 (``tests/data/decoding_golden.json``, written by this module at the commit named in it).
 
 The incremental decoder's caches, reordering and cross-attention were rewritten for speed
-(docs/performance.md#decoding); ``test_decoding_golden.py`` checks that fairseq-generate's
+(docs/performance.md#decoding-beam-search); ``test_decoding_golden.py`` checks that fairseq-generate's
 hypotheses and scores did not move. Every case decodes the same four sources (different
 lengths, so left padding) with beam 5; the end-of-sentence row of the output projection is
 scaled up so that hypotheses end at different steps and finished sentences leave the
