@@ -41,8 +41,7 @@ def load(path: str, data: str, subset: str, sentences: int, batch_size: int):
     if not hasattr(model, "set_halting_threshold"):
         raise SystemExit(f"decode_halting.py: {path} is not a SUT/UT checkpoint (no halting threshold)")
     dataset = task.dataset(subset)
-    ids = list(range(min(sentences, len(dataset))))
-    order = [i for i in dataset.ordered_indices() if i < len(ids)]
+    order = [i for i in dataset.ordered_indices() if i < sentences]  # ids 0..sentences-1
     batches = [dataset.collater([dataset[i] for i in order[s:s + batch_size]])
                for s in range(0, len(order), batch_size)]
     return model, task.target_dictionary, batches
