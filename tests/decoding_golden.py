@@ -21,6 +21,9 @@ import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 GOLDEN = os.path.join(HERE, "data", "decoding_golden.json")
+if HERE not in sys.path:  # run as a script: the tests' helpers
+    sys.path.insert(0, HERE)
+from conftest import make_model, randomise_halting  # noqa: E402
 
 #: name -> (arch, overrides): every decoder path of incremental decoding
 CASES = {
@@ -50,9 +53,6 @@ def sources(pad: int, eos: int):
 
 
 def build_case(name: str):
-    sys.path.insert(0, HERE)
-    from conftest import make_model, randomise_halting
-
     arch, overrides = CASES[name]
     model = make_model(arch, **overrides)
     randomise_halting(model, seed=3)
