@@ -173,3 +173,48 @@ def test_the_autocast_dtype_of_a_device_type():
     finally:
         torch.set_autocast_enabled("cuda", before[0])
         torch.set_autocast_dtype("cuda", before[1])
+
+
+@pytest.mark.parametrize("dtype, din, dout, grouped", [
+    (torch.float32, 8, 12, True),    # rows 16-byte aligned: one grouped_mm
+    (torch.float32, 6, 12, False),   # x's rows 24 bytes: expert by expert
+    (torch.float64, 8, 12, False),   # grouped_mm takes no float64
+])
+def test_both_forwards_of_the_reference_equal_a_per_slot_loop(dtype, din, dout, grouped):
+    """The grouped forward and the expert-by-expert one, each against the per-slot loop, in
+    the four layouts, with an expert no row chose and a halted token (no-op slots)."""
+    from sut_fairseq.ops.reference_linear import _grouped_gemm_takes
+
+    g = torch.Generator().manual_seed(1)
+    n, k, e = 7, 2, 4
+    idx = torch.tensor([[0, 2], [2, 0], [e, e], [2, 0], [0, 2], [3, 0], [2, 3]])  # expert 1: none
+    gates = torch.rand(n, k, generator=g, dtype=dtype) * (idx < e)
+    r = make_routing(idx, gates, e)
+    x = torch.randn(n, din, generator=g, dtype=dtype)
+    xs = torch.randn(n * k, din, generator=g, dtype=dtype)
+    W = torch.randn(e, din, dout, generator=g, dtype=dtype)
+    b = torch.randn(e, dout, generator=g, dtype=dtype)
+    assert _grouped_gemm_takes(x, W) == grouped
+
+    def per_slot(rows, rows_are_slots):
+        out = torch.zeros(n * k, dout, dtype=dtype)
+        for s in range(n * k):
+            ex = int(idx.view(-1)[s])
+            if ex < e:
+                out[s] = rows[s if rows_are_slots else s // k] @ W[ex] + b[ex]
+        return out
+
+    tol = dict(rtol=1e-5, atol=1e-5)
+    slots = per_slot(x, False)
+    torch.testing.assert_close(reference_routed_linear(x, W, b, r, k), slots, **tol)
+    gated = (gates.reshape(-1, 1) * slots).view(n, k, dout).sum(1)
+    torch.testing.assert_close(reference_routed_linear(x, W, b, r, k, gates=gates), gated, **tol)
+    torch.testing.assert_close(reference_routed_linear(x, W, b, r, k, grouped_out=True),
+                               slots[r.sorted_scattered_idxs], **tol)
+    expect = (gates.reshape(-1, 1) * per_slot(xs, True)).view(n, k, dout).sum(1)
+    torch.testing.assert_close(reference_routed_linear(xs[r.sorted_scattered_idxs], W, b, r, 1,
+                                                       grouped_in=True, gates=gates), expect, **tol)
+    # every token halted: zero rows, no GEMM
+    halted = make_routing(torch.full((n, k), e), torch.zeros(n, k, dtype=dtype), e)
+    assert torch.equal(reference_routed_linear(x, W, b, halted, k, gates=halted.gates),
+                       torch.zeros(n, dout, dtype=dtype))
