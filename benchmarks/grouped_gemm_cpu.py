@@ -1,13 +1,22 @@
-"""Would grouped GEMMs speed up the CPU's expert layers? The per-expert loop of the CPU
-backend (``ExpertBlockLinear``: one GEMM per expert, gather and scatter block by block)
-against the same routed linear map as ``torch.nn.functional.grouped_mm`` (one GEMM call
-for all experts per pass, the rows gathered once), forward and forward + backward, at the
-logic model's sizes (E = 12 experts, top-4, d = 128) on one thread.
+"""When does one grouped GEMM beat the per-expert loop on a CPU? The two forwards of the
+reference backend (``ops/reference_linear.py``): ``_looped_forward`` (expert by expert:
+gather, GEMM, gate and scatter of one expert's rows back to back) against
+``_grouped_forward`` (the rows gathered once in expert order, one
+``torch.nn.functional.grouped_mm`` for all experts, then bias, gate and scatter once),
+on the same operands, one thread, the two timed in turn within every repeat.
 
-    python benchmarks/grouped_gemm_cpu.py [--tokens 2000] [--repeats 10]
+Cases: the sizes of the logic model (E 12, d 128), of the Multi30k SUT (E 12, d 256) and of
+``sut_base`` (E 24, d 512), top-4, at token counts from a beam-search decoder call (80, 320
+rows) to a training batch (2,000), in the two layouts the decoder's projections use
+(token rows -> slot rows with a bias: the query projection; slot rows -> gated sum: the
+output projection).
 
-Prints one line per layout (the four the expert layers use) and pass, then
-``grouped / loop time: R`` (below 1: grouped GEMMs are faster).
+    python benchmarks/grouped_gemm_cpu.py [--tokens 80 320 2000] [--repeats 20]
+
+Prints one line per case ``... loop X ms grouped Y ms ratio R`` (below 1: the grouped GEMM
+is faster), then ``grouped / loop time, rows per expert <= T: R`` and ``> T`` (geometric
+means over the cases on either side of ``GROUPED_MAX_ROWS_PER_EXPERT``, the threshold the
+backend uses to choose).
 """
 import argparse
 import os
@@ -15,92 +24,61 @@ import statistics
 import sys
 
 import torch
-import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from moe_cpu import median_times  # noqa: E402  (this folder is on sys.path)
-from sut_fairseq.ops import make_routing, routed_linear  # noqa: E402
+from sut_fairseq.ops import reference_linear  # noqa: E402
 
-E, K = 12, 4
-LAYOUTS = {  # name: (in, out, routed_linear keywords, rows of x per token)
-    "ffd up (token rows -> sorted rows)": (128, 128, dict(fan_out=K, grouped_out=True), 1),
-    "ffd down (sorted rows -> gated sum)": (128, 128, dict(fan_out=1, grouped_in=True, gates=True), K),
-    "query (token rows -> slot rows)": (128, 64, dict(fan_out=K), 1),
-    "output (slot rows -> gated sum)": (64, 128, dict(fan_out=1, gates=True), K),
-}
+K = 4
+SIZES = {"logic": (12, 128), "multi30k": (12, 256), "sut_base": (24, 512)}  # name: (E, d)
 
 
-def grouped(x, weight, bias, routing, fan_out, grouped_in=False, grouped_out=False, gates=None):
-    """The routed linear map with one ``grouped_mm`` per pass (autograd through it)."""
-    ends = routing.expert_offsets
-    active = int(ends[-1])
-    slots = routing.sorted_scattered_idxs[:active]
-    rows = x[:active] if grouped_in else x.index_select(0, slots // fan_out)
-    y = F.grouped_mm(rows, weight, offs=ends.to(torch.int32))
-    y = y + bias.index_select(0, routing.sorted_expert_idxs[:active])
-    if grouped_out:
-        return torch.cat([y, y.new_zeros(routing.num_slots - active, y.size(1))])
-    if gates is None:
-        return y.new_zeros(routing.num_slots, y.size(1)).index_copy(0, slots, y)
-    y = y * gates.reshape(-1).index_select(0, slots).unsqueeze(1)
-    return y.new_zeros(routing.num_tokens, y.size(1)).index_add(0, slots // routing.k, y)
+def operands(tokens: int, experts: int, d: int, gated: bool, seed: int):
+    """The forward's arguments (x, W, b, gates, src, dst, ends, out_rows) for ``tokens``
+    tokens routed top-K (random picks), as ``reference_routed_linear`` builds them."""
+    g = torch.Generator().manual_seed(seed)
+    picks = torch.stack([torch.randperm(experts, generator=g)[:K] for _ in range(tokens)])
+    slots = torch.sort(picks.reshape(-1), stable=True).indices
+    ends = tuple(torch.bincount(picks.reshape(-1), minlength=experts).cumsum(0).tolist())
+    x = torch.randn(tokens * K if gated else tokens, d, generator=g)
+    W = torch.randn(experts, d, d, generator=g) / d ** 0.5
+    if gated:  # output projection: slot rows in, gated sum over each token's slots out
+        return (x, W, None, torch.rand(slots.numel(), 1, generator=g), slots, slots // K, ends, tokens)
+    return (x, W, torch.randn(experts, d, generator=g), None, slots // K, slots, ends, tokens * K)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=2000)
-    parser.add_argument("--halted", type=float, default=0.3, help="share of halted tokens")
-    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--tokens", type=int, nargs="+", default=[80, 320, 2000])
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    if not hasattr(F, "grouped_mm"):
-        raise SystemExit(f"torch {torch.__version__} has no torch.nn.functional.grouped_mm")
     torch.set_num_threads(1)
-    torch.manual_seed(args.seed)
-    os.environ["SUT_KERNELS"] = "reference"
-    N = args.tokens
-    idx = torch.stack([torch.randperm(E)[:K] for _ in range(N)])
-    active = torch.rand(N) >= args.halted
-    idx = torch.where(active[:, None], idx, E)
-    gates = torch.rand(N, K) * active[:, None]
-    routing = make_routing(idx, gates, E)
-    print(f"torch {torch.__version__}, 1 thread; {N} tokens, {int(active.sum())} running, "
-          f"E = {E}, k = {K}; median of {args.repeats}")
-    ratios = []
-    for name, (din, dout, kw, per_token) in LAYOUTS.items():
-        x = torch.randn(N * per_token, din, requires_grad=True)
-        W = (torch.randn(E, din, dout) / din ** 0.5).requires_grad_()
-        b = torch.zeros(E, dout, requires_grad=True)
-        g = gates.clone().requires_grad_()
-        kw = dict(kw, gates=g if kw.get("gates") else None)
-        if kw.get("grouped_in"):  # sorted rows in: the first `active` rows are the routed ones
-            kw["grouped_in"] = True
-        for label, fn in (("loop", routed_linear), ("grouped", grouped)):
-            y = fn(x, W, b, routing, **kw)
-            if label == "loop":
-                reference = y.detach()
-            else:
-                torch.testing.assert_close(y.detach(), reference, rtol=1e-4, atol=1e-4)
-        fns = (routed_linear, grouped)
-
-        def forward(fn):
-            with torch.no_grad():
-                fn(x, W, b, routing, **kw)
-
-        def both(fn):
-            y = fn(x, W, b, routing, **kw)
-            y.backward(torch.ones_like(y))
-        # each pass: the two ways timed in turn within every repeat (median_times)
-        times = {"loop": [], "grouped": []}
-        for run in (forward, both):
-            for label, t in zip(times, median_times([lambda f=f: run(f) for f in fns], args.repeats, warmup=1)):
-                times[label].append(t)
-        for i, pass_name in enumerate(("forward", "forward + backward")):
-            loop_s, grouped_s = times["loop"][i], times["grouped"][i]
-            ratios.append(grouped_s / loop_s)
-            print(f"{name:38s} {pass_name:18s} loop {loop_s * 1e3:7.2f} ms  grouped {grouped_s * 1e3:7.2f} ms"
-                  f"  ratio {grouped_s / loop_s:.2f}")
-    print(f"grouped / loop time: {statistics.geometric_mean(ratios):.2f}")
+    limit = reference_linear.GROUPED_MAX_ROWS_PER_EXPERT
+    print(f"torch {torch.__version__}, 1 thread; top-{K}; median of {args.repeats}; "
+          f"the backend groups at <= {limit} rows per expert")
+    ratios = {True: [], False: []}
+    with torch.no_grad():
+        for name, (experts, d) in SIZES.items():
+            for tokens in args.tokens:
+                for gated in (False, True):
+                    ops = operands(tokens, experts, d, gated, args.seed)
+                    loop, grouped = (reference_linear._looped_forward(*ops),
+                                     reference_linear._grouped_forward(*ops))
+                    torch.testing.assert_close(grouped, loop, rtol=1e-4, atol=1e-4)
+                    loop_s, grouped_s = median_times(
+                        [lambda: reference_linear._looped_forward(*ops),
+                         lambda: reference_linear._grouped_forward(*ops)], args.repeats, warmup=2)
+                    per_expert = tokens * K / experts
+                    ratios[per_expert <= limit].append(grouped_s / loop_s)
+                    layout = "slot rows -> gated sum" if gated else "token rows -> slot rows"
+                    print(f"{name:9s} E {experts:2d} d {d:3d} {tokens:5d} tokens ({per_expert:6.1f} rows/expert) "
+                          f"{layout:23s} loop {loop_s * 1e3:8.3f} ms  grouped {grouped_s * 1e3:8.3f} ms  "
+                          f"ratio {grouped_s / loop_s:.2f}")
+    for small, label in ((True, "<="), (False, ">")):
+        if ratios[small]:
+            print(f"grouped / loop time, rows per expert {label} {limit}: "
+                  f"{statistics.geometric_mean(ratios[small]):.2f}")
 
 
 if __name__ == "__main__":

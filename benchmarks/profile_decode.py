@@ -7,9 +7,9 @@ range (the Python between operators lands in the ranges: ``other``) sorted into
 Printed per model: the unprofiled seconds, the decoder calls (one per generated position of
 the batch), ms per decoder call, **aten operator calls per decoder call** (the profiler's
 count: every aten operator, also those a composite operator calls inside C++), **operators
-dispatched per decoder call** (those the Python layers issue, each paying the interpreter
-and the dispatcher: counted by a ``TorchDispatchMode``; a custom op counts once), the
-groups' shares and the top operators with their calls per decoder call.
+called from Python per decoder call** (the aten operators whose caller is not another aten
+operator: those the Python layers issue, also inside a custom op's Python implementation,
+each paying the interpreter and the dispatcher), the groups' shares and the top operators with their calls per decoder call.
 
     python benchmarks/profile_decode.py [--preset wmt|multi30k] [--sentences 16]
         [--beam 5] [--top 12] [--arch ...]
@@ -27,19 +27,12 @@ import generate_throughput as gt  # noqa: E402
 from profile_step import group_of  # noqa: E402
 
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 
 
-class OperatorCount(TorchDispatchMode):
-    """Counts the operators that reach the dispatcher from Python while it is active."""
-
-    def __init__(self):
-        super().__init__()
-        self.calls = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.calls += 1
-        return func(*args, **(kwargs or {}))
+def called_from_python(events) -> int:
+    """How many of the profiler's aten ``events`` were not called by another aten operator."""
+    return sum(1 for e in events if e.name.startswith("aten::")
+               and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")))
 
 
 def profile(arch: str, d, sample, args) -> None:
@@ -51,8 +44,7 @@ def profile(arch: str, d, sample, args) -> None:
     seconds, _, calls = gt.decode(generator, model, sample, cpu)
     with torch.profiler.profile() as prof:
         gt.decode(generator, model, sample, cpu)
-    with OperatorCount() as count:
-        gt.decode(generator, model, sample, cpu)
+    from_python = called_from_python(prof.events())
     events = list(prof.key_averages())  # aten operators, custom ops, the generator's own ranges
     total = sum(e.self_cpu_time_total for e in events)
     aten_calls = sum(e.count for e in events if e.key.startswith("aten::"))
@@ -62,7 +54,7 @@ def profile(arch: str, d, sample, args) -> None:
     rows = sample["nsentences"] * args.beam
     print(f"== {arch}: {seconds:.2f} s unprofiled, {calls} decoder calls of {rows} rows, "
           f"{1e3 * seconds / calls:.1f} ms/decoder call, {aten_calls / calls:.0f} aten calls/decoder call, "
-          f"{count.calls / calls:.0f} operators dispatched/decoder call")
+          f"{from_python / calls:.0f} from Python")
     print("   " + ", ".join(f"{g} {100 * t / total:.1f}%" for g, t in groups.most_common()))
     for e in sorted(events, key=lambda e: -e.self_cpu_time_total)[:args.top]:
         print(f"   {e.key:48s} {100 * e.self_cpu_time_total / total:5.1f}%  {e.count / calls:8.1f} calls/decoder call")

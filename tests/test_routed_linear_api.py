@@ -175,15 +175,20 @@ def test_the_autocast_dtype_of_a_device_type():
         torch.set_autocast_dtype("cuda", before[1])
 
 
-@pytest.mark.parametrize("dtype, din, dout, grouped", [
-    (torch.float32, 8, 12, True),    # rows 16-byte aligned: one grouped_mm
-    (torch.float32, 6, 12, False),   # x's rows 24 bytes: expert by expert
-    (torch.float64, 8, 12, False),   # grouped_mm takes no float64
+@pytest.mark.parametrize("dtype, din, dout, max_rows, grouped", [
+    (torch.float32, 8, 12, 64, True),    # rows 16-byte aligned, few per expert: one grouped_mm
+    (torch.float32, 8, 12, 2, False),    # more rows per expert than the limit: expert by expert
+    (torch.float32, 6, 12, 64, False),   # x's rows 24 bytes
+    (torch.float64, 8, 12, 64, False),   # grouped_mm takes no float64
 ])
-def test_both_forwards_of_the_reference_equal_a_per_slot_loop(dtype, din, dout, grouped):
+def test_both_forwards_of_the_reference_equal_a_per_slot_loop(dtype, din, dout, max_rows, grouped,
+                                                              monkeypatch):
     """The grouped forward and the expert-by-expert one, each against the per-slot loop, in
     the four layouts, with an expert no row chose and a halted token (no-op slots)."""
+    from sut_fairseq.ops import reference_linear
     from sut_fairseq.ops.reference_linear import _grouped_gemm_takes
+
+    monkeypatch.setattr(reference_linear, "GROUPED_MAX_ROWS_PER_EXPERT", max_rows)
 
     g = torch.Generator().manual_seed(1)
     n, k, e = 7, 2, 4
@@ -194,7 +199,7 @@ def test_both_forwards_of_the_reference_equal_a_per_slot_loop(dtype, din, dout, 
     xs = torch.randn(n * k, din, generator=g, dtype=dtype)
     W = torch.randn(e, din, dout, generator=g, dtype=dtype)
     b = torch.randn(e, dout, generator=g, dtype=dtype)
-    assert _grouped_gemm_takes(x, W) == grouped
+    assert _grouped_gemm_takes(x, W, int(r.expert_offsets[-1])) == grouped
 
     def per_slot(rows, rows_are_slots):
         out = torch.zeros(n * k, dout, dtype=dtype)

@@ -36,13 +36,20 @@ def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) ->
 
 
 _GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+#: the forward groups the experts' GEMMs up to this many active rows per expert (on
+#: average): decoding's few rows, where the loop's operators cost more than its cache
+#: locality saves; above it (training batches) the loop is faster
+#: (``benchmarks/grouped_gemm_cpu.py``)
+GROUPED_MAX_ROWS_PER_EXPERT = 64
 
 
-def _grouped_gemm_takes(x: torch.Tensor, weight: torch.Tensor) -> bool:
-    """Whether ``torch.nn.functional.grouped_mm`` takes these operands: a float32 / bf16 /
-    fp16 dtype, and rows of ``x`` and of every expert's weight 16-byte aligned."""
+def _grouped_gemm_takes(x: torch.Tensor, weight: torch.Tensor, active_rows: int) -> bool:
+    """Whether the forward groups the experts' GEMMs: at most GROUPED_MAX_ROWS_PER_EXPERT
+    ``active_rows`` per expert, and operands ``torch.nn.functional.grouped_mm`` takes (a
+    float32 / bf16 / fp16 dtype, rows of ``x`` and of every expert's weight 16-byte aligned)."""
     size = x.element_size()
-    return (x.dtype in _GROUPED_DTYPES and weight.is_contiguous()
+    return (active_rows <= GROUPED_MAX_ROWS_PER_EXPERT * weight.size(0)
+            and x.dtype in _GROUPED_DTYPES and weight.is_contiguous()
             and x.size(1) * size % 16 == 0 and weight.size(2) * size % 16 == 0)
 
 
@@ -116,10 +123,10 @@ class ExpertBlockLinear(torch.autograd.Function):
         ends: end offset of each expert's rows in the sorted order (A = ends[-1]).
         out_rows: rows of the output; rows no sorted row writes are zero.
 
-    Forward: every expert in one ``grouped_mm`` (float32 / bf16 / fp16 operands whose rows
-    are 16-byte aligned: a constant number of operators per call, where a loop over the
-    experts issues about ten per expert, which decided the decoder's speed at a few hundred
-    rows), else expert by expert (float64 gradient checks, odd widths). Backward works
+    Forward: with few rows per expert (decoding), every expert in one ``grouped_mm``
+    (float32 / bf16 / fp16 operands whose rows are 16-byte aligned: a constant number of
+    operators per call, where a loop over the experts issues about ten per expert), else
+    expert by expert (training batches, float64 gradient checks, odd widths). Backward works
     expert block by expert block: the gather, the GEMMs and the scatter of one expert's rows
     back to back on data still in cache, recomputing the gathered input instead of keeping
     an (A, in) copy. Under autocast the
@@ -137,7 +144,7 @@ class ExpertBlockLinear(torch.autograd.Function):
         bias = None if bias is None else bias.to(dtype)
         g = None if row_gates is None else row_gates.to(dtype).unsqueeze(1)
         with torch.autocast(x.device.type, enabled=False):
-            if _grouped_gemm_takes(x, weight):
+            if _grouped_gemm_takes(x, weight, ends[-1]):
                 out = _grouped_forward(x, weight, bias, g, src, dst, ends, out_rows)
             else:
                 out = _looped_forward(x, weight, bias, g, src, dst, ends, out_rows)
