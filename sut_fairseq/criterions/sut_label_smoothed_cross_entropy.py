@@ -60,24 +60,16 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from omegaconf import II
 
-from .losses import mim_loss, record_routing, switch_loss
+from .auxiliary import AuxLossConfig, auxiliary_losses, reduce_auxiliary_metrics
+from .losses import record_routing
 from ..ops.label_smoothed_ce import label_smoothed_cross_entropy
 
-AUX_LOSS_SCALES = ChoiceEnum(["per-token", "reference"])
 EXIT_LOSSES = ChoiceEnum(["none", "weighted", "offramps"])
 
 
 @dataclass
-class SUTCriterionConfig(LabelSmoothedCrossEntropyCriterionConfig):
-    mim_weight: float = field(default=0.0, metadata={
-        "help": "weight of the mutual-information routing loss L_MIM = H(e|x) - H(e)"})
-    act_weight: float = field(default=0.0, metadata={
-        "help": "weight of the ACT loss (expected number of steps, encoder + decoder)"})
-    switch_weight: float = field(default=0.0, metadata={
-        "help": "weight of the Switch-Transformer load-balancing loss (ablation of MIM)"})
-    aux_loss_scale: AUX_LOSS_SCALES = field(default="per-token", metadata={
-        "help": "per-token: the auxiliary weights act per unit of sample_size (target "
-                "token); reference: as the official SUT code, weight / tokens-per-batch"})
+class SUTCriterionConfig(AuxLossConfig, LabelSmoothedCrossEntropyCriterionConfig):
+    # the auxiliary weights and --aux-loss-scale: AuxLossConfig (auxiliary.py)
     exit_loss: EXIT_LOSSES = field(default="none", metadata={
         "help": "early-exit models (--decoder-halting pabee|entropy): weighted = "
                 "sum_l l*CE_l / sum_l l over the off-ramps and the main head (PABEE); "
@@ -122,12 +114,9 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
 
         extra = net_output[1]
-        zero = loss.new_zeros(())
-        mim = sum((mim_loss(s).to(loss) for s in router_stats), zero)
-        switch = sum((switch_loss(s).to(loss) for s in router_stats), zero)
-        halting_enc, halting_dec = extra["halting_encoder"], extra["halting_decoder"]
-        act_enc, act_dec = halting_enc.act_loss(), halting_dec.act_loss()
-        aux = self.mim_weight * mim + self.act_weight * (act_enc + act_dec) + self.switch_weight * switch
+        halting = {"enc": extra["halting_encoder"], "dec": extra["halting_decoder"]}
+        terms = auxiliary_losses(router_stats, halting, loss)
+        aux = terms.weighted(self.mim_weight, self.act_weight, self.switch_weight)
         exit_logs = {}
         if model.training and self.exit_loss != "none":
             loss, exit_logs = self.exit_losses(model, net_output, sample, loss)
@@ -138,30 +127,13 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
             loss = loss + scale * aux
 
-        enc_positions, dec_positions = halting_enc.num_positions(), halting_dec.num_positions()
-        enc_units, dec_units = halting_enc.act_units().item(), halting_dec.act_units().item()
-        chunk_logs = {}
-        for side, halting in (("enc", halting_enc), ("dec", halting_dec)):
-            if getattr(halting, "chunk_real", None) is not None:
-                chunk_logs[f"chunks_{side}"] = halting.chunk_real.sum().item()
-                chunk_logs[f"chunk_steps_{side}"] = halting.chunk_steps.sum().item()
         logging_output = {
             "loss": loss.data,
             "nll_loss": nll_loss.data,
             "ntokens": sample["ntokens"],
             "nsentences": sample["target"].size(0),
             "sample_size": sample_size,
-            "mim": mim.item() * sample_size,
-            "switch": switch.item() * sample_size,
-            "act_enc": act_enc.item() * enc_units,
-            "act_dec": act_dec.item() * dec_units,
-            "act_units_enc": enc_units,
-            "act_units_dec": dec_units,
-            "steps_enc": halting_enc.steps.sum().item(),
-            "steps_dec": halting_dec.steps.sum().item(),
-            "positions_enc": enc_positions.item(),
-            "positions_dec": dec_positions.item(),
-            **chunk_logs,
+            **terms.logging_output(sample_size),
             **exit_logs,
         }
         if self.report_accuracy:
@@ -223,23 +195,12 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
+        reduce_auxiliary_metrics(logging_outputs)
 
         def total(key):
             return sum(log.get(key, 0) for log in logging_outputs)
 
         sample_size = total("sample_size")  # > 0: fairseq's reduce above divides by it
-        metrics.log_scalar("mim", total("mim") / sample_size, sample_size, round=4)
-        metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
-        for side in ("enc", "dec"):
-            positions = total(f"positions_{side}")
-            units = total(f"act_units_{side}")  # real positions, or real chunks if chunked
-            if positions > 0:
-                metrics.log_scalar(f"act_{side}", total(f"act_{side}") / units, units, round=3)
-                metrics.log_scalar(f"steps_{side}", total(f"steps_{side}") / positions, positions, round=3)
-            chunks = total(f"chunks_{side}")
-            if chunks > 0:
-                metrics.log_scalar(f"chunk_steps_{side}", total(f"chunk_steps_{side}") / chunks,
-                                   chunks, round=3)
         exit_keys = {key for log in logging_outputs for key in log if key.startswith("exit_loss_")}
         for key in sorted(exit_keys, key=lambda k: int(k.rsplit("_", 1)[1])):
             # CE_l per target token in base 2, as ``loss``
