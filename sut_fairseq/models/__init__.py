@@ -1,6 +1,7 @@
-"""fairseq models of the plugin: ``sut_transformer`` and its architecture presets.
+"""fairseq models of the plugin: ``sut_transformer`` and its architecture presets, and
+``sut_classifier`` (encoder-only classification) and its presets.
 
 Importing ``sut_transformer`` registers the model and then every preset of
 ``architectures.PRESETS`` as an ``--arch``.
 """
-from . import baselines, sut_transformer  # noqa: F401  (registration)
+from . import baselines, sut_classifier, sut_transformer  # noqa: F401  (registration)

@@ -1,0 +1,181 @@
+"""``sut_classifier``: an encoder-only classifier over the plugin's encoder
+(docs/classification.md), as the recurrent-transformers paper trains its UT / GUT / TLB /
+GUTLB on ListOps (one sequence) and logical inference (a Siamese pair).
+
+    H = SUTEncoder(x)                          (B, T, d), padding mask P (B, T)
+    mean:  u = Σ_{t real} H_t / #real          (B, d)
+    end:   u = H_{t*},  t* = the last real position (the </s> fairseq-preprocess appends)
+    pair:  u = pool(enc(x)), v = pool(enc(y)), f = [u; v; u·v; |u − v|]   (B, 4d)
+    single: f = u                                                            (B, d)
+    logits = W_2 dropout(tanh(W_1 f + b_1)) + b_2                          (B, C)
+
+The two sentences of a pair run through the encoder as one batch of 2B rows (each
+right-padded to the longer of the two), so the encoder's HaltingResult covers both and
+the criterion's L_ACT is the mean over all their real positions. The pooled rows are the
+encoder's output rows: with ``--encoder-chunk-size`` and ``--tlb-encoder-out memory`` the
+k memory slots (``end`` = the last slot, ``mean`` = the mean over slots, as the TLB code
+classifies from LN(M)), with ``both`` the real tokens followed by the slots.
+
+Every encoder option of ``sut_transformer`` applies (its presets' sizes through the
+``sut_classifier*`` presets below, the GUT / TLB / GUTLB settings by option); the decoder
+options exist on the command line (the option table is ``SUTTransformerModel.add_args``)
+but a classifier has no decoder: one set away from its default is refused.
+"""
+import torch
+import torch.nn as nn
+from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
+
+from .architectures import (BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, _default, base_architecture,
+                            sut_logic, sut_tiny)
+from .sut_transformer import SUTEncoder, SUTTransformerModel, build_embedding
+from .validation import validate_args
+
+POOLINGS = ("mean", "end")
+#: options read only by the decoder (or by sharing with it), at their defaults here
+DECODER_ONLY = ("share_all_embeddings", "share_decoder_input_output_embed", "exit_patience",
+                "exit_entropy", "decoder_chunk_size", "decoder_memory_slots",
+                "decoder_memory_update_layers", "decoder_chunk_positions", "max_target_positions")
+
+
+def pool(states: torch.Tensor, padding_mask: torch.Tensor, mode: str) -> torch.Tensor:
+    """states (B, T, d), padding_mask (B, T) (True at padding; every row has a real
+    position) -> (B, d): the mean over the real positions, or the state at the last real
+    position (``end``; right or left padding alike)."""
+    real = ~padding_mask
+    if mode == "mean":
+        summed = states.masked_fill(padding_mask.unsqueeze(-1), 0.0).sum(1)
+        return summed / real.sum(1, keepdim=True).to(states.dtype)
+    if mode == "end":
+        positions = torch.arange(states.size(1), device=states.device)
+        last = (positions * real).argmax(1)  # the largest real index
+        return states[torch.arange(states.size(0), device=states.device), last]
+    raise ValueError(f"--pooling={mode!r} is invalid: choose from {POOLINGS}")
+
+
+def siamese_features(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """[u; v; u·v; |u − v|]: (B, d) twice -> (B, 4d)."""
+    return torch.cat([u, v, u * v, (u - v).abs()], dim=-1)
+
+
+def stack_pair(src_tokens: torch.Tensor, pair_tokens: torch.Tensor, pad: int) -> torch.Tensor:
+    """Right-padded (B, S1) and (B, S2) -> (2B, max(S1, S2)): the first sentences, then
+    the second ones, right-padded to one length."""
+    width = max(src_tokens.size(1), pair_tokens.size(1))
+
+    def widen(tokens):
+        return nn.functional.pad(tokens, (0, width - tokens.size(1)), value=pad)
+
+    return torch.cat([widen(src_tokens), widen(pair_tokens)], 0)
+
+
+class ClassificationHead(nn.Module):
+    """Linear(in, hidden) -> tanh -> dropout -> Linear(hidden, C). The paper does not state
+    its classifier's activation; tanh is that of fairseq's sentence classification heads."""
+
+    def __init__(self, in_dim: int, hidden_dim: int, num_classes: int, dropout: float):
+        super().__init__()
+        self.dense = nn.Linear(in_dim, hidden_dim)
+        self.dropout = nn.Dropout(dropout)
+        self.out_proj = nn.Linear(hidden_dim, num_classes)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        return self.out_proj(self.dropout(torch.tanh(self.dense(features))))
+
+
+@register_model("sut_classifier")
+class SUTClassifierModel(BaseFairseqModel):
+    """pooled SUT / UT encoder + MLP head; a Siamese head when the task has pairs."""
+
+    @staticmethod
+    def add_args(parser):
+        SUTTransformerModel.add_args(parser)
+        parser.add_argument("--pooling", choices=POOLINGS,
+                            help="sentence vector: mean over the real positions, or the state "
+                            "at the last one (end: the </s>; the paper's choice for GUT/GUTLB) "
+                            "(default: mean)")
+        parser.add_argument("--classifier-hidden-dim", type=int, metavar="N",
+                            help="hidden width of the classification MLP (default: the "
+                            "encoder width)")
+
+    @classmethod
+    def build_model(cls, args, task):
+        classifier_architecture(args)
+        validate_args(args)
+        _refuse_decoder_options(args)
+        if args.pooling not in POOLINGS:
+            raise ValueError(f"--pooling={args.pooling!r} is invalid: choose from {POOLINGS}")
+        if not (isinstance(args.classifier_hidden_dim, int) and args.classifier_hidden_dim >= 1):
+            raise ValueError(f"--classifier-hidden-dim={args.classifier_hidden_dim!r} is "
+                             "invalid: must be a positive integer")
+        dictionary = task.source_dictionary
+        encoder = SUTEncoder(args, dictionary, build_embedding(dictionary, args.encoder_embed_dim))
+        d = args.encoder_embed_dim
+        head = ClassificationHead(4 * d if task.pair else d, args.classifier_hidden_dim,
+                                  task.num_classes, args.dropout)
+        return cls(encoder, head, args.pooling, task.pair)
+
+    def __init__(self, encoder: SUTEncoder, head: ClassificationHead, pooling: str, pair: bool):
+        super().__init__()
+        self.encoder, self.head, self.pooling, self.pair = encoder, head, pooling, pair
+
+    def forward(self, src_tokens, src_lengths, pair_tokens=None, pair_lengths=None):
+        """src_tokens (B, S1) right-padded; pair_tokens (B, S2) for a pair model. Returns
+        logits (B, C) and {"halting_encoder": HaltingResult over the encoded rows (B, or
+        2B for pairs), "features": the head's input (B, d or 4d)}."""
+        if self.pair != (pair_tokens is not None):
+            raise ValueError(f"this model classifies {'pairs' if self.pair else 'single sentences'}"
+                             f" but was given {'a pair' if pair_tokens is not None else 'one sentence'}")
+        tokens, lengths = src_tokens, src_lengths
+        if self.pair:
+            tokens = stack_pair(src_tokens, pair_tokens, self.encoder.padding_idx)
+            lengths = torch.cat([src_lengths, pair_lengths], 0)
+        out = self.encoder(tokens, lengths)
+        pooled = pool(out["encoder_out"][0].transpose(0, 1), out["encoder_padding_mask"][0],
+                      self.pooling)
+        if self.pair:
+            u, v = pooled.chunk(2, 0)
+            features = siamese_features(u, v)
+        else:
+            features = pooled
+        return self.head(features), {"halting_encoder": out["halting"][0], "features": features}
+
+    def max_positions(self):
+        return self.encoder.max_positions()
+
+
+def _refuse_decoder_options(args) -> None:
+    """A classifier has no decoder: its options must keep the values the encoder-decoder
+    would give them by default (so a checkpoint's filled-in arguments pass)."""
+    for opt in DECODER_ONLY:
+        if getattr(args, opt) != BASE_DEFAULTS[opt]:
+            raise ValueError(f"--{opt.replace('_', '-')}={getattr(args, opt)!r} is invalid: "
+                             "sut_classifier has no decoder (leave it at its default "
+                             f"{BASE_DEFAULTS[opt]!r})")
+    for dec, enc in DECODER_FOLLOWS_ENCODER.items():
+        if getattr(args, dec) != getattr(args, enc):
+            raise ValueError(f"--{dec.replace('_', '-')}={getattr(args, dec)!r} is invalid: "
+                             "sut_classifier has no decoder (leave it unset)")
+
+
+def classifier_architecture(args):
+    """The classifier's own options; the encoder's come from the preset that called it
+    (``base_architecture``: ``sut_base``'s sizes, when called alone at build time)."""
+    base_architecture(args)
+    _default(args, "pooling", "mean")
+    _default(args, "classifier_hidden_dim", args.encoder_embed_dim)
+
+
+@register_model_architecture("sut_classifier", "sut_classifier")
+def sut_classifier(args):
+    """``sut_logic``'s encoder (d 128, MoMHA (12, 4, 2, 32, 1), MoE-FFD (12, 4, 128),
+    up to 12 steps, stick-breaking halting), mean pooling, MLP hidden d."""
+    sut_logic(args)
+    classifier_architecture(args)
+
+
+@register_model_architecture("sut_classifier", "sut_classifier_tiny")
+def sut_classifier_tiny(args):
+    """``sut_tiny``'s encoder (d 64, MoMHA (4, 2, 2, 16, 4), MoE-FFD (4, 2, 64), up to
+    3 steps), for tests."""
+    sut_tiny(args)
+    classifier_architecture(args)
