@@ -1,0 +1,286 @@
+"""The encoder-only classifier (docs/classification.md): pooling and Siamese features by
+hand, padding and batching invariance, the criterion's loss against a hand computation
+of the auxiliary terms it reuses, the task on fairseq-preprocess'd fixtures (one
+sentence and pairs) and its refusals, and fairseq-train / fairseq-validate end to end."""
+import random
+import re
+import shutil
+import subprocess
+from types import SimpleNamespace
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from sut_fairseq.criterions.losses import mim_loss, record_routing, switch_loss
+from sut_fairseq.criterions.sut_classification import SUTClassificationCriterion
+from sut_fairseq.models.standalone import model_args, synthetic_dictionary
+from sut_fairseq.models.sut_classifier import SUTClassifierModel, pool, siamese_features
+from sut_fairseq.recipes.commands import tool
+from sut_fairseq.tasks.sut_classification import SUTClassificationConfig, SUTClassificationTask
+from sut_fairseq.user_dir import user_dir
+
+PAD = 1
+
+
+# --------------------------------------------------------------------------- pooling and features
+
+def test_pooling_by_hand():
+    states = torch.arange(2 * 4 * 3, dtype=torch.float64).view(2, 4, 3)
+    # row 0: 3 real positions then padding; row 1: left padding, 2 real positions
+    padding = torch.tensor([[False, False, False, True], [True, True, False, False]])
+    states[0, 3] = float("nan")  # a padding state never reaches the result
+    mean = pool(states, padding, "mean")
+    assert torch.equal(mean[0], (states[0, 0] + states[0, 1] + states[0, 2]) / 3)
+    assert torch.equal(mean[1], (states[1, 2] + states[1, 3]) / 2)
+    end = pool(states, padding, "end")
+    assert torch.equal(end, torch.stack([states[0, 2], states[1, 3]]))
+    with pytest.raises(ValueError, match="--pooling='max' is invalid"):
+        pool(states, padding, "max")
+
+
+def test_siamese_features_exactly():
+    u = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
+    v = torch.tensor([[4.0, 1.0], [-1.5, 3.0]])
+    expected = torch.tensor([[1.0, -2.0, 4.0, 1.0, 4.0, -2.0, 3.0, 3.0],
+                             [0.5, 3.0, -1.5, 3.0, -0.75, 9.0, 2.0, 0.0]])
+    assert torch.equal(siamese_features(u, v), expected)
+
+
+# --------------------------------------------------------------------------- the model
+
+def _model(pair, num_classes=3, seed=0, **overrides):
+    """A tiny eval-mode classifier without dropout whose halting units stop positions at
+    different steps (α_thresh 0.5)."""
+    torch.manual_seed(seed)
+    overrides.setdefault("halting_threshold", 0.5)
+    args = model_args("sut_classifier_tiny", dropout=0.0, **overrides)
+    task = SimpleNamespace(source_dictionary=synthetic_dictionary(40), pair=pair,
+                           num_classes=num_classes)
+    model = SUTClassifierModel.build_model(args, task)
+    unit = model.encoder.halting.unit
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        unit.fc2.weight.copy_(torch.randn(unit.fc2.weight.shape, generator=g) * 2.0
+                              / unit.fc2.weight.size(1) ** 0.5)
+        unit.fc2.bias.fill_(0.0)
+    return model.eval()
+
+
+def _tokens(lengths, seed=0, width=None):
+    """Right-padded (B, width) sentences of the given lengths, each ending in </s> (2)."""
+    g = torch.Generator().manual_seed(seed)
+    width = width or max(lengths)
+    tokens = torch.full((len(lengths), width), PAD)
+    for i, n in enumerate(lengths):
+        tokens[i, :n] = torch.randint(4, 40, (n,), generator=g)
+        tokens[i, n - 1] = 2
+    return tokens, torch.tensor(lengths)
+
+
+@pytest.mark.parametrize("pooling", ["mean", "end"])
+def test_padding_changes_neither_the_pooled_vector_nor_the_logits(pooling):
+    model = _model(pair=False, pooling=pooling)
+    alone, n = _tokens([5], seed=1)
+    batch, lengths = _tokens([5, 9], seed=1)           # the same first sentence, padded to 9
+    batch[0] = PAD
+    batch[0, :5] = alone[0]
+    lengths[0] = 5
+    with torch.no_grad():
+        logits_alone, extra_alone = model(alone, n)
+        logits_batch, extra_batch = model(batch, lengths)
+    steps = extra_batch["halting_encoder"].steps[0, :5]
+    assert steps.min() < steps.max()                    # the halting rule is exercised
+    torch.testing.assert_close(extra_batch["features"][:1], extra_alone["features"], atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits_batch[:1], logits_alone, atol=1e-5, rtol=0)
+    assert logits_alone.shape == (1, 3)
+
+
+def test_a_batch_of_pairs_equals_each_pair_alone():
+    model = _model(pair=True, pooling="end")
+    first, first_lengths = _tokens([4, 7, 3], seed=2)
+    second, second_lengths = _tokens([6, 2, 8], seed=3)
+    with torch.no_grad():
+        logits, extra = model(first, first_lengths, second, second_lengths)
+        for i in range(3):
+            a, b = first_lengths[i], second_lengths[i]
+            one, _ = model(first[i:i + 1, :a], first_lengths[i:i + 1],
+                           second[i:i + 1, :b], second_lengths[i:i + 1])
+            torch.testing.assert_close(logits[i:i + 1], one, atol=1e-5, rtol=0)
+    assert extra["features"].shape == (3, 4 * 64)
+    # one encoder pass over both sentences: 2B rows
+    assert extra["halting_encoder"].real.sum().item() == 4 + 7 + 3 + 6 + 2 + 8
+    with pytest.raises(ValueError, match="classifies pairs but was given one sentence"):
+        model(first, first_lengths)
+
+
+def test_decoder_options_are_refused():
+    with pytest.raises(ValueError, match="--decoder-chunk-size=4 is invalid: sut_classifier has no decoder"):
+        _model(pair=False, decoder_chunk_size=4)
+    with pytest.raises(ValueError, match="--decoder-layers=5 is invalid"):
+        _model(pair=False, decoder_layers=5)
+
+
+# --------------------------------------------------------------------------- the criterion
+
+def _sample(pair=True, B=4):
+    first, first_lengths = _tokens([5, 3, 6, 4][:B], seed=4)
+    net_input = {"src_tokens": first, "src_lengths": first_lengths}
+    if pair:
+        second, second_lengths = _tokens([2, 6, 3, 5][:B], seed=5)
+        net_input.update(pair_tokens=second, pair_lengths=second_lengths)
+    return {"net_input": net_input, "target": torch.tensor([0, 2, 1, 2][:B]), "ntokens": 36}
+
+
+def test_criterion_loss_is_cross_entropy_plus_the_auxiliary_terms():
+    model = _model(pair=True).train()                   # no dropout: a deterministic forward
+    sample = _sample()
+    weights = dict(mim_weight=0.3, act_weight=0.05, switch_weight=0.2)
+    crit = SUTClassificationCriterion(None, **weights)
+    with record_routing(model) as stats:
+        logits, extra = model(**sample["net_input"])
+    ce = F.cross_entropy(logits, sample["target"], reduction="sum")
+    mim = sum(mim_loss(s) for s in stats)
+    switch = sum(switch_loss(s) for s in stats)
+    act = extra["halting_encoder"].act_loss()
+    assert len(stats) == 2 and mim.item() != 0 and act.item() > 1
+    expected = ce + 4 * (0.3 * mim + 0.05 * act + 0.2 * switch)  # per-token scale: B sentences
+    loss, sample_size, log = crit(model, sample)
+    assert sample_size == 4
+    torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(log["nll_loss"], ce.detach(), atol=1e-5, rtol=1e-6)
+    assert log["ncorrect"] == logits.argmax(-1).eq(sample["target"]).sum().item()
+    assert log["nsentences"] == 4 and log["positions_enc"] == 18 + 16
+    # --aux-loss-scale reference: the terms unscaled; eval: the cross-entropy alone
+    reference = SUTClassificationCriterion(None, aux_loss_scale="reference", **weights)
+    torch.testing.assert_close(reference(model, sample)[0], ce + (expected - ce) / 4, atol=1e-5, rtol=1e-6)
+    model.eval()
+    with torch.no_grad():
+        eval_loss, _, eval_log = crit(model, sample)
+        eval_logits, _ = model(**sample["net_input"])
+    torch.testing.assert_close(eval_loss, F.cross_entropy(eval_logits, sample["target"], reduction="sum"))
+
+
+def test_criterion_reduces_accuracy_per_sentence():
+    from fairseq.logging import metrics
+
+    logs = [dict(loss=2.0, nll_loss=2.0, ntokens=10, nsentences=4, sample_size=4, ncorrect=3,
+                 mim=0.0, switch=0.0, act_enc=6.0, act_units_enc=3, steps_enc=6, positions_enc=3),
+            dict(loss=1.0, nll_loss=1.0, ntokens=10, nsentences=4, sample_size=4, ncorrect=2,
+                 mim=0.0, switch=0.0, act_enc=2.0, act_units_enc=1, steps_enc=2, positions_enc=1)]
+    with metrics.aggregate(new_root=True) as agg:
+        SUTClassificationCriterion.reduce_metrics(logs)
+        values = agg.get_smoothed_values()
+    assert values["accuracy"] == 62.5
+    assert values["loss"] == round(3.0 / 8 / 0.6931471805599453, 3)
+    assert values["act_enc"] == 2.0 and values["steps_enc"] == 2.0
+    assert SUTClassificationCriterion.logging_outputs_can_be_summed()
+
+
+# --------------------------------------------------------------------------- the task on fixtures
+
+def _run(command):
+    proc = subprocess.run([str(c) for c in command], capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 0, f"{command[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout + proc.stderr
+
+
+def _preprocess(*argv):
+    """fairseq-preprocess ARGV, in this process (the console script's main, without the
+    seconds of a new interpreter importing fairseq)."""
+    from fairseq import options
+    from fairseq_cli import preprocess
+
+    preprocess.main(options.get_preprocessing_parser().parse_args([str(a) for a in argv]))
+
+
+def _write_split(root, split, n, rng):
+    """Pairs of short sentences over a..f; the label says whether they start alike."""
+    lines = {"input0": [], "input1": [], "label": []}
+    for _ in range(n):
+        a = [rng.choice("abcdef") for _ in range(rng.randint(1, 6))]
+        b = [rng.choice("abcdef") for _ in range(rng.randint(1, 6))]
+        lines["input0"].append(" ".join(a))
+        lines["input1"].append(" ".join(b))
+        lines["label"].append("same" if a[0] == b[0] else "different")
+    for key, rows in lines.items():
+        (root / f"{split}.{key}").write_text("\n".join(rows) + "\n")
+
+
+@pytest.fixture(scope="module")
+def fixtures(tmp_path_factory):
+    """(pair data, single-sentence data): fairseq-preprocess'd input0 / input1 / label."""
+    text = tmp_path_factory.mktemp("text")
+    rng = random.Random(0)
+    _write_split(text, "train", 64, rng)
+    _write_split(text, "valid", 24, rng)
+    pairs = tmp_path_factory.mktemp("pairs")
+    for key in ("input0", "input1", "label"):
+        dict_args = ["--srcdict", pairs / "input0" / "dict.txt"] if key == "input1" else []
+        _preprocess("--only-source", "--workers", "1", "--trainpref", text / f"train.{key}",
+                    "--validpref", text / f"valid.{key}", "--destdir", pairs / key, *dict_args)
+    single = tmp_path_factory.mktemp("single")
+    for key in ("input0", "label"):
+        shutil.copytree(pairs / key, single / key)
+    return pairs, single
+
+
+def _task(data, **cfg):
+    return SUTClassificationTask.setup_task(SUTClassificationConfig(data=str(data), seed=1, **cfg))
+
+
+@pytest.mark.parametrize("kind", ["pairs", "single"])
+def test_the_task_loads_the_fixture(fixtures, kind):
+    data = fixtures[0] if kind == "pairs" else fixtures[1]
+    task = _task(data, num_classes=2)
+    assert task.pair == (kind == "pairs") and task.num_classes == 2
+    dataset = task.load_dataset("valid")
+    assert len(dataset) == 24
+    batch = dataset.collater([dataset[i] for i in range(5)])
+    net = batch["net_input"]
+    keys = {"src_tokens", "src_lengths"} | ({"pair_tokens", "pair_lengths"} if kind == "pairs" else set())
+    assert set(net) == keys
+    assert batch["target"].shape == (5, 1)                # as sentence_prediction's
+    labels = [task.label_dictionary[i + task.label_dictionary.nspecial]
+              for i in batch["target"].view(-1).tolist()]
+    assert set(labels) <= {"same", "different"}
+    for name in ("src", "pair") if kind == "pairs" else ("src",):
+        tokens, lengths = net[f"{name}_tokens"], net[f"{name}_lengths"]
+        for row, n in zip(tokens, lengths):                  # right-padded, ending in </s>
+            assert row[n - 1] == task.dictionary.eos() and row[n:].eq(task.dictionary.pad()).all()
+    if kind == "pairs":  # the label is what the text says: same first word or not
+        for i, label in enumerate(labels):
+            same = net["src_tokens"][i, 0] == net["pair_tokens"][i, 0]
+            assert label == ("same" if same else "different")
+        assert batch["ntokens"] == (net["src_lengths"].sum() + net["pair_lengths"].sum()).item()
+
+
+def test_the_task_refuses_missing_directories_and_a_wrong_class_count(fixtures, tmp_path):
+    pairs, _ = fixtures
+    with pytest.raises(ValueError, match=r"--num-classes=5 is invalid: .*label/dict.txt holds 2 labels"):
+        _task(pairs, num_classes=5)
+    for missing in ("input0", "label"):
+        broken = tmp_path / missing
+        shutil.copytree(pairs, broken)
+        shutil.rmtree(broken / missing)
+        with pytest.raises(FileNotFoundError, match=f"{re.escape(str(broken / missing))}/dict.txt not found"):
+            _task(broken)
+    with pytest.raises(FileNotFoundError, match=r"input0/test.bin/.idx not found: expected the test split"):
+        _task(pairs).load_dataset("test")
+
+
+def test_fairseq_train_and_validate_report_accuracy(fixtures, tmp_path):
+    pairs, _ = fixtures
+    common = ["--user-dir", user_dir(), "--task", "sut_classification", "--num-workers", "0"]
+    log = _run([tool("fairseq-train"), pairs, *common, "--arch", "sut_classifier_tiny",
+                "--criterion", "sut_classification", "--act-weight", "0.01", "--mim-weight", "0.01",
+                "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "16", "--max-update", "10",
+                "--save-dir", tmp_path, "--no-epoch-checkpoints", "--log-format", "simple",
+                "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
+                "--seed", "1"])
+    assert re.search(r"valid on 'valid' subset .*\| accuracy [\d.]+", log), log[-2000:]
+    assert "num_updates 10" in log
+    out = _run([tool("fairseq-validate"), pairs, *common, "--path", tmp_path / "checkpoint_best.pt",
+                "--valid-subset", "valid", "--batch-size", "16"])
+    accuracy = re.search(r"valid on 'valid' subset .*\| accuracy ([\d.]+)", out)
+    assert accuracy and 0 <= float(accuracy.group(1)) <= 100, out[-2000:]
