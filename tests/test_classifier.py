@@ -78,9 +78,19 @@ def _tokens(lengths, seed=0, width=None):
     return tokens, torch.tensor(lengths)
 
 
-@pytest.mark.parametrize("pooling", ["mean", "end"])
-def test_padding_changes_neither_the_pooled_vector_nor_the_logits(pooling):
-    model = _model(pair=False, pooling=pooling)
+#: GUTLB's encoder at the tiny size: chunks of 3 real tokens, 2 memory slots, global-mean
+#: transition-aware halting and the gate
+GUTLB = dict(encoder_chunk_size=3, encoder_memory_slots=2, encoder_halting="global-mean",
+             halting_transition=True, gated_ffn=True, encoder_normalize_before=True)
+
+
+@pytest.mark.parametrize("pooling,options", [
+    ("mean", {}), ("end", {}),
+    ("end", dict(GUTLB, tlb_encoder_out="tokens")),      # the </s> state
+    ("mean", dict(GUTLB, tlb_encoder_out="memory")),     # the mean over the memory slots
+], ids=["mean", "end", "gutlb-end", "tlb-memory-mean"])
+def test_padding_changes_neither_the_pooled_vector_nor_the_logits(pooling, options):
+    model = _model(pair=False, pooling=pooling, **options)
     alone, n = _tokens([5], seed=1)
     batch, lengths = _tokens([5, 9], seed=1)           # the same first sentence, padded to 9
     batch[0] = PAD
@@ -89,8 +99,9 @@ def test_padding_changes_neither_the_pooled_vector_nor_the_logits(pooling):
     with torch.no_grad():
         logits_alone, extra_alone = model(alone, n)
         logits_batch, extra_batch = model(batch, lengths)
-    steps = extra_batch["halting_encoder"].steps[0, :5]
-    assert steps.min() < steps.max()                    # the halting rule is exercised
+    if not options:
+        steps = extra_batch["halting_encoder"].steps[0, :5]
+        assert steps.min() < steps.max()                # the halting rule is exercised
     torch.testing.assert_close(extra_batch["features"][:1], extra_alone["features"], atol=1e-5, rtol=0)
     torch.testing.assert_close(logits_batch[:1], logits_alone, atol=1e-5, rtol=0)
     assert logits_alone.shape == (1, 3)
