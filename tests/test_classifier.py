@@ -162,6 +162,9 @@ def test_criterion_loss_is_cross_entropy_plus_the_auxiliary_terms():
     torch.testing.assert_close(log["nll_loss"], ce.detach(), atol=1e-5, rtol=1e-6)
     assert log["ncorrect"] == logits.argmax(-1).eq(sample["target"]).sum().item()
     assert log["nsentences"] == 4 and log["positions_enc"] == 18 + 16
+    # reduce=False: the CE of each sentence, nothing auxiliary
+    per_sentence = crit(model, sample, reduce=False)[0]
+    torch.testing.assert_close(per_sentence, F.cross_entropy(logits, sample["target"], reduction="none"))
     # --aux-loss-scale reference: the terms unscaled; eval: the cross-entropy alone
     reference = SUTClassificationCriterion(None, aux_loss_scale="reference", **weights)
     torch.testing.assert_close(reference(model, sample)[0], ce + (expected - ce) / 4, atol=1e-5, rtol=1e-6)

@@ -30,7 +30,8 @@ class AuxLossConfig(FairseqDataclass):
     mim_weight: float = field(default=0.0, metadata={
         "help": "weight of the mutual-information routing loss L_MIM = H(e|x) - H(e)"})
     act_weight: float = field(default=0.0, metadata={
-        "help": "weight of the ACT loss (expected number of steps, encoder + decoder)"})
+        "help": "weight of the ACT loss (expected number of steps, summed over the sides: "
+                "encoder + decoder, or the classifier's encoder)"})
     switch_weight: float = field(default=0.0, metadata={
         "help": "weight of the Switch-Transformer load-balancing loss (ablation of MIM)"})
     aux_loss_scale: AUX_LOSS_SCALES = field(default="per-token", metadata={
