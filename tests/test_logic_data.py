@@ -416,6 +416,46 @@ def test_generate_and_prepare_clis(tmp_path):
     assert result.returncode != 0 and f"{raw / 'train3'}:1:" in result.stderr
 
 
+def test_classify_form(tmp_path):
+    pairs = [li.Pair("<", "( a ( and b ) )", "a"), li.Pair("#", "a", "b")]
+    paths = li.write_classify(str(tmp_path), "valid", pairs)
+    assert [os.path.basename(p) for p in paths] == ["valid.input0", "valid.input1", "valid.label"]
+    assert [open(p).read() for p in paths] == ["( a ( and b ) )\na\n", "a\nb\n", "<\n#\n"]
+
+
+def test_prepare_classify_binarizes_the_sentence_prediction_layout(tmp_path):
+    """--format classify --binarize: input0 / input1 with one dictionary, label; the task
+    sut_classification reads every pair back (formulas and relation) from each split."""
+    from fairseq.data import Dictionary
+
+    from sut_fairseq.tasks.sut_classification import SUTClassificationConfig, SUTClassificationTask
+
+    raw, out = tmp_path / "raw", tmp_path / "cls"
+    result = _run(GENERATE, "--out", str(raw), "--pairs", "1500", "--seed", "3", "--no-progress")
+    assert result.returncode == 0, result.stderr
+    result = _run(PREPARE, "--data", str(raw), "--out", str(out), "--format", "classify", "--binarize")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("running (into a temporary directory") == 4, result.stdout
+    assert _lines(out / "train.tokens") == _lines(out / "train.input0") + _lines(out / "train.input1")
+    bin_dir = out / "bin"
+    assert sorted(os.listdir(bin_dir)) == ["input0", "input1", "label"]
+    assert open(bin_dir / "input0" / "dict.txt").read() == open(bin_dir / "input1" / "dict.txt").read()
+    task = SUTClassificationTask.setup_task(SUTClassificationConfig(data=str(bin_dir), seed=1))
+    assert task.pair and task.num_classes == len(li.RELATIONS)
+    labels = Dictionary.load(str(bin_dir / "label" / "dict.txt"))
+    for split, text in (("valid", "valid"), ("test", "test0"), ("test7", "test7")):
+        dataset = task.load_dataset(split)
+        expected = list(zip(_lines(out / f"{text}.input0"), _lines(out / f"{text}.input1"),
+                            _lines(out / f"{text}.label")))
+        got = []
+        for i in range(len(dataset)):
+            item = dataset[i]  # NestedDictionaryDataset: flattened keys
+            got.append((task.dictionary.string(item["net_input.src_tokens"][:-1]),
+                        task.dictionary.string(item["net_input.pair_tokens"][:-1]),
+                        labels[int(item["target"]) + labels.nspecial]))
+        assert sorted(got) == sorted(expected) and len(got) > 0, split
+
+
 # --------------------------------------------------------------------------- exact behaviour
 # (each test below pins what a mutation-testing run found unchecked, docs/testing.md)
 

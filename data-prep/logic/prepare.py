@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
-"""Turn original-format logic files into seq2seq text files (and optionally binarize them).
+"""Turn original-format logic files into seq2seq or classification text files (and
+optionally binarize them).
 
     python data-prep/logic/prepare.py --data DIR --out OUT --protocol standard [--binarize]
+        [--format seq2seq|classify]
 
 ``--data`` holds ``train0`` .. ``train12`` / ``test0`` .. ``test12`` in the original
 ``RELATION<TAB>LEFT<TAB>RIGHT`` format (downloaded, or made by ``generate.py``).
@@ -14,6 +16,14 @@ relation token (docs/results/logic_data.md#protocols). Files written into ``--ou
 * ``--protocol A|B|C`` (compositional): ``train``, ``valid`` and ``test`` from train0..train6
   only; a pair is a test pair when either side contains the split's pattern
   (A: ``( and ( not a ) )``, B: ``( and ( not ``, C: ``( and ( not `` or ``( or ( not ``).
+
+``--format classify`` (the Siamese classifier's form, docs/classification.md) writes, per
+split, ``NAME.input0`` (the left formulas), ``NAME.input1`` (the right ones) and
+``NAME.label`` (the relations) instead of ``.src`` / ``.tgt``, and ``train.tokens`` (both
+sides' training formulas, the vocabulary's source). Binarized, ``--bin-dir`` holds fairseq's
+sentence-prediction layout for ``--task sut_classification``: ``input0/`` and ``input1/``
+(one dictionary, built from ``train.tokens``) and ``label/``, from four
+``fairseq-preprocess --only-source`` calls; the test splits are named as below.
 
 ``--binarize`` then runs one ``fairseq-preprocess`` call (``--source-lang src
 --target-lang tgt --joined-dictionary --workers 1``, dictionary built from train) into
@@ -47,6 +57,7 @@ import subprocess
 import sys
 
 from sut_fairseq.data import logic_inference, output_dir
+from sut_fairseq.data.atomic import write_lines_atomic
 from sut_fairseq.recipes.commands import RecipeError, tool
 
 
@@ -58,13 +69,35 @@ def _inside(path, directory):
 def binarize_command(executable, out_dir, bin_dir, split_names):
     """The ``fairseq-preprocess`` command line for the splits written to ``out_dir``."""
     prefix = lambda name: os.path.join(out_dir, name)
-    tests = [name for name in split_names if name.startswith("test")]
-    # test0..test12 in bucket order, so that fairseq's names test, test1, ... test12 line up.
-    tests.sort(key=lambda name: int(name[4:] or 0))
     return [executable, "--source-lang", "src", "--target-lang", "tgt",
             "--trainpref", prefix("train"), "--validpref", prefix("valid"),
-            "--testpref", ",".join(prefix(t) for t in tests),
+            "--testpref", _test_prefixes(out_dir, split_names),
             "--destdir", bin_dir, "--joined-dictionary", "--workers", "1"]
+
+
+def _test_prefixes(out_dir, split_names, suffix=""):
+    """``--testpref``: the test splits in bucket order (test0..test12), so that fairseq's
+    names test, test1, ... test12 line up."""
+    tests = sorted((name for name in split_names if name.startswith("test")),
+                   key=lambda name: int(name[4:] or 0))
+    return ",".join(os.path.join(out_dir, name + suffix) for name in tests)
+
+
+def classify_binarize_commands(executable, out_dir, bin_dir, split_names):
+    """The ``fairseq-preprocess`` command lines of the classification form: the joint
+    dictionary of both formulas (``--dict-only`` over ``train.tokens``), then input0,
+    input1 (with that dictionary) and label, each ``--only-source``."""
+    prefix = lambda name: os.path.join(out_dir, name)
+    source_dict = os.path.join(bin_dir, "input0", "dict.txt")
+    commands = [[executable, "--only-source", "--dict-only", "--trainpref", prefix("train.tokens"),
+                 "--destdir", os.path.join(bin_dir, "input0"), "--workers", "1"]]
+    for field in logic_inference.CLASSIFY_FIELDS:
+        dictionary = [] if field == "label" else ["--srcdict", source_dict]
+        commands.append([executable, "--only-source", *dictionary,
+                         "--trainpref", prefix(f"train.{field}"), "--validpref", prefix(f"valid.{field}"),
+                         "--testpref", _test_prefixes(out_dir, split_names, f".{field}"),
+                         "--destdir", os.path.join(bin_dir, field), "--workers", "1"])
+    return commands
 
 
 def main(argv=None):
@@ -76,6 +109,10 @@ def main(argv=None):
     parser.add_argument("--protocol", default="standard", choices=["standard", "A", "B", "C"],
                         help="standard (train on buckets 0..6, test per bucket) or a "
                              "compositional split A/B/C (default standard)")
+    parser.add_argument("--format", default="seq2seq", choices=["seq2seq", "classify"],
+                        help="seq2seq (LEFT #SEP# RIGHT -> relation: --task translation) or "
+                             "classify (left, right and relation apart: --task "
+                             "sut_classification) (default seq2seq)")
     parser.add_argument("--check-relations", action="store_true",
                         help="verify every relation against the formulas' truth sets")
     parser.add_argument("--binarize", action="store_true", help="also run fairseq-preprocess")
@@ -117,8 +154,16 @@ def main(argv=None):
             out_stage = stack.enter_context(od.StagedDir(args.out, overwrite=args.overwrite))
             print(f"protocol {args.protocol}: {args.data} -> {args.out}")
             for name, pairs in splits.items():
-                li.write_seq2seq(out_stage.path, name, pairs)
-                print(f"  {name:>7}: {len(pairs):>7,} pairs -> {name}.src, {name}.tgt")
+                if args.format == "classify":
+                    li.write_classify(out_stage.path, name, pairs)
+                    print(f"  {name:>7}: {len(pairs):>7,} pairs -> {name}.input0, {name}.input1, {name}.label")
+                else:
+                    li.write_seq2seq(out_stage.path, name, pairs)
+                    print(f"  {name:>7}: {len(pairs):>7,} pairs -> {name}.src, {name}.tgt")
+            if args.format == "classify":  # the vocabulary of both sides
+                train = splits["train"]
+                write_lines_atomic(os.path.join(out_stage.path, "train.tokens"),
+                                   [p.left for p in train] + [p.right for p in train])
             if args.binarize:
                 if separate_bin:
                     staged_bin = stack.enter_context(
@@ -126,12 +171,16 @@ def main(argv=None):
                 else:
                     staged_bin = os.path.join(out_stage.path, os.path.relpath(
                         os.path.abspath(bin_dir), os.path.abspath(args.out)))
-                command = binarize_command(executable, out_stage.path, staged_bin, list(splits))
-                print(f"running (into a temporary directory that becomes {bin_dir} when it "
-                      "succeeds): " + " ".join(shlex.quote(c) for c in command), flush=True)
-                returncode = subprocess.run(command).returncode
-                if returncode != 0:
-                    raise SystemExit(f"error: fairseq-preprocess failed with exit status {returncode}")
+                if args.format == "classify":
+                    commands = classify_binarize_commands(executable, out_stage.path, staged_bin, list(splits))
+                else:
+                    commands = [binarize_command(executable, out_stage.path, staged_bin, list(splits))]
+                for command in commands:
+                    print(f"running (into a temporary directory that becomes {bin_dir} when it "
+                          "succeeds): " + " ".join(shlex.quote(c) for c in command), flush=True)
+                    returncode = subprocess.run(command).returncode
+                    if returncode != 0:
+                        raise SystemExit(f"error: fairseq-preprocess failed with exit status {returncode}")
     except od.OutputExistsError as err:
         return od.refuse(err)
     if args.binarize:

@@ -23,7 +23,8 @@ Files
 
 Protocols (see :func:`standard_protocol`, :func:`compositional_protocol`) and the seq2seq
 form (``LEFT #SEP# RIGHT`` -> relation token, :func:`write_seq2seq`) follow
-docs/results/logic_data.md#protocols.
+docs/results/logic_data.md#protocols; the classification form (left, right and relation in
+three line-aligned files, :func:`write_classify`) is the Siamese classifier's.
 """
 import os
 import random
@@ -504,3 +505,22 @@ def write_seq2seq(directory: str, split: str, pairs: Sequence[Pair]) -> Tuple[st
     write_lines_atomic(src_path, (s for s, _ in lines))
     write_lines_atomic(tgt_path, (t for _, t in lines))
     return src_path, tgt_path
+
+
+#: the files of the classification form, one line per pair: the left formula, the right
+#: formula, the relation (fairseq's sentence-prediction layout: input0, input1, label)
+CLASSIFY_FIELDS = ("input0", "input1", "label")
+
+
+def write_classify(directory: str, split: str, pairs: Sequence[Pair]) -> Tuple[str, str, str]:
+    """Write ``{split}.input0`` (left formulas), ``{split}.input1`` (right formulas) and
+    ``{split}.label`` (relations) into ``directory``, atomically, line-aligned: the
+    classification form, each formula encoded alone by a Siamese classifier
+    (``--task sut_classification``, docs/classification.md). Returns the three paths."""
+    columns = {"input0": [p.left for p in pairs], "input1": [p.right for p in pairs],
+               "label": [p.relation for p in pairs]}
+    paths = []
+    for field in CLASSIFY_FIELDS:
+        paths.append(os.path.join(directory, f"{split}.{field}"))
+        write_lines_atomic(paths[-1], columns[field])
+    return tuple(paths)
