@@ -38,7 +38,7 @@ from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, build_halting
 from ..modules.memory import ChunkMemory
 from ..modules.recurrence import universal_recurrence
-from ..modules.side_step import NO_CACHE, StepContext, StepKeyCache, build_side_step
+from ..modules.side_step import HALTING_KV, NO_CACHE, StepContext, StepKeyCache, build_side_step
 from ..modules.step_embedding import STEP_EMBEDDINGS, build_step_embedding
 from ..modules.sut_block import SUTBlock
 from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
@@ -99,6 +99,14 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
         parser.add_argument("--decoder-halting", choices=HALTING_RULES + EXIT_RULES,
                             help="halting rule of the decoder recurrence; 'pabee' / 'entropy': "
                             "early exits through an off-ramp after every step (docs/exits.md)")
+        for side in ("encoder", "decoder"):
+            parser.add_argument(f"--{side}-halting-kv", choices=HALTING_KV,
+                                help=f"what the {side}'s self-attention keys and values at step l "
+                                "are computed from: the halted mixture S_{l-1} of the earlier "
+                                "steps (mixture; the SUT paper's Fig. 3 and Algorithm 1) or the "
+                                "un-halted states h_{l-1} (state; GUT's Algorithm 3 and GUTLB's "
+                                "Algorithm 4); the same under --*-halting none and the exit rules, "
+                                "where S_l = h_l (docs/model.md#keys-and-values)")
         parser.add_argument("--exit-patience", type=int, metavar="P",
                             help="pabee: exit once the off-ramps' argmax has stayed unchanged "
                             "P times in a row (earliest exit after step P+1; 0 = never); change "
@@ -279,7 +287,9 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
                                      transition=args.halting_transition, causal=decoder,
                                      bias_init=args.halting_bias_init)
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
-    side.step = build_side_step(side.block, side.step_embedding, decoder)
+    side.kv_from_state = getattr(args, f"{prefix}_halting_kv") == "state"
+    side.step = build_side_step(side.block, side.step_embedding, decoder,
+                                kv_from_state=side.kv_from_state)
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
     side.compiled_step = None
@@ -291,7 +301,8 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
         else:
             side.compiled_step = compiled_step.build_compiled(
                 side.block, side.halting, side.step_embedding, prefix,
-                max_steps=side.num_steps if args.compile_loop else None)
+                max_steps=side.num_steps if args.compile_loop else None,
+                kv_from_state=side.kv_from_state)
 
 
 def run_recurrence(side: nn.Module, x: torch.Tensor, ctx: StepContext, rule=None,
