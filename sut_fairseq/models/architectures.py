@@ -64,7 +64,7 @@ BASE_DEFAULTS = dict(
     encoder_chunk_size=0, encoder_memory_slots=10, encoder_memory_update_layers=1,
     encoder_chunk_positions="local", decoder_chunk_size=0, decoder_memory_slots=10,
     decoder_memory_update_layers=1, decoder_chunk_positions="local",
-    tlb_encoder_out="both", tlb_memory_reset=False, compile_step=False, compile_loop=False,
+    tlb_encoder_out="both", tlb_memory_reset=False, tlb_unshared=False, compile_step=False, compile_loop=False,
     dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
     max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
 )

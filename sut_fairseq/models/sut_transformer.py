@@ -38,7 +38,14 @@ from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, build_halting
 from ..modules.memory import ChunkMemory
 from ..modules.recurrence import universal_recurrence
-from ..modules.side_step import HALTING_KV, NO_CACHE, StepContext, StepKeyCache, build_side_step
+from ..modules.side_step import (
+    HALTING_KV,
+    NO_CACHE,
+    StepContext,
+    StepKeyCache,
+    UnsharedSideStep,
+    build_side_step,
+)
 from ..modules.step_embedding import STEP_EMBEDDINGS, build_step_embedding
 from ..modules.sut_block import SUTBlock
 from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
@@ -178,6 +185,11 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             help="test-time control: every chunk reads the initial memory M^0 "
                             "(set after training with --model-overrides "
                             "\"{'tlb_memory_reset': True}\")")
+        parser.add_argument("--tlb-unshared", action="store_true",
+                            help="with --encoder-chunk-size: each of the encoder's L steps per "
+                            "chunk runs its own block (the TLB paper's Algorithm 2: L unshared "
+                            "layers, L times the block's parameters) instead of one block "
+                            "shared by the steps (docs/chunked.md#unshared-steps)")
         # execution
         parser.add_argument("--compile-step", action="store_true",
                             help="run each side's recurrence step as one torch.compile graph "
@@ -288,8 +300,13 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
                                      bias_init=args.halting_bias_init)
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
     side.kv_from_state = getattr(args, f"{prefix}_halting_kv") == "state"
-    side.step = build_side_step(side.block, side.step_embedding, decoder,
-                                kv_from_state=side.kv_from_state)
+    if not decoder and args.tlb_unshared:  # steps 2..L's own blocks (step 1 runs ``block``)
+        side.later_blocks = nn.ModuleList(SUTBlock(args, decoder=False)
+                                          for _ in range(side.num_steps - 1))
+        side.step = UnsharedSideStep([side.block, *side.later_blocks], side.kv_from_state)
+    else:
+        side.step = build_side_step(side.block, side.step_embedding, decoder,
+                                    kv_from_state=side.kv_from_state)
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
     side.compiled_step = None
@@ -374,7 +391,7 @@ class ChunkSteps:
         self.side, self.inputs = side, inputs
 
     def __call__(self, real: torch.Tensor, M: Optional[torch.Tensor]):
-        memory_kv = None if M is None else self.side.block.memory_attn.project_kv(M)
+        memory_kv = None if M is None else self.side.step.memory_kv(M)
         return self.side.step.bind(self.side.step.context(
             self_padding_mask=~real, real=real, memory_kv=memory_kv, **self.inputs))
 

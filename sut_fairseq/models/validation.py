@@ -196,6 +196,11 @@ def _validate_chunks(args) -> None:
                  f"'both' needs --encoder-memory-slots > 0 (--encoder-chunk-size "
                  f"{args.encoder_chunk_size} with --encoder-memory-slots 0 has no memory: the "
                  "decoder would read the tokens only; say --tlb-encoder-out tokens)")
+    if args.tlb_unshared:
+        _require(args.encoder_chunk_size > 0, "--tlb-unshared", True,
+                 "needs --encoder-chunk-size > 0: it gives each step of the chunked encoder "
+                 "its own block (TLB); without chunks the encoder is a Universal Transformer, "
+                 "one block shared by its steps")
     if args.tlb_memory_reset:
         _require(any(getattr(args, f"{side}_memory_slots") > 0 for side in chunked),
                  "--tlb-memory-reset", True,

@@ -16,6 +16,9 @@ Each part is an object chosen once, when the model is built (``build_side_step``
 * query: ``PlainQuery`` (h) or ``step_embedding.SteppedQuery`` (h + E_l);
 * mixture: ``NoMixture``, ``ExampleMixture`` (encoder) or ``PrefixMixture`` (decoder).
 
+With ``--tlb-unshared`` the chunked encoder's step is ``UnsharedSideStep``: step l runs
+its own block l.
+
 What changes from forward to forward is a ``StepContext``: the masks, the coordinates, the
 cross-attention keys/values, the chunk memory's keys/values, the carried key/value rows
 (``HaltedStateKV``: a full forward projects only the rows whose S changed; ``EveryRowKV``:
@@ -210,6 +213,11 @@ class SideStep:
         """``(h, S, running, l) -> h_l`` for ``universal_recurrence``."""
         return functools.partial(self, ctx=ctx)
 
+    def memory_kv(self, M: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, k, D) of the chunk's memory M^c (B, k, d), projected
+        once per chunk by the block's memory attention (``ctx.memory_kv``)."""
+        return self.block.memory_attn.project_kv(M)
+
     def __call__(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, step: int,
                  ctx: StepContext) -> torch.Tensor:
         """h = h_{l-1} (B, T, d) queries, S = S_{l-1} (B, T, d) keys/values (h_{l-1} with
@@ -241,6 +249,43 @@ class SideStep:
             cache.record(l, k, v)
         cache.frozen_prefix.update(frozen_prefix_sums(cache.prefix_in, h, ctx.real,
                                                       first_skipped_step, cache.num_steps))
+
+
+class UnsharedSideStep:
+    """``--tlb-unshared``: the chunked encoder's step l runs its own block l
+    (``blocks[l-1]``), as the TLB paper's Algorithm 2 stacks L unshared layers per chunk,
+    instead of one block shared by the L steps. Chunks exclude step embeddings and
+    hyper-modules, and the option is the encoder's (no incremental decoding), so the step
+    is the plain one: queries h_{l-1}, keys and values of S_{l-1} (of h_{l-1} with
+    ``kv_from_state``) projected by block l for every row at every step (the projection
+    changes with the step, so nothing is carried from the previous one), and the memory
+    keys and values of M^c projected once per chunk by each block (``memory_kv``: a list,
+    entry l - 1 for step l)."""
+
+    def __init__(self, blocks: List[SUTBlock], kv_from_state: bool = False):
+        self.blocks, self.kv_from_state = list(blocks), kv_from_state
+
+    def context(self, **inputs) -> StepContext:
+        """A full forward's ``StepContext`` (the keys come from the step's block, not
+        from ``rows``)."""
+        return StepContext(rows=None, **inputs)
+
+    def bind(self, ctx: StepContext) -> BlockStep:
+        return functools.partial(self, ctx=ctx)
+
+    def memory_kv(self, M: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per step l, block l's keys and values (B, H, k, D) of M^c (B, k, d)."""
+        return [block.memory_attn.project_kv(M) for block in self.blocks]
+
+    def __call__(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, step: int,
+                 ctx: StepContext) -> torch.Tensor:
+        """As ``SideStep.__call__``, with block l = ``blocks[step - 1]``."""
+        block = self.blocks[step - 1]
+        k, v = block.self_kv(h if self.kv_from_state else S)
+        memory_kv = None if ctx.memory_kv is None else ctx.memory_kv[step - 1]
+        return block(h, k, v, running, self_padding_mask=ctx.self_padding_mask,
+                     q_start=ctx.q_start, cross_k=ctx.cross_k, cross_v=ctx.cross_v,
+                     cross_padding_mask=ctx.cross_padding_mask, memory_kv=memory_kv)
 
 
 def build_side_step(block: SUTBlock, emb: Optional[StepEmbedding], decoder: bool,
