@@ -281,3 +281,31 @@ def test_one_chunk_without_memory_is_the_unchunked_model_under_state():
     assert torch.equal(s1, f1) and torch.equal(f1, f0)
     assert (s0 < L).any(), "the test needs positions that halt early"
     assert not torch.allclose(e2, e1, atol=1e-4) and not torch.allclose(l2, l1, atol=1e-4)
+
+
+@pytest.mark.parametrize("arch,overrides", [
+    ("sut_tiny", dict(decoder_step_embedding="timestep")),
+    ("sut_tiny", dict(decoder_step_embedding="coordinate")),
+    ("hyper_ut_cpvr", dict(encoder_embed_dim=32)),
+], ids=["timestep", "coordinate", "hyper-modules"])
+def test_step_embeddings_and_hyper_modules_read_h_under_state_in_incremental_decoding(arch, overrides):
+    """The other key/value sources take h_{l-1} too: h_{l-1} + E_l (step embeddings) and
+    the hyper-modules' W_k(z_l) h_{l-1} (Hyper-UT); incremental decoding, one row at a time
+    so that halted positions fill the skipped steps, equals the full forward."""
+    model = make_model(arch, halting_threshold=THRESHOLD, encoder_layers=2, decoder_layers=L,
+                       decoder_halting_kv="state", **overrides)
+    randomise_halting(model, std=1.0, seed=6)
+    src, prev = inputs(T=6, seed=4)
+    with torch.no_grad():
+        enc = model.encoder(src)
+        full, extra = model.decoder(prev, enc)
+        alone = [run_incremental(model, model.encoder.reorder_encoder_out(enc, torch.tensor([b])),
+                                 prev[b:b + 1]) for b in range(prev.size(0))]
+        mixture = copy.deepcopy(model)
+        mixture.decoder.step.kv_from_state = False
+        other, _ = mixture.decoder(prev, enc)
+    steps = extra["halting_decoder"].steps
+    torch.testing.assert_close(torch.cat([a[0] for a in alone]), full, atol=1e-5, rtol=1e-5)
+    assert torch.equal(torch.cat([a[1] for a in alone]), steps)
+    assert (steps < L).any() and (steps >= 3).any(), "the test needs early halting"
+    assert not torch.allclose(other, full, atol=1e-5), "state must change the decoder"
