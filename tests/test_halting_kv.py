@@ -17,7 +17,7 @@ import torch
 from conftest import make_model, randomise_halting, randomise_parameters, run_incremental
 from sut_fairseq.models.standalone import _Task, model_args, synthetic_dictionary
 from sut_fairseq.models.sut_transformer import SUTTransformerModel
-from sut_fairseq.modules.compiled_step import build_compiled
+from sut_fairseq.modules.compiled_step import build_compiled, step_module
 
 THRESHOLD = 0.6
 L = 4
@@ -256,6 +256,35 @@ def test_the_compiled_steps_modules_read_h_under_state(rule, step_embedding):
         assert torch.equal(got_extra[key].steps, want_extra[key].steps)
     assert (want_extra["halting_encoder"].steps[src.ne(1)] < L).any()
     torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.parametrize("loop", [False, pytest.param(True, marks=pytest.mark.slow)],
+                         ids=["step", "loop"])
+def test_compile_step_builds_and_traces_the_state_step(loop, monkeypatch):
+    """``--compile-step`` / ``--compile-loop`` hand the option to the compiled step, which
+    torch.compile traces whole (``aot_eager``: the graph without generated code) and which
+    then gives the eager model's output."""
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    torch._dynamo.reset()
+    option = dict(compile_loop=True) if loop else dict(compile_step=True)
+    eager = make_model(halting_threshold=THRESHOLD, encoder_layers=3, decoder_layers=3,
+                       encoder_halting_kv="state", decoder_halting_kv="mixture")
+    randomise_halting(eager, seed=2)
+    compiled = make_model(halting_threshold=THRESHOLD, encoder_layers=3, decoder_layers=3,
+                          encoder_halting_kv="state", decoder_halting_kv="mixture", **option)
+    compiled.load_state_dict(eager.state_dict())
+    assert step_module(compiled.encoder.compiled_step).kv_from_state
+    assert not step_module(compiled.decoder.compiled_step).kv_from_state
+    src, prev = inputs()
+    with torch.no_grad():
+        want, want_extra = eager(src, src.ne(1).sum(1), prev)
+        got, got_extra = compiled(src, src.ne(1).sum(1), prev)
+    for side in (compiled.encoder, compiled.decoder):
+        assert side.compiled_step.compiled is not None and not side.compiled_step.failed
+    for key in ("halting_encoder", "halting_decoder"):
+        assert torch.equal(got_extra[key].steps, want_extra[key].steps)
+    assert (want_extra["halting_encoder"].steps[src.ne(1)] >= 3).any()
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
 
 
 def test_one_chunk_without_memory_is_the_unchunked_model_under_state():
