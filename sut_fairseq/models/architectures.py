@@ -55,7 +55,8 @@ BASE_DEFAULTS = dict(
     att_experts=24, att_topk=4, att_heads=4, att_head_dim=64, rel_pos="clipped", rel_window=64,
     ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
     router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
-    encoder_halting="stick-breaking", halting_threshold=0.999, halting_dropout=0.0,
+    encoder_halting="stick-breaking", encoder_halting_kv="mixture", halting_threshold=0.999,
+    halting_dropout=0.0,
     halting_bias_init=0.0, halting_transition=False, gated_ffn=False,
     encoder_step_embedding="none", exit_patience=3, exit_entropy=0.1,
     hyper_modules=0, hyper_embed_dim=128, hyper_key_dim=0, hyper_router_temp=1.0,
@@ -63,13 +64,14 @@ BASE_DEFAULTS = dict(
     encoder_chunk_size=0, encoder_memory_slots=10, encoder_memory_update_layers=1,
     encoder_chunk_positions="local", decoder_chunk_size=0, decoder_memory_slots=10,
     decoder_memory_update_layers=1, decoder_chunk_positions="local",
-    tlb_encoder_out="both", tlb_memory_reset=False, compile_step=False, compile_loop=False,
+    tlb_encoder_out="both", tlb_memory_reset=False, tlb_unshared=False, compile_step=False, compile_loop=False,
     dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
     max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
 )
 DECODER_FOLLOWS_ENCODER = dict(decoder_embed_dim="encoder_embed_dim", decoder_layers="encoder_layers",
                                decoder_normalize_before="encoder_normalize_before",
                                decoder_halting="encoder_halting",
+                               decoder_halting_kv="encoder_halting_kv",
                                decoder_step_embedding="encoder_step_embedding")
 
 

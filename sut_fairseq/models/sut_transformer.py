@@ -38,7 +38,14 @@ from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, build_halting
 from ..modules.memory import ChunkMemory
 from ..modules.recurrence import universal_recurrence
-from ..modules.side_step import NO_CACHE, StepContext, StepKeyCache, build_side_step
+from ..modules.side_step import (
+    HALTING_KV,
+    NO_CACHE,
+    StepContext,
+    StepKeyCache,
+    UnsharedSideStep,
+    build_side_step,
+)
 from ..modules.step_embedding import STEP_EMBEDDINGS, build_step_embedding
 from ..modules.sut_block import SUTBlock
 from .architectures import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, PRESETS, base_architecture
@@ -99,6 +106,14 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
         parser.add_argument("--decoder-halting", choices=HALTING_RULES + EXIT_RULES,
                             help="halting rule of the decoder recurrence; 'pabee' / 'entropy': "
                             "early exits through an off-ramp after every step (docs/exits.md)")
+        for side in ("encoder", "decoder"):
+            parser.add_argument(f"--{side}-halting-kv", choices=HALTING_KV,
+                                help=f"what the {side}'s self-attention keys and values at step l "
+                                "are computed from: the halted mixture S_{l-1} of the earlier "
+                                "steps (mixture; the SUT paper's Fig. 3 and Algorithm 1) or the "
+                                "un-halted states h_{l-1} (state; GUT's Algorithm 3 and GUTLB's "
+                                "Algorithm 4); the same under --*-halting none and the exit rules, "
+                                "where S_l = h_l (docs/model.md#keys-and-values)")
         parser.add_argument("--exit-patience", type=int, metavar="P",
                             help="pabee: exit once the off-ramps' argmax has stayed unchanged "
                             "P times in a row (earliest exit after step P+1; 0 = never); change "
@@ -170,6 +185,11 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                             help="test-time control: every chunk reads the initial memory M^0 "
                             "(set after training with --model-overrides "
                             "\"{'tlb_memory_reset': True}\")")
+        parser.add_argument("--tlb-unshared", action="store_true",
+                            help="with --encoder-chunk-size: each of the encoder's L steps per "
+                            "chunk runs its own block (the TLB paper's Algorithm 2: L unshared "
+                            "layers, L times the block's parameters) instead of one block "
+                            "shared by the steps (docs/chunked.md#unshared-steps)")
         # execution
         parser.add_argument("--compile-step", action="store_true",
                             help="run each side's recurrence step as one torch.compile graph "
@@ -279,7 +299,14 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
                                      transition=args.halting_transition, causal=decoder,
                                      bias_init=args.halting_bias_init)
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
-    side.step = build_side_step(side.block, side.step_embedding, decoder)
+    side.kv_from_state = getattr(args, f"{prefix}_halting_kv") == "state"
+    if not decoder and args.tlb_unshared:  # steps 2..L's own blocks (step 1 runs ``block``)
+        side.later_blocks = nn.ModuleList(SUTBlock(args, decoder=False)
+                                          for _ in range(side.num_steps - 1))
+        side.step = UnsharedSideStep([side.block, *side.later_blocks], side.kv_from_state)
+    else:
+        side.step = build_side_step(side.block, side.step_embedding, decoder,
+                                    kv_from_state=side.kv_from_state)
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
     side.compiled_step = None
@@ -291,7 +318,8 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
         else:
             side.compiled_step = compiled_step.build_compiled(
                 side.block, side.halting, side.step_embedding, prefix,
-                max_steps=side.num_steps if args.compile_loop else None)
+                max_steps=side.num_steps if args.compile_loop else None,
+                kv_from_state=side.kv_from_state)
 
 
 def run_recurrence(side: nn.Module, x: torch.Tensor, ctx: StepContext, rule=None,
@@ -363,7 +391,7 @@ class ChunkSteps:
         self.side, self.inputs = side, inputs
 
     def __call__(self, real: torch.Tensor, M: Optional[torch.Tensor]):
-        memory_kv = None if M is None else self.side.block.memory_attn.project_kv(M)
+        memory_kv = None if M is None else self.side.step.memory_kv(M)
         return self.side.step.bind(self.side.step.context(
             self_padding_mask=~real, real=real, memory_kv=memory_kv, **self.inputs))
 

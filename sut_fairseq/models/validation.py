@@ -25,6 +25,7 @@ from .architectures import BASE_DEFAULTS
 from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
 from ..modules.hyper_module import HYPER_COMPONENTS, parse_components
+from ..modules.side_step import HALTING_KV
 from ..modules.step_embedding import STEP_EMBEDDINGS
 
 POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers", "decoder_layers",
@@ -81,6 +82,9 @@ def validate_args(args) -> None:
              f"choose from {HALTING_RULES} (the exit rules {EXIT_RULES} are for the decoder)")
     _require(args.decoder_halting in HALTING_RULES + EXIT_RULES, "--decoder-halting",
              args.decoder_halting, f"choose from {HALTING_RULES + EXIT_RULES}")
+    for side in ("encoder_halting_kv", "decoder_halting_kv"):
+        _require(getattr(args, side) in HALTING_KV, _flag(side), getattr(args, side),
+                 f"choose from {HALTING_KV}")
     _require(_is_int(args.exit_patience) and args.exit_patience >= 0, "--exit-patience",
              args.exit_patience, "must be an integer >= 0 (0 = never exit)")
     _require(_is_real(args.exit_entropy) and 0.0 <= args.exit_entropy < float("inf"),
@@ -192,6 +196,11 @@ def _validate_chunks(args) -> None:
                  f"'both' needs --encoder-memory-slots > 0 (--encoder-chunk-size "
                  f"{args.encoder_chunk_size} with --encoder-memory-slots 0 has no memory: the "
                  "decoder would read the tokens only; say --tlb-encoder-out tokens)")
+    if args.tlb_unshared:
+        _require(args.encoder_chunk_size > 0, "--tlb-unshared", True,
+                 "needs --encoder-chunk-size > 0: it gives each step of the chunked encoder "
+                 "its own block (TLB); without chunks the encoder is a Universal Transformer, "
+                 "one block shared by its steps")
     if args.tlb_memory_reset:
         _require(any(getattr(args, f"{side}_memory_slots") > 0 for side in chunked),
                  "--tlb-memory-reset", True,

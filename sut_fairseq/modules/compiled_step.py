@@ -9,7 +9,9 @@ rows of halted positions) happens inside the custom op ``sut::routed_linear``, w
 still gives halted rows no expert work. Step l (l = 1 .. L) of the body::
 
     x_q = h_{l-1} (+ E_l),  x_kv = S_{l-1} (+ E_l)          E_l: the step embedding, if any
-                                                 (the eager step's query object, ``apply``)
+                                                 (the eager step's query object, ``apply``;
+                                                 x_kv = h_{l-1} (+ E_l) under
+                                                 ``--*-halting-kv state``)
     h_l = Block(x_q, keys/values of x_kv)   on running rows, h_{l-1} elsewhere
     S_l = halting.mix(h_l, S_{l-1})                           (Eq. 3)
     running_{l+1}, α_l = halting.decide(h_l)                  (the next step's decision)
@@ -82,9 +84,13 @@ class RecurrenceStep(nn.Module):
     Shapes: B batch, T positions, d width, H heads of D; S_src the cross-attention source.
     """
 
-    def __init__(self, block: nn.Module, halting: nn.Module, step_embedding: Optional[nn.Module]):
+    def __init__(self, block: nn.Module, halting: nn.Module, step_embedding: Optional[nn.Module],
+                 kv_from_state: bool = False):
         super().__init__()
         self.block, self.halting = block, halting
+        #: keys/values of h_{l-1} instead of S_{l-1} (``--*-halting-kv state``); h, like S,
+        #: changes exactly on the rows that ran the previous step, so the carry is the same
+        self.kv_from_state = kv_from_state
         #: h_{l-1} (+ E_l): the eager step's query object (``side_step.step_query``)
         self.query = step_query(step_embedding)
         #: without a step embedding the keys/values of S are carried from step to step and
@@ -121,14 +127,15 @@ class RecurrenceStep(nn.Module):
 
         Returns h_l, S_l, steps, the decision for step l + 1: running (B, T), c,
         log_remain, weighted_sum and α_l (None for the rule ``none``), and the keys and
-        values of S_{l-1} (B, T, H·D) each, or None. (A transition-aware decision reads
-        [h_{l-1}; h_l]: h_{l-1} is this step's input h.)"""
+        values of S_{l-1} (of h_{l-1} with ``kv_from_state``) (B, T, H·D) each, or None.
+        (A transition-aware decision reads [h_{l-1}; h_l]: h_{l-1} is this step's input h.)"""
+        kv_in = h if self.kv_from_state else S
         if self.carries_kv:
-            k_rows, v_rows = self.changed_kv(S, changed, k_rows, v_rows)
+            k_rows, v_rows = self.changed_kv(kv_in, changed, k_rows, v_rows)
             heads = (*S.shape[:2], self.block.self_attn.num_heads, self.block.self_attn.head_dim)
             k, v = k_rows.view(heads).transpose(1, 2), v_rows.view(heads).transpose(1, 2)
         else:  # keys/values of S_{l-1} + E_l, which changes on every row: every row projected
-            k, v = self.block.self_kv(self.query.apply(S, te, coords))
+            k, v = self.block.self_kv(self.query.apply(kv_in, te, coords))
         # step l reads h_{l-1} (+ E_l)
         h_new = self.block(self.query.apply(h, te, coords), k, v, running,
                            self_padding_mask=self_padding_mask,
@@ -251,10 +258,11 @@ def step_module(step: Callable) -> RecurrenceStep:
 
 
 def build_compiled(block: nn.Module, halting: nn.Module, step_embedding: Optional[nn.Module],
-                   side: str, max_steps: Optional[int] = None) -> CompiledStep:
+                   side: str, max_steps: Optional[int] = None,
+                   kv_from_state: bool = False) -> CompiledStep:
     """A side's compiled step (``--compile-step``), or with ``max_steps`` its whole loop of
-    that many steps (``--compile-loop``)."""
-    body = RecurrenceStep(block, halting, step_embedding)
+    that many steps (``--compile-loop``); ``kv_from_state``: ``--*-halting-kv state``."""
+    body = RecurrenceStep(block, halting, step_embedding, kv_from_state)
     return CompiledStep(body if max_steps is None else RecurrenceLoop(body, max_steps), side)
 
 

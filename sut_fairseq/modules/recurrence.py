@@ -9,7 +9,8 @@
     output S_L
 
 Queries come from the un-halted states h, keys/values from the halted states S
-(paper Fig. 3 right). Inactive positions are passed to the block as ``running = False``
+(paper Fig. 3 right); with ``--*-halting-kv state`` the block step takes its keys/values
+from h_{l-1} instead (GUT's Algorithm 3; ``side_step.SideStep``). Inactive positions are passed to the block as ``running = False``
 so its expert layers route them to no expert.
 """
 from typing import Callable, Optional, Tuple

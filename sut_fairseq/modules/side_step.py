@@ -3,7 +3,8 @@
 Step l of either side, whatever its options (``SideStep.__call__``)::
 
     z    = mixture(h_{l-1})                 Hyper-UT's example embedding of step l, or None
-    K, V = source(S_{l-1}, z)               keys/values of the halted states (+ E_l)
+    X    = S_{l-1} (mixture) or h_{l-1} (state)          ``--{encoder,decoder}-halting-kv``
+    K, V = source(X, z)                     keys/values of X (+ E_l)
     K, V = [K, V of the earlier positions; K, V]          incremental decoding only
     q    = query(h_{l-1})                   h_{l-1} (+ E_l)
     h_l  = Block(q, K, V, z | padding masks, cross-attention K/V, chunk memory)
@@ -14,6 +15,9 @@ Each part is an object chosen once, when the model is built (``build_side_step``
   ``SteppedPreNormKV`` (of S + E_l, post-/pre-LN), ``HyperKV`` (the step's mixture);
 * query: ``PlainQuery`` (h) or ``step_embedding.SteppedQuery`` (h + E_l);
 * mixture: ``NoMixture``, ``ExampleMixture`` (encoder) or ``PrefixMixture`` (decoder).
+
+With ``--tlb-unshared`` the chunked encoder's step is ``UnsharedSideStep``: step l runs
+its own block l.
 
 What changes from forward to forward is a ``StepContext``: the masks, the coordinates, the
 cross-attention keys/values, the chunk memory's keys/values, the carried key/value rows
@@ -35,6 +39,11 @@ from .step_embedding import StepEmbedding, SteppedQuery, stepped_kv
 from .sut_block import EveryRowKV, HaltedStateKV, SUTBlock
 
 Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]  # step l -> (Σ h (B, d), count (B,))
+
+#: ``--encoder-halting-kv`` / ``--decoder-halting-kv``: the self-attention keys and values
+#: of step l are those of the halted mixture S_{l-1} (``mixture``, the default) or of the
+#: un-halted states h_{l-1} (``state``, GUT's Algorithm 3), docs/model.md#keys-and-values
+HALTING_KV = ("mixture", "state")
 
 
 class StepKeyCache:
@@ -181,10 +190,16 @@ class PrefixMixture:
 
 
 class SideStep:
-    """The eager step of one side (module docstring), built once with the model."""
+    """The eager step of one side (module docstring), built once with the model.
 
-    def __init__(self, block: SUTBlock, query, source, mixture):
+    ``kv_from_state``: the keys and values are those of h_{l-1} rather than S_{l-1}
+    (``--*-halting-kv state``). Both change exactly on the rows that ran the previous step
+    (a halted row keeps its h and its S), so the carried rows (``HaltedStateKV``), the
+    incremental caches and the frozen rows (``freeze``) work alike for either."""
+
+    def __init__(self, block: SUTBlock, query, source, mixture, kv_from_state: bool = False):
         self.block, self.query, self.source, self.mixture = block, query, source, mixture
+        self.kv_from_state = kv_from_state
 
     def context(self, cache: Optional[StepKeyCache] = None, **inputs) -> StepContext:
         """A ``StepContext`` for one recurrence: a full forward (no ``cache``) carries the
@@ -198,13 +213,19 @@ class SideStep:
         """``(h, S, running, l) -> h_l`` for ``universal_recurrence``."""
         return functools.partial(self, ctx=ctx)
 
+    def memory_kv(self, M: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values (B, H, k, D) of the chunk's memory M^c (B, k, d), projected
+        once per chunk by the block's memory attention (``ctx.memory_kv``)."""
+        return self.block.memory_attn.project_kv(M)
+
     def __call__(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, step: int,
                  ctx: StepContext) -> torch.Tensor:
-        """h = h_{l-1} (B, T, d) queries, S = S_{l-1} (B, T, d) keys/values, running (B, T)
-        bool, step l. Returns the block's output (B, T, d) (the recurrence keeps h_{l-1}
-        on the rows that do not run)."""
+        """h = h_{l-1} (B, T, d) queries, S = S_{l-1} (B, T, d) keys/values (h_{l-1} with
+        ``kv_from_state``), running (B, T) bool, step l. Returns the block's output
+        (B, T, d) (the recurrence keeps h_{l-1} on the rows that do not run)."""
         z = self.mixture(h, step, ctx)
-        k, v = ctx.cache.extend(step, *self.source(S, running, step, z, ctx))
+        kv_in = h if self.kv_from_state else S
+        k, v = ctx.cache.extend(step, *self.source(kv_in, running, step, z, ctx))
         return self.block(self.query(h, step, ctx), k, v, running,
                           self_padding_mask=ctx.self_padding_mask, q_start=ctx.q_start,
                           cross_k=ctx.cross_k, cross_v=ctx.cross_v,
@@ -215,23 +236,63 @@ class SideStep:
                ctx: StepContext) -> None:
         """Incremental decoding's ``on_early_exit``: every new position halted before step
         l = ``first_skipped_step``, so steps l..L cache the keys/values of its frozen S
-        (B, 1, d) (with the step's E_l, or the step-l mixture of its frozen h), and the
-        causal prefix sums (of global-mean halting, and of the mixture) continue with the
-        frozen h (B, 1, d)."""
+        (B, 1, d) (of its frozen h with ``kv_from_state``; with the step's E_l, or the
+        step-l mixture of its frozen h), and the causal prefix sums (of global-mean
+        halting, and of the mixture) continue with the frozen h (B, 1, d)."""
         cache = ctx.cache
+        kv_in = h if self.kv_from_state else S
         k = v = None
         for l in range(first_skipped_step, cache.num_steps + 1):
             z = self.mixture(h, l, ctx)
             if k is None or not self.source.step_invariant:
-                k, v = self.source(S, None, l, z, ctx)
+                k, v = self.source(kv_in, None, l, z, ctx)
             cache.record(l, k, v)
         cache.frozen_prefix.update(frozen_prefix_sums(cache.prefix_in, h, ctx.real,
                                                       first_skipped_step, cache.num_steps))
 
 
-def build_side_step(block: SUTBlock, emb: Optional[StepEmbedding], decoder: bool) -> SideStep:
+class UnsharedSideStep:
+    """``--tlb-unshared``: the chunked encoder's step l runs its own block l
+    (``blocks[l-1]``), as the TLB paper's Algorithm 2 stacks L unshared layers per chunk,
+    instead of one block shared by the L steps. Chunks exclude step embeddings and
+    hyper-modules, and the option is the encoder's (no incremental decoding), so the step
+    is the plain one: queries h_{l-1}, keys and values of S_{l-1} (of h_{l-1} with
+    ``kv_from_state``) projected by block l for every row at every step (the projection
+    changes with the step, so nothing is carried from the previous one), and the memory
+    keys and values of M^c projected once per chunk by each block (``memory_kv``: a list,
+    entry l - 1 for step l)."""
+
+    def __init__(self, blocks: List[SUTBlock], kv_from_state: bool = False):
+        self.blocks, self.kv_from_state = list(blocks), kv_from_state
+
+    def context(self, **inputs) -> StepContext:
+        """A full forward's ``StepContext`` (the keys come from the step's block, not
+        from ``rows``)."""
+        return StepContext(rows=None, **inputs)
+
+    def bind(self, ctx: StepContext) -> BlockStep:
+        return functools.partial(self, ctx=ctx)
+
+    def memory_kv(self, M: torch.Tensor) -> List[Tuple[torch.Tensor, torch.Tensor]]:
+        """Per step l, block l's keys and values (B, H, k, D) of M^c (B, k, d)."""
+        return [block.memory_attn.project_kv(M) for block in self.blocks]
+
+    def __call__(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, step: int,
+                 ctx: StepContext) -> torch.Tensor:
+        """As ``SideStep.__call__``, with block l = ``blocks[step - 1]``."""
+        block = self.blocks[step - 1]
+        k, v = block.self_kv(h if self.kv_from_state else S)
+        memory_kv = None if ctx.memory_kv is None else ctx.memory_kv[step - 1]
+        return block(h, k, v, running, self_padding_mask=ctx.self_padding_mask,
+                     q_start=ctx.q_start, cross_k=ctx.cross_k, cross_v=ctx.cross_v,
+                     cross_padding_mask=ctx.cross_padding_mask, memory_kv=memory_kv)
+
+
+def build_side_step(block: SUTBlock, emb: Optional[StepEmbedding], decoder: bool,
+                    kv_from_state: bool = False) -> SideStep:
     """The side's step: its key/value source, queries and Hyper-UT mixture (step
-    embeddings, chunks and hyper-modules exclude one another, ``models/validation.py``)."""
+    embeddings, chunks and hyper-modules exclude one another, ``models/validation.py``);
+    ``kv_from_state``: keys and values of h_{l-1} instead of S_{l-1}."""
     if block.hyper_kv:
         source = HyperKV(block)
     elif emb is not None:
@@ -242,7 +303,7 @@ def build_side_step(block: SUTBlock, emb: Optional[StepEmbedding], decoder: bool
         mixture = NoMixture()
     else:
         mixture = PrefixMixture() if decoder else ExampleMixture()
-    return SideStep(block, step_query(emb), source, mixture)
+    return SideStep(block, step_query(emb), source, mixture, kv_from_state)
 
 
 def frozen_prefix_sums(prefix_in: Optional[Prefix], h: torch.Tensor, real: torch.Tensor,
