@@ -219,12 +219,17 @@ def test_the_data_stage_needs_the_local_files(tmp_path):
     assert result.returncode == 2 and "the data stage needs --local-dir DIR" in result.stderr
 
 
-def test_the_knee_is_the_most_skipping_threshold_within_the_loss():
+def load_report():
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("multi30k_report", REPORT)
     report = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(report)
+    return report
+
+
+def test_the_knee_is_the_most_skipping_threshold_within_the_loss():
+    report = load_report()
     rows = [{"threshold": 0.999, "skipped": 0.0, "metric": 30.0},
             {"threshold": 0.9, "skipped": 0.10, "metric": 29.9},
             {"threshold": 0.5, "skipped": 0.30, "metric": 29.75},
@@ -234,6 +239,19 @@ def test_the_knee_is_the_most_skipping_threshold_within_the_loss():
     assert report.knee(rows, 0.5)["threshold"] == 0.3
     assert report.knee(rows, 0.0)["threshold"] == 0.999
     assert report.knee([], 0.3) is None
+
+
+def test_training_cost_is_hours_of_one_core_whatever_the_threads():
+    """A run of 2 threads for 1 h costs 2 core-hours, one of 1 thread for 3 h costs 3:
+    the column is their mean and sample sd (2.5 +- 0.71), not the wall clock's (2.0)."""
+    report = load_report()
+    test = {"sacrebleu": 30.0, "tok_lc_bleu": 31.0, "sentences_per_second": 10.0}
+    runs = [{"seed": seed, "updates": 1000, "params": 1e6, "tests": {"t": dict(test)},
+             "train": {"train_wall_seconds": hours * 3600, "threads": threads, "peak_rss_gb": 1.0}}
+            for seed, hours, threads in ((1, 1.0, 2), (2, 3.0, 1))]
+    header, rows, numbers = report.model_rows({"ut": runs}, ["t"])
+    assert rows[0][header.index("train core-h / run")] == "2.50 ± 0.71"
+    assert numbers["ut"]["train_core_hours"][:2] == (2.5, pytest.approx(0.7071, abs=1e-4))
 
 
 def test_the_whole_recipe_runs_on_the_fixture_and_resumes(prepared, tmp_path):

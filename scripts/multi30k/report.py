@@ -9,8 +9,9 @@ and ``WORK/learning_curves.png`` (validation NLL against updates, one line per r
 
 * the table: one row per model, each test set's SacreBLEU (detokenised, cased, 13a) and
   lowercased Moses-tokenised BLEU as mean +- sd over the seeds that finished, with the
-  seeds, updates, parameters, training hours per run, peak memory and the decoding speed
-  (sentences/s, beam 5, one thread) on test 2016; the published range below it;
+  seeds, updates, parameters, training core-hours per run (wall clock × threads), peak
+  memory and the decoding speed (sentences/s, beam 5, one thread) on test 2016; the
+  published range below it;
 * the trade-off of each analysed halting model: per alpha_thresh the share of (position,
   step) block applications skipped (teacher-forced on test 2016), SacreBLEU and the
   decoding speed; the knee: the threshold that skips most while losing at most
@@ -73,15 +74,16 @@ def model_rows(results: Dict[str, List[dict]], tests: List[str]):
     header = ["model", "seeds", "updates", "params"]
     for name in tests:
         header += [f"{name} SacreBLEU", f"{name} tok. lc BLEU"]
-    header += ["train h / run", "peak RSS GB (train / decode)", f"{tests[0]} sentences/s",
+    header += ["train core-h / run", "peak RSS GB (train / decode)", f"{tests[0]} sentences/s",
                "steps executed enc / dec"]
     rows, numbers = [], {}
     for model, runs in results.items():
         first = tests[0]
         cells = {name: {key: mean_std([r["tests"][name][key] for r in runs if name in r["tests"]])
                         for key in ("sacrebleu", "tok_lc_bleu")} for name in tests}
-        hours = mean_std([r["train"]["train_wall_seconds"] / 3600 for r in runs
-                          if r["train"].get("train_wall_seconds")])
+        # hours of one core: fairseq's wall clock times the run's torch threads
+        hours = mean_std([r["train"]["train_wall_seconds"] * r["train"].get("threads", 1) / 3600
+                          for r in runs if r["train"].get("train_wall_seconds")])
         peak = max((r["train"].get("peak_rss_gb") or 0 for r in runs), default=0) or None
         decode_peak = max((r["tests"][first].get("decode_peak_rss_gb") or 0 for r in runs
                            if first in r["tests"]), default=0) or None
@@ -97,7 +99,7 @@ def model_rows(results: Dict[str, List[dict]], tests: List[str]):
         row += [fmt(hours), " / ".join(f"{p:.2f}" if p else "–" for p in (peak, decode_peak)),
                 fmt(speed, 1), executed]
         rows.append(row)
-        numbers[model] = {"seeds": [r["seed"] for r in runs], "tests": cells, "train_hours": hours,
+        numbers[model] = {"seeds": [r["seed"] for r in runs], "tests": cells, "train_core_hours": hours,
                           "peak_rss_gb": peak, "decode_peak_rss_gb": decode_peak,
                           "sentences_per_second": speed, "params": runs[0]["params"],
                           "updates": [r["updates"] for r in runs]}
