@@ -34,6 +34,7 @@ Exit status: 0 when the score was computed for every selected module (whatever i
 import argparse
 import filecmp
 import fnmatch
+import glob
 import hashlib
 import os
 import re
@@ -50,40 +51,40 @@ SYNCED = ("sut_fairseq", "tests", "data-prep", "benchmarks", "scripts", "configs
 ALSO_COPY = ("pytest.ini", "data-prep", "benchmarks", "scripts", "configs", "setup.py")
 TARGET_DIRS = ("sut_fairseq/modules", "sut_fairseq/ops", "sut_fairseq/criterions")
 
-# module -> its own test files (the core's modules and the data generators' samplers)
+# module -> its own test files, by file name (the core's modules and the data generators' samplers)
 TARGETS: Dict[str, Tuple[str, ...]] = {
-    "sut_fairseq/modules/accounting.py": ("test_accounting.py", "test_halting_rules.py", "test_chunked.py"),
+    "sut_fairseq/modules/accounting.py": ("test_step_accounting.py", "test_halting_rules.py", "test_chunked.py"),
     "sut_fairseq/modules/chunk_cache.py": ("test_chunk_cache.py", "test_chunked.py"),
     "sut_fairseq/modules/chunked_recurrence.py": ("test_chunk_layout.py", "test_chunked_halting_result.py",
                                                   "test_chunked_recurrence.py", "test_chunked.py"),
     "sut_fairseq/modules/dropout.py": ("test_dropout.py",),
     "sut_fairseq/modules/exits.py": ("test_exit_contract.py", "test_exits.py"),
-    "sut_fairseq/modules/expert_init.py": ("test_experts.py",),
-    "sut_fairseq/modules/halting.py": ("test_halting.py", "test_halting_rules.py"),
+    "sut_fairseq/modules/expert_init.py": ("test_expert_layers.py",),
+    "sut_fairseq/modules/halting.py": ("test_halting_per_position.py", "test_halting_rules.py"),
     "sut_fairseq/modules/hyper_block.py": ("test_hyper_block.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/hyper_module.py": ("test_hyper_module.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/memory.py": ("test_memory.py", "test_chunked.py"),
-    "sut_fairseq/modules/moe_ffd.py": ("test_experts.py",),
-    "sut_fairseq/modules/momha.py": ("test_experts.py",),
-    "sut_fairseq/modules/recurrence.py": ("test_halting.py", "test_incremental.py"),
-    "sut_fairseq/modules/relative_position.py": ("test_relative_position.py", "test_experts.py"),
-    "sut_fairseq/modules/router.py": ("test_router.py", "test_experts.py", "test_losses.py"),
+    "sut_fairseq/modules/moe_ffd.py": ("test_expert_layers.py",),
+    "sut_fairseq/modules/momha.py": ("test_expert_layers.py",),
+    "sut_fairseq/modules/recurrence.py": ("test_halting_per_position.py", "test_incremental.py"),
+    "sut_fairseq/modules/relative_position.py": ("test_relative_position.py", "test_expert_layers.py"),
+    "sut_fairseq/modules/router.py": ("test_router.py", "test_expert_layers.py", "test_router_losses.py"),
     "sut_fairseq/modules/side_step.py": ("test_side_step.py", "test_incremental.py",
                                          "test_step_embedding.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/step_embedding.py": ("test_step_embedding_values.py", "test_step_embedding.py",
                                               "test_side_step.py"),
-    "sut_fairseq/modules/sut_block.py": ("test_sut_block.py", "test_incremental.py", "test_experts.py",
+    "sut_fairseq/modules/sut_block.py": ("test_sut_block.py", "test_incremental.py", "test_expert_layers.py",
                                         "test_options_off.py"),
     "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
-    "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_experts.py"),
-    "sut_fairseq/ops/routed_linear_op.py": ("test_custom_ops.py", "test_experts.py", "test_compiled_step.py"),
-    "sut_fairseq/ops/routing.py": ("test_routing.py", "test_experts.py"),
-    "sut_fairseq/ops/reference_linear.py": ("test_custom_ops.py", "test_routed_linear_api.py", "test_experts.py",
+    "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_expert_layers.py"),
+    "sut_fairseq/ops/routed_linear_op.py": ("test_custom_ops.py", "test_expert_layers.py", "test_compiled_step.py"),
+    "sut_fairseq/ops/routing.py": ("test_routing_layout.py", "test_expert_layers.py"),
+    "sut_fairseq/ops/reference_linear.py": ("test_custom_ops.py", "test_routed_linear_api.py", "test_expert_layers.py",
                                            "test_kernels_interpret.py"),
     "sut_fairseq/ops/masked_linear_op.py": ("test_custom_ops.py", "test_compiled_step.py"),
-    "sut_fairseq/criterions/losses.py": ("test_losses.py",),
+    "sut_fairseq/criterions/losses.py": ("test_router_losses.py",),
     "sut_fairseq/criterions/sut_label_smoothed_cross_entropy.py": (
-        "test_criterion_metrics.py", "test_losses.py", "test_label_smoothed_ce.py", "test_exits.py", "test_offramps_freeze.py"),
+        "test_criterion_metrics.py", "test_router_losses.py", "test_label_smoothed_ce.py", "test_exits.py", "test_offramps_freeze.py"),
     "sut_fairseq/data/cpvr.py": ("test_cpvr_data.py",),
     "sut_fairseq/data/flipflop.py": ("test_flipflop_data.py",),
     "sut_fairseq/data/listops.py": ("test_listops_data.py",),
@@ -93,16 +94,25 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
 }
 # test files never used for a module found by name: training runs, GPU, whole recipes
 HEAVY = re.compile(r"test_(end_to_end|distributed|gpu\w*|\w+_recipe|benchmarks_smoke|exit_sweep|"
-                   r"reliability_resume|cfq_pipeline|package_layers|repository|readme\w*|kernels_\w+)\.py$")
+                   r"exact_resume|cfq_pipeline|package_layers|repository|readme\w*|kernels_\w+)\.py$")
 DETECTED = ("killed", "timeout", "segfault")
 PENDING = "not checked"   # mutmut's status of a mutant not tried yet (an interrupted run)
 
 
+def test_files() -> Dict[str, str]:
+    """``{file name: path under tests/}`` of every test file (tests/ is split by concept)."""
+    tests_dir = os.path.join(REPO, "tests")
+    return {os.path.basename(p): os.path.relpath(p, tests_dir)
+            for p in sorted(glob.glob(os.path.join(tests_dir, "**", "test_*.py"), recursive=True))}
+
+
 def discover() -> Dict[str, Tuple[str, ...]]:
     """TARGETS plus every module of TARGET_DIRS missing from it (tests: the test files
-    that name the module, heavy ones excluded); the modules that no longer exist dropped."""
-    targets = {m: t for m, t in TARGETS.items() if os.path.exists(os.path.join(REPO, m))}
-    tests_dir = os.path.join(REPO, "tests")
+    that name the module, heavy ones excluded), each test file as its path under tests/;
+    the modules that no longer exist dropped."""
+    files = test_files()
+    targets = {m: tuple(files[t] for t in tests) for m, tests in TARGETS.items()
+               if os.path.exists(os.path.join(REPO, m))}
     for directory in TARGET_DIRS:
         for name in sorted(os.listdir(os.path.join(REPO, directory))):
             module = f"{directory}/{name}"
@@ -110,9 +120,8 @@ def discover() -> Dict[str, Tuple[str, ...]]:
                 continue
             stem = name[:-3]
             found = tuple(sorted(
-                f for f in os.listdir(tests_dir) if f.startswith("test_") and f.endswith(".py")
-                and not HEAVY.search(f)
-                and re.search(rf"\b{stem}\b", open(os.path.join(tests_dir, f), encoding="utf-8").read())))
+                rel for f, rel in files.items() if not HEAVY.search(f) and re.search(
+                    rf"\b{stem}\b", open(os.path.join(REPO, "tests", rel), encoding="utf-8").read())))
             print(f"warning: {module} is not in scripts/mutation.py TARGETS; its tests by name: "
                   f"{', '.join(found) or 'none'}", file=sys.stderr)
             if found:

@@ -4,7 +4,7 @@ fairseq 0.12 pickles the training ``argparse.Namespace`` into every checkpoint; 
 refuses unknown globals under ``weights_only=True`` (its default), so stock
 ``fairseq-generate`` cannot load any checkpoint. We allow-list exactly the classes these
 checkpoints contain (found with ``torch.serialization.get_unsafe_globals_in_checkpoint``;
-``tests/test_end_to_end.py`` checks the list is complete) and never fall back to
+``tests/cli/test_end_to_end.py`` checks the list is complete) and never fall back to
 ``weights_only=False``.
 """
 import argparse

@@ -105,6 +105,19 @@ def tiny_model():
     return make_model
 
 
+def decoder_case(threshold, seed=0, **overrides):
+    """A sut_tiny of 4 decoder steps with randomised halting units at ``threshold``, and
+    sources (3, 6) with padding and targets (3, 7) starting with eos."""
+    model = make_model(halting_threshold=threshold, decoder_layers=4, seed=seed, **overrides)
+    randomise_halting(model, seed=seed + 5)
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (3, 6), generator=g)
+    src[1, :2] = 1
+    prev = torch.randint(4, 40, (3, 7), generator=g)
+    prev[:, 0] = 2  # eos starts every target
+    return model, src, prev
+
+
 def run_incremental(model, enc, prev, reorder=None):
     """Decode ``prev`` (B, T) one position at a time through fairseq's incremental API;
     with ``reorder`` (B,) the cache, the encoder output and the prefix are reordered before
@@ -129,12 +142,12 @@ def run_incremental(model, enc, prev, reorder=None):
 # from start to end, so these go first, the longest first (their last measured times), and
 # the short files fill the workers at the end.
 HEAVY_FIRST = ("test_gpu_validate.py", "test_compiled_step.py", "test_benchmarks_smoke.py",
-               "test_end_to_end.py", "test_cpvr_recipe.py", "test_logic_recipe.py", "test_multi30k.py",
+               "test_end_to_end.py", "test_cpvr_recipe.py", "test_logic_recipe.py", "test_multi30k_recipe.py",
                "test_readme_commands.py", "test_flipflop_recipe.py", "test_listops_recipe.py",
                "test_wmt14_spm.py", "test_exit_sweep.py", "test_wmt14_recipe.py",
                "test_kernels_interpret.py", "test_analysis.py", "test_cfq_pipeline.py",
-               "test_reliability_data.py", "test_reliability_resume.py", "test_chunked.py",
-               "test_distributed.py", "test_kernels_model.py", "test_reliability_prep_outputs.py",
+               "test_odd_data.py", "test_exact_resume.py", "test_chunked.py",
+               "test_distributed.py", "test_kernels_model.py", "test_prep_outputs.py",
                "test_learning_curves.py", "test_logic_data.py", "test_cpvr_data.py")
 
 

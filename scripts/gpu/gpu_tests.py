@@ -1,32 +1,32 @@
-"""The three test stages: ``tests`` runs ``pytest -m gpu tests/test_gpu.py`` (the Triton
+"""The three test stages: ``tests`` runs ``pytest -m gpu tests/gpu/test_gpu.py`` (the Triton
 kernels and the expert layers against the reference, incremental decoding, no host
-syncs); ``tests-compiled`` runs ``pytest -m gpu tests/test_gpu_compiled.py`` (the compiled
+syncs); ``tests-compiled`` runs ``pytest -m gpu tests/gpu/test_gpu_compiled.py`` (the compiled
 recurrence: no host sync in a compiled step, CUDA graphs over the compiled loop equal to
-eager); ``tests-train`` runs ``pytest -m gpu tests/test_gpu_train.py`` (fairseq-train of
+eager); ``tests-train`` runs ``pytest -m gpu tests/gpu/test_gpu_train.py`` (fairseq-train of
 sut_tiny in fp32, fp16 and bf16) and then ``python -m sut_fairseq.selftest``."""
 import re
 
 from gpu_common import last_matching, log_lines_of, step_env
 
-#: tests stage: tests/test_gpu.py (Triton kernels and expert layers vs the reference,
+#: tests stage: tests/gpu/test_gpu.py (Triton kernels and expert layers vs the reference,
 #: incremental decoding, host syncs; Triton compiles and autotuning included). Measured on
 #: an H100 node (2026-11-26): its 60 kernel and layer tests within 261 s, the 9 others 27 s.
 TESTS_PYTEST_ESTIMATE_S = 300
-#: tests-compiled stage: tests/test_gpu_compiled.py. The two compiled-step tests took 93 s
+#: tests-compiled stage: tests/gpu/test_gpu_compiled.py. The two compiled-step tests took 93 s
 #: on an H200 (2026-11-27; inductor compiling sut_tiny's step graphs, forward and backward);
 #: the CUDA-graph test compiles the loop of sut_tiny's 3 + 3 steps and records each graph
 #: for two shapes, estimated at 100 s.
 TESTS_COMPILED_ESTIMATE_S = 200
-#: tests-train stage: tests/test_gpu_train.py (fairseq-train of sut_tiny in fp32, fp16,
+#: tests-train stage: tests/gpu/test_gpu_train.py (fairseq-train of sut_tiny in fp32, fp16,
 #: bf16, each compiling the kernels afresh) then the selftest. Measured on an H100 node:
 #: 34 + 65 + 58 + 8 s (plus 8 s building the data); the selftest 45 and 62 s on an H200,
 #: more than 75 s on an H100 right after the kernel tests.
 TESTS_TRAIN_ESTIMATE_S = 190
 TESTS_SELFTEST_ESTIMATE_S = 90
 #: The test stages: (test file, its pytest estimate, whether the selftest follows).
-TEST_STAGES = {"tests": ("tests/test_gpu.py", TESTS_PYTEST_ESTIMATE_S, False),
-               "tests-compiled": ("tests/test_gpu_compiled.py", TESTS_COMPILED_ESTIMATE_S, False),
-               "tests-train": ("tests/test_gpu_train.py", TESTS_TRAIN_ESTIMATE_S, True)}
+TEST_STAGES = {"tests": ("tests/gpu/test_gpu.py", TESTS_PYTEST_ESTIMATE_S, False),
+               "tests-compiled": ("tests/gpu/test_gpu_compiled.py", TESTS_COMPILED_ESTIMATE_S, False),
+               "tests-train": ("tests/gpu/test_gpu_train.py", TESTS_TRAIN_ESTIMATE_S, True)}
 
 PYTEST_COUNTS = re.compile(r"(\d+) (passed|failed|skipped|deselected|errors?|xfailed|xpassed|warnings?)")
 

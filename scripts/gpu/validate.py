@@ -6,11 +6,11 @@
 
 STAGE is one of
 
-* ``tests``           ``pytest -m gpu -q tests/test_gpu.py``: the Triton kernels and the expert
+* ``tests``           ``pytest -m gpu -q tests/gpu/test_gpu.py``: the Triton kernels and the expert
                       layers against the reference, incremental decoding, no host syncs;
-* ``tests-compiled``  ``pytest -m gpu -q tests/test_gpu_compiled.py``: no host sync in a
+* ``tests-compiled``  ``pytest -m gpu -q tests/gpu/test_gpu_compiled.py``: no host sync in a
                       compiled step, CUDA graphs over the compiled loop equal to eager;
-* ``tests-train``     ``pytest -m gpu -q tests/test_gpu_train.py`` (fairseq-train in fp32, fp16
+* ``tests-train``     ``pytest -m gpu -q tests/gpu/test_gpu_train.py`` (fairseq-train in fp32, fp16
                       and bf16) and ``python -m sut_fairseq.selftest``;
 * ``bench``           ``benchmarks/moe_gpu.py`` (bf16, 4096 8192 16384 tokens),
                       ``benchmarks/train_step.py --device cuda --bf16 --compile sut_base
@@ -85,7 +85,7 @@ from gpu_logic_plan import (LOGIC_ANALYSIS_ESTIMATE_S, LOGIC_BUCKETS, LOGIC_GENE
 from gpu_stage import Stage  # noqa: E402
 from gpu_tests import TEST_STAGES, TESTS_SELFTEST_ESTIMATE_S, stage_tests  # noqa: E402
 
-#: The time plan's names, read by tests/test_gpu_validate.py, come from the stage modules.
+#: The time plan's names, read by tests/gpu/test_gpu_validate.py, come from the stage modules.
 __all__ = ["main", "parse_args", "required_estimate", "deadline_s", "STAGES", "TIME_LIMIT_S",
            "STAGE_DEADLINE_S", "SMOKE_DEADLINE_S", "MAX_OUT_FILES", "MAX_FILE_MIB",
            "INSTALL_ESTIMATE_S", "ENV_ESTIMATE_S", "LOGIC_BUCKETS", "LOGIC_TRAIN_CAP_S",

@@ -12,6 +12,6 @@
 * ``plots``: the figures, and files written atomically.
 
 The model core (``models``, ``modules``, ``ops``, ``kernels``, ``criterions``, ``tasks``)
-imports nothing from here (``tests/test_package_layers.py``). Importing this package
+imports nothing from here (``tests/cli/test_package_layers.py``). Importing this package
 imports none of its modules.
 """

@@ -41,7 +41,7 @@ being the label-smoothed CE of o_l summed over target tokens:
   do. ``--fp16`` / ``--bf16`` alone train through fairseq's ``FP16Optimizer``, which gives
   every such parameter a zero gradient: weight decay (and Adam moments restored from the
   first stage) would then move the "frozen" model, so that combination is refused
-  (``tests/test_offramps_freeze.py``).
+  (``tests/exits/test_offramps_freeze.py``).
 
 In training, ``exit_loss_1`` .. ``exit_loss_L`` log CE_l per target token (base 2, as
 ``loss``). At validation nothing changes: ``loss`` is the CE of what the model emits, the

@@ -202,7 +202,7 @@ KERNELS = (routed_gemm_kernel, routed_wgrad_kernel)
 
 
 # Configurations autotuned over on GPUs. Each compiles for sm_80 and sm_90 with no register
-# spills and shared memory within both limits (tests/test_kernels_aot.py checks every one
+# spills and shared memory within both limits (tests/kernels/test_kernels_aot.py checks every one
 # against every launch the autograd Function makes). Tensor-core lists serve fp16, bf16
 # and fp32 with TF32; BLOCK_K = 32 keeps 128-wide fp32 tiles in budget and 128-row tiles
 # use 8 warps (4 warps spill on sm_80). The *_IEEE lists serve fp32 when

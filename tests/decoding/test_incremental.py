@@ -1,0 +1,89 @@
+"""Incremental decoding equals the full teacher-forced decoder, with halting on and a
+threshold low enough that positions halt at different steps (early exits included),
+and stays equal after beam reordering."""
+import pytest
+import torch
+
+from conftest import decoder_case, run_incremental
+
+
+@pytest.mark.parametrize("threshold", [0.999, 0.6, 0.3])
+def test_incremental_equals_full_forward(threshold):
+    model, src, prev = decoder_case(threshold)
+    with torch.no_grad():
+        enc = model.encoder(src)
+        full, extra = model.decoder(prev, enc)
+        inc, steps, _ = run_incremental(model, enc, prev)
+    torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+    assert torch.equal(steps, extra["halting_decoder"].steps)
+    if threshold < 0.999:
+        assert (steps < 4).any(), "the test needs positions that halt early"
+    if threshold == 0.3:
+        assert (steps.max(0).values < 4).any(), "the test needs whole-batch early exits"
+
+
+@pytest.mark.parametrize("rule", ["stick-breaking", "global-mean", "act"])
+def test_incremental_equals_full_forward_after_beam_reordering(rule):
+    """Every cache follows the beams: the keys/values per step and, under global-mean
+    halting, the causal prefix sums of the states its decisions read."""
+    overrides = {} if rule == "stick-breaking" else {"decoder_halting": rule}
+    model, src, prev = decoder_case(0.6, seed=1, **overrides)
+    reorder = torch.tensor([2, 0, 0])
+    with torch.no_grad():
+        enc = model.encoder(src)
+        inc, _, final_prev = run_incremental(model, enc, prev, reorder=reorder)
+        # reference: the sequences that end up in each beam slot, decoded from scratch
+        # (each slot's history follows the reorderings: composed index map)
+        order = torch.arange(3)
+        for _ in range(prev.size(1) - 1):
+            order = order.index_select(0, reorder)
+        enc_ref = model.encoder.reorder_encoder_out(enc, order)
+        full, _ = model.decoder(final_prev, enc_ref)
+    torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
+
+
+def _padded(prev, pads: int, left: bool):
+    """prev (B, T) with ``pads`` padding tokens (index 1) on the left or on the right."""
+    pad = torch.full((prev.size(0), pads), 1, dtype=prev.dtype)
+    return torch.cat([pad, prev], 1) if left else torch.cat([prev, pad], 1)
+
+
+@pytest.mark.parametrize("left", [True, False], ids=["left-padded", "right-padded"])
+def test_padded_targets_decode_as_the_unpadded_sequence(left):
+    """A target with padding (left: --left-pad-target; right: the default) gives, at its
+    real positions, the decoder features of the same target alone: padding keys are
+    masked in self-attention, in the full and in the incremental decoder."""
+    model, src, prev = decoder_case(0.6)
+    src, prev = src[2:3], prev[2:3]  # one sequence: nothing else sets its length
+    padded = _padded(prev, 2, left)
+    real = slice(2, None) if left else slice(0, prev.size(1))
+    with torch.no_grad():
+        enc = model.encoder(src)
+        alone, _ = model.decoder(prev, enc, features_only=True)
+        full, _ = model.decoder(padded, enc, features_only=True)
+        torch.testing.assert_close(full[:, real], alone, atol=1e-5, rtol=1e-5)
+        state, outs = {}, []
+        for t in range(padded.size(1)):
+            out, _ = model.decoder(padded[:, : t + 1], enc, incremental_state=state,
+                                   features_only=True)
+            outs.append(out)
+        torch.testing.assert_close(torch.cat(outs, 1)[:, real], alone, atol=1e-5, rtol=1e-5)
+
+
+def test_left_padded_batch_matches_each_sequence_alone():
+    """A left-padded batch of targets of different lengths: every row's real positions
+    equal that row decoded alone (with the halting state, which reads the features)."""
+    model, src, prev = decoder_case(0.6, seed=2)
+    lengths = [7, 4, 5]
+    batch = prev.clone()
+    for row, n in enumerate(lengths):
+        batch[row] = torch.cat([torch.ones(7 - n, dtype=prev.dtype), prev[row, :n]])
+    with torch.no_grad():
+        enc = model.encoder(src)
+        out, extra = model.decoder(batch, enc, features_only=True)
+        for row, n in enumerate(lengths):
+            enc_row = model.encoder.reorder_encoder_out(enc, torch.tensor([row]))
+            alone, extra_alone = model.decoder(prev[row:row + 1, :n], enc_row, features_only=True)
+            torch.testing.assert_close(out[row:row + 1, 7 - n:], alone, atol=1e-5, rtol=1e-5)
+            assert torch.equal(extra["halting_decoder"].steps[row, 7 - n:],
+                               extra_alone["halting_decoder"].steps[0])

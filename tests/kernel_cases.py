@@ -1,0 +1,63 @@
+"""The routed-linear problems that the kernel tests share (``kernels/test_kernels_interpret.py``
+on the CPU in Triton's interpreter, ``gpu/test_gpu.py`` on a CUDA device): named routing
+patterns, the four uses MoE-FFD and MoMHA make of the op, and the tolerance check."""
+import torch
+
+IN_DIM, OUT_DIM = 20, 24  # not multiples of the interpreter's 16-wide blocks
+
+
+def routing_indices(name: str, g: torch.Generator):
+    """(expert_idxs (N, k) with E = halted/padding, E) for a named routing pattern."""
+    def top_k(N, E, k, weights=None):
+        weights = torch.ones(E) if weights is None else torch.tensor(weights, dtype=torch.float)
+        return torch.stack([torch.multinomial(weights, k, generator=g) for _ in range(N)])
+
+    if name == "ragged":  # uneven loads, expert 3 empty, two halted tokens
+        idx = top_k(11, 5, 2, [6.0, 1.0, 3.0, 0.0, 0.5])
+        idx[[2, 7]] = 5
+        return idx, 5
+    if name == "multi_tile":  # several row tiles per expert, several column tiles
+        idx = top_k(40, 3, 2)
+        idx[5] = 3
+        return idx, 3
+    if name == "k1":
+        idx = top_k(6, 3, 1, [1.0, 0.0, 2.0])
+        idx[4] = 3
+        return idx, 3
+    if name == "kE":
+        idx = top_k(5, 3, 3)
+        idx[1] = 3
+        return idx, 3
+    if name == "all_halted":
+        return torch.full((4, 2), 3), 3
+    if name == "single_row":  # one decoding step
+        return top_k(1, 4, 2), 4
+    raise KeyError(name)
+
+
+ROUTINGS = ["ragged", "multi_tile", "k1", "kE", "all_halted", "single_row"]
+
+# use -> (rows of x, keyword arguments, has bias); the four calls MoE-FFD and MoMHA make
+USES = {
+    "ffd_up": ("token", dict(grouped_out=True), True),      # token rows in, fan_out=k, sorted out
+    "ffd_down": ("sorted", dict(grouped_in=True), True),    # sorted rows in, gated sum out
+    "momha_q": ("token", dict(), True),                      # token rows in, slot rows out
+    "momha_out": ("slot", dict(), False),                    # slot rows in, fan_out=1, gated sum
+}
+GATED = {"ffd_down", "momha_out"}
+
+
+NAMES = ["output", "grad x", "grad weight", "grad bias", "grad gates"]
+
+
+def assert_match(got, want, tol):
+    """Every tensor within ``tol`` relative to its largest reference entry (fp32: tight)."""
+    for name, a, e in zip(NAMES, got, want):
+        assert (a is None) == (e is None), name
+        if a is None:
+            continue
+        assert a.shape == e.shape, (name, a.shape, e.shape)
+        a, e = a.float(), e.float()
+        scale = max(1.0, e.abs().max().item())
+        err = (a - e).abs().max().item() if a.numel() else 0.0
+        assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"

@@ -1,0 +1,234 @@
+"""Triton routed-linear kernels vs the PyTorch reference, on CPU in Triton's interpreter.
+
+See docs/model.md#kernels. The forward output and every gradient (input, weights, biases, gates) of
+``triton_routed_linear`` equal ``reference_routed_linear`` for the four uses MoE-FFD and
+MoMHA make, on ragged expert loads, empty experts, k = 1, k = E, all rows halted (routed to
+the sentinel expert), a single row (decoding), and dims that are not block multiples.
+
+The interpreter needs ``TRITON_INTERPRET=1`` before ``triton`` is imported. When this
+process already imported triton without it (e.g. ``pytest tests/``), or never had it set,
+the tests run in a child pytest process started with ``TRITON_INTERPRET=1`` and report its
+outcomes (``sut_fairseq/kernels/testing.py``); this process's environment is left alone.
+"""
+import pytest
+import torch
+
+from sut_fairseq.kernels.testing import delegate_module, interpreter_active
+from sut_fairseq.ops.routed_linear import reference_routed_linear
+from sut_fairseq.ops.routing import make_routing
+
+from kernel_cases import GATED, IN_DIM, OUT_DIM, ROUTINGS, USES, assert_match, routing_indices
+
+IN_PROCESS = interpreter_active()
+
+def _problem(routing_name, use, dtype=torch.float32, seed=0, out_dim=None):
+    g = torch.Generator().manual_seed(seed)
+    idx, E = routing_indices(routing_name, g)
+    N, k = idx.shape
+    gates = torch.rand(N, k, generator=g)
+    gates = gates / gates.sum(1, keepdim=True) * (idx < E)
+    routing = make_routing(idx, gates, E)
+    rows, kwargs, has_bias = USES[use]
+    out_dim = out_dim or (36 if routing_name == "multi_tile" else OUT_DIM)
+    n_rows = N if rows == "token" else N * k
+    x = torch.randn(n_rows, IN_DIM, generator=g).to(dtype)
+    w = (torch.randn(E, IN_DIM, out_dim, generator=g) / IN_DIM ** 0.5).to(dtype)
+    b = torch.randn(E, out_dim, generator=g).to(dtype) if has_bias else None
+    kwargs = dict(kwargs, fan_out=k if rows == "token" else 1)
+    gate_arg = gates.to(dtype) if use in GATED else None
+    return x, w, b, routing, kwargs, gate_arg, g
+
+
+def _run(fn, x, w, b, routing, kwargs, gates, g_seed=1, autocast=None):
+    """Forward + backward of ``fn``; returns [y, dx, dw, db, dgates] (None where absent)."""
+    leaves = [t.detach().clone().requires_grad_() if t is not None else None for t in (x, w, b, gates)]
+    x_, w_, b_, gates_ = leaves
+    ctx = torch.autocast("cpu", dtype=autocast) if autocast else torch.autocast("cpu", enabled=False)
+    with ctx:
+        y = fn(x_, w_, b_, routing, gates=gates_, **kwargs)
+    dy = torch.randn(y.shape, generator=torch.Generator().manual_seed(g_seed)).to(y.dtype)
+    y.backward(dy)
+    return [y.detach()] + [t.grad if t is not None else None for t in leaves]
+
+
+def _triton(*args, **kwargs):
+    from sut_fairseq.kernels import triton_routed_linear
+
+    return triton_routed_linear(*args, **kwargs)
+
+
+@pytest.mark.parametrize("use", list(USES))
+@pytest.mark.parametrize("routing_name", ROUTINGS)
+def test_fp32_matches_reference(routing_name, use):
+    x, w, b, routing, kwargs, gates, _ = _problem(routing_name, use)
+    got = _run(_triton, x, w, b, routing, kwargs, gates)
+    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+    assert_match(got, want, 2e-5)
+
+
+@pytest.mark.parametrize("use", list(USES))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("routing_name", ["ragged", "multi_tile"])
+def test_half_matches_reference(routing_name, dtype, use):
+    x, w, b, routing, kwargs, gates, _ = _problem(routing_name, use, dtype=dtype)
+    got = _run(_triton, x, w, b, routing, kwargs, gates)
+    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+    assert got[0].dtype == dtype
+    assert_match(got, want, 4e-3 if dtype == torch.float16 else 3e-2)
+
+
+@pytest.mark.parametrize("use", list(USES))
+def test_autocast_matches_reference(use):
+    """fp32 parameters under CPU autocast (bf16): the inputs are cast explicitly, the
+    gradients come back in the parameters' dtype."""
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", use)
+    got = _run(_triton, x, w, b, routing, kwargs, gates, autocast=torch.bfloat16)
+    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates, autocast=torch.bfloat16)
+    assert got[0].dtype == torch.bfloat16
+    assert all(t is None or t.dtype == torch.float32 for t in got[1:])
+    assert_match(got, want, 3e-2)
+
+
+def test_sentinel_rows_are_zero():
+    """Halted / padding slots produce zero rows and zero gradients."""
+    for use in USES:
+        x, w, b, routing, kwargs, gates, _ = _problem("all_halted", use)
+        y, dx, dw, db, dg = _run(_triton, x, w, b, routing, kwargs, gates)
+        for t in (y, dx, dw, db, dg):
+            assert t is None or not t.any(), use
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", "momha_q")
+    y = _run(_triton, x, w, b, routing, kwargs, gates)[0]
+    halted = (routing.expert_idxs == routing.num_experts).reshape(-1)
+    assert halted.any() and not y[halted].any()
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_up")
+    y = _run(_triton, x, w, b, routing, kwargs, gates)[0]
+    assert not y[int(routing.expert_offsets[-1]):].any()
+
+
+def test_partial_gradients():
+    """Only some inputs need gradients (e.g. frozen experts, detached gates)."""
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_down")
+    from sut_fairseq.kernels import triton_routed_linear
+
+    for need in [(True, False, False, False), (False, True, True, False), (False, False, False, True)]:
+        leaves = [t.clone().requires_grad_(n) for t, n in zip((x, w, b, gates), need)]
+        ref = [t.clone().requires_grad_(n) for t, n in zip((x, w, b, gates), need)]
+        y = triton_routed_linear(leaves[0], leaves[1], leaves[2], routing, gates=leaves[3], **kwargs)
+        y_ref = reference_routed_linear(ref[0], ref[1], ref[2], routing, gates=ref[3], **kwargs)
+        dy = torch.randn_like(y)
+        y.backward(dy)
+        y_ref.backward(dy)
+        for t, r in zip(leaves, ref):
+            assert (t.grad is None) == (r.grad is None)
+            if t.grad is not None:
+                torch.testing.assert_close(t.grad, r.grad, atol=2e-5, rtol=2e-5)
+
+
+def test_no_host_reads(monkeypatch):
+    """Forward and backward never read device values on the host (no sync on a GPU)."""
+    import sut_fairseq.kernels  # noqa: F401  (import before patching)
+
+    problems = [_problem("ragged", use) for use in USES]
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("host read of a tensor value")
+
+    for name in ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero"):
+        monkeypatch.setattr(torch.Tensor, name, forbidden)
+    for x, w, b, routing, kwargs, gates, _ in problems:
+        leaves = [t.clone().requires_grad_() if t is not None else None for t in (x, w, b, gates)]
+        y = _triton(leaves[0], leaves[1], leaves[2], routing, gates=leaves[3], **kwargs)
+        y.backward(torch.ones_like(y))
+
+
+def _config_pairs(precision):
+    import sut_fairseq.kernels.grouped_gemm as gg
+
+    gemm = gg.shipped_configs(gg.routed_gemm_kernel, precision)
+    wgrad = gg.shipped_configs(gg.routed_wgrad_kernel, precision)
+    n = max(len(gemm), len(wgrad))
+    return [(gemm[i % len(gemm)], wgrad[i % len(wgrad)]) for i in range(n)]
+
+
+@pytest.mark.parametrize("precision,index", [(p, i) for p in ("tf32", "ieee") for i in range(len(_config_pairs(p)))])
+def test_shipped_configs_interpreted(precision, index, monkeypatch):
+    """Every autotuned GPU configuration (block sizes larger than these dims) gives the
+    reference result too."""
+    import sut_fairseq.kernels.grouped_gemm as gg
+
+    gemm, wgrad = _config_pairs(precision)[index]
+    monkeypatch.setitem(gg.INTERPRET_CONFIGS, gg.routed_gemm_kernel, gemm)
+    monkeypatch.setitem(gg.INTERPRET_CONFIGS, gg.routed_wgrad_kernel, wgrad)
+    for use in ("ffd_down", "momha_q"):
+        x, w, b, routing, kwargs, gates, _ = _problem("multi_tile", use, out_dim=40)
+        got = _run(_triton, x, w, b, routing, kwargs, gates)
+        want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+        assert_match(got, want, 2e-5)
+
+
+def test_autotuning_leaves_no_stale_gate_gradient_partials(monkeypatch):
+    """On a GPU the first launch of each shape tries several configurations on the same
+    buffers. The gate-gradient partials hold one row per column tile (cdiv(N, BLOCK_N)) and
+    the backward sums every row it allocated: a 16-wide trial followed by a chosen 32-wide
+    run must not leave the 16-wide trial's third row in the sum. Replays the autotuner
+    (Triton's own, timing made up so the wider configuration wins) on the interpreter."""
+    import triton
+
+    import sut_fairseq.kernels.grouped_gemm as gg
+    import sut_fairseq.kernels.routed_linear_function as rlf
+
+    narrow, wide = (triton.Config({"BLOCK_M": 16, "BLOCK_N": n, "BLOCK_K": 16, "GROUP_M": 2}) for n in (16, 32))
+    timings = iter([2.0, 1.0] * 4)   # every tuning launch: narrow tried first, wide faster
+
+    def fake_bench(fn, quantiles=None, **kwargs):
+        fn()
+        t = next(timings)
+        return [t, t, t] if quantiles else t
+
+    tuned = {kernel: gg.autotuned(kernel, fn=gg.interpreted(kernel), configs=configs, do_bench=fake_bench)
+             for kernel, configs in ((gg.routed_gemm_kernel, [narrow, wide]),
+                                     (gg.routed_wgrad_kernel, [gg.INTERPRET_CONFIGS[gg.routed_wgrad_kernel]]))}
+    monkeypatch.setattr(rlf, "_launch", lambda kernel, grid_fn, args, device: tuned[kernel][grid_fn](**args))
+    assert gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"] == 16   # partials sized for 16
+    for use in sorted(GATED):
+        x, w, b, routing, kwargs, gates, _ = _problem("multi_tile", use, out_dim=40)   # 3 vs 2 tiles
+        got = _run(_triton, x, w, b, routing, kwargs, gates)
+        want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+        assert_match(got, want, 2e-5)
+    assert tuned[gg.routed_gemm_kernel].best_config is wide
+
+
+def test_autotuner_keeps_its_choices_on_disk(monkeypatch):
+    """Every process (each fairseq-train / fairseq-generate call) would otherwise time every
+    configuration of every key afresh: the shipped kernels ask Triton to cache the choice."""
+    import triton
+
+    import sut_fairseq.kernels.grouped_gemm as gg
+
+    assert gg.AUTOTUNE_CACHES_RESULTS  # the Triton the package installs with can
+    seen = {}
+
+    def record(**options):
+        seen.update(options)
+        return lambda fn: fn
+
+    monkeypatch.setattr(triton, "autotune", record)
+    gg.autotuned(gg.routed_gemm_kernel)
+    assert seen["cache_results"] is True
+    assert seen["key"] == gg._KEYS[gg.routed_gemm_kernel] and "prune_configs_by" in seen
+
+
+def test_rejects_bad_shapes():
+    from sut_fairseq.kernels import triton_routed_linear
+
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", "momha_q")
+    with pytest.raises(ValueError):
+        triton_routed_linear(x[:3], w, b, routing, **kwargs)
+    with pytest.raises(ValueError):
+        triton_routed_linear(x, w[:2], b, routing, **kwargs)
+    with pytest.raises(ValueError):
+        triton_routed_linear(x, w, b, routing, grouped_out=True, gates=routing.gates, fan_out=routing.k)
+
+
+if not IN_PROCESS:
+    delegate_module(globals(), {"TRITON_INTERPRET": "1"})

@@ -1,0 +1,84 @@
+"""scripts/logic/learning_curves.py: validation points from fairseq-train logs, the table
+and the PNG."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from cli_helpers import run_in_process
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SCRIPT = os.path.join(ROOT, "scripts", "logic", "learning_curves.py")
+sys.path.insert(0, os.path.join(ROOT, "scripts", "logic"))
+
+LOG = """\
+2026-11-23 14:16:00 | INFO | fairseq_cli.train | Start iterating over samples
+2026-11-23 14:17:00 | INFO | train_inner | epoch 001:    100 / 1741 loss=1.9, accuracy=70.1, num_updates=100
+2026-11-23 14:21:30 | INFO | valid | epoch 001 | valid on 'valid' subset | loss 1.671 | nll_loss 1.028 | accuracy 77.756 | wps 1656.4 | num_updates 1000
+2026-11-23 14:30:00 | INFO | fairseq_cli.train | Start iterating over samples
+2026-11-23 14:31:00 | INFO | valid | epoch 002 | valid on 'valid' subset | loss 1.57 | nll_loss 0.909 | accuracy 80.16 | num_updates 2000 | best_accuracy 80.16
+"""
+
+
+def test_points_count_wall_clock_from_the_first_start(tmp_path):
+    import learning_curves
+
+    log = tmp_path / "train.log"
+    log.write_text(LOG)
+    points = learning_curves.parse_log(str(log))
+    assert [(p["updates"], p["seconds"], p["accuracy"]) for p in points] == [
+        (1000, 330.0, 77.756), (2000, 900.0, 80.16)]
+    text = learning_curves.table({"A": points, "B": points[:1]})
+    assert "| 1,000 | 77.76 (6) | 77.76 (6) |" in text and "| 2,000 | 80.16 (15) | – |" in text
+
+
+def test_script_writes_png_and_table_and_refuses_a_log_without_validation(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(LOG)
+    out, table = tmp_path / "curves.png", tmp_path / "curves.md"
+    done = subprocess.run([sys.executable, SCRIPT, f"SUT={log}", f"Transformer={log}",
+                           "--out", str(out), "--table", str(table)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "SUT (acc. %, minutes)" in table.read_text()
+    empty = tmp_path / "empty.log"
+    empty.write_text(LOG.splitlines()[0] + "\n")
+    # the first call above is a real process (the script's entry point); the others run its
+    # main in the test's process (run_in_process): they start no tool
+    bad = run_in_process(SCRIPT, [f"X={empty}", "--out", str(tmp_path / "x.png")])
+    assert bad.returncode != 0 and "no validation" in bad.stderr
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_saved_curves_round_trip_and_points_without_time_are_drawn_by_updates_only(tmp_path):
+    log = tmp_path / "train.log"
+    log.write_text(LOG)
+    curves = tmp_path / "curves"
+    done = run_in_process(SCRIPT, [f"SUT bias -3={log}", "--out", str(tmp_path / "a.png"),
+                                   "--save-curves", str(curves)])
+    assert done.returncode == 0, done.stderr
+    saved = curves / "SUT_bias_-3.json"
+    import json
+
+    data = json.loads(saved.read_text())
+    assert data["source"] == str(log)
+    assert [(p["updates"], p["seconds"], p["accuracy"]) for p in data["points"]] == [
+        (1000, 330.0, 77.756), (2000, 900.0, 80.16)]
+    untimed = tmp_path / "old.json"
+    untimed.write_text(json.dumps({"label": "old", "source": "docs table", "points": [
+        {"updates": 1000, "accuracy": 77.5, "seconds": None}]}))
+    table = tmp_path / "t.md"
+    done = run_in_process(SCRIPT, [f"SUT={saved}", f"Old={untimed}", "--out", str(tmp_path / "b.png"),
+                                   "--table", str(table)])
+    assert done.returncode == 0, done.stderr
+    assert "| 1,000 | 77.76 (6) | 77.50 (–) |" in table.read_text()
+    assert (tmp_path / "b.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_malformed_curve_file_is_refused_by_name(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"points": [{"updates": "1k", "accuracy": 80, "seconds": null}]}')
+    done = run_in_process(SCRIPT, [f"X={bad}", "--out", str(tmp_path / "x.png")])
+    assert done.returncode != 0 and "bad.json is not a curve file" in done.stderr
+    assert not (tmp_path / "x.png").exists()
