@@ -32,7 +32,7 @@ from ..modules.chunked_recurrence import (
     chunked_recurrence,
     local_positions,
 )
-from ..modules.decoder_cache import BufferedKeyCache, CrossKV, KeyValueBuffer
+from ..modules.decoder_cache import BufferedKeyCache, CrossKV, DecoderState
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, build_halting
@@ -525,7 +525,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
             positions if emb is None else emb.input_positions(positions))
         x = self.dropout(x)
 
-        cache = self._get_cache(incremental_state)
         inputs = dict(self_padding_mask=key_pad, real=real, q_start=q_start, coords=coords,
                       **self._cross_inputs(encoder_out, incremental_state))
         exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
@@ -534,23 +533,23 @@ class SUTDecoder(FairseqIncrementalDecoder):
             ctx = self.step.context(**inputs)
             S, halting, state = run_recurrence(self, x, ctx, rule)
         else:  # per step l: the earlier positions' keys/values (L, B, H, t, D) and prefix sums
-            prefix_in = cache.get("prefix")
+            cache = self.decoder_state(incremental_state)
+            prefix_in = cache.prefix
             if prefix_in is None and self.caches_prefix_sums:
                 # the first position: zero sums, so that a position that halts early (the
                 # early-exit hook) continues them for the steps it skipped
                 prefix_in = chunk_cache.empty_prefix(x, self.num_steps)
-            keys = BufferedKeyCache(cache.get("kv") or KeyValueBuffer(self.num_steps), q_start,
-                                    prefix_in=prefix_in)
+            keys = BufferedKeyCache(cache.kv, q_start, prefix_in=prefix_in)
             # Hyper-UT: step l's (Σ h_{l-1}, count) over the earlier positions
-            ctx = self.step.context(keys, hyper_prefix_in=cache.get("hyper_prefix"), **inputs)
+            ctx = self.step.context(keys, hyper_prefix_in=cache.hyper_prefix, **inputs)
             S, halting, state = run_recurrence(
                 self, x, ctx, rule, prefix_in=keys.prefix_in,
                 on_early_exit=functools.partial(self.step.freeze, ctx=ctx))
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("dec", halting)
         if incremental_state is not None:
-            prefix = {**state.prefix_out, **keys.frozen_prefix} if state.prefix_out else None
-            self._update_cache(incremental_state, keys.buffer, prefix, ctx.hyper_prefix_out or None)
+            cache.prefix = {**state.prefix_out, **keys.frozen_prefix} if state.prefix_out else None
+            cache.hyper_prefix = ctx.hyper_prefix_out or None
         if self.final_norm is not None:
             S = self.final_norm(S)
         extra = {
@@ -568,8 +567,7 @@ class SUTDecoder(FairseqIncrementalDecoder):
         chunk, reads the memory M^c of the completed chunks, then the encoder output."""
         cross = self._cross_inputs(encoder_out, incremental_state)
         if incremental_state is not None:
-            S, halting = self.chunk_step(prev_output_tokens, self._get_cache(incremental_state),
-                                         incremental_state, cross)
+            S, halting = self.chunk_step(prev_output_tokens, self.decoder_state(incremental_state), cross)
         else:
             real = prev_output_tokens.ne(self.padding_idx)
             layout = ChunkLayout(real, self.chunk_size)
@@ -590,17 +588,18 @@ class SUTDecoder(FairseqIncrementalDecoder):
             "halting_decoder": halting,
         }
 
-    def chunk_step(self, prev_output_tokens, cache, incremental_state, cross):
+    def chunk_step(self, prev_output_tokens, saved: DecoderState, cross):
         """One incremental decoding step of a chunked decoder: the new token (the last of
         ``prev_output_tokens``) against its chunk's cached keys and values (right-aligned,
-        ``modules/chunk_cache.py``) and the memory of the completed chunks. Returns S_L
+        ``modules/chunk_cache.py``, kept in ``saved.chunk``) and the memory of the completed chunks. Returns S_L
         (B, 1, d) and a ``ChunkedHaltingResult`` whose per-chunk fields count the chunks the
         new tokens open and the block applications they add to their chunk."""
         g, L = self.chunk_size, self.num_steps
         token = prev_output_tokens[:, -1:]
         real = token.ne(self.padding_idx)  # (B, 1)
         x = self.embed_scale * self.embed_tokens(token)
-        if not cache:
+        cache = saved.chunk
+        if cache is None:
             cache = chunk_cache.start(x, L, self.block.self_attn.num_heads,
                                       self.block.self_attn.head_dim, g, self.memory,
                                       prefix=self.caches_prefix_sums)
@@ -622,9 +621,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
             on_early_exit=functools.partial(self.step.freeze, ctx=ctx))
         prefix = None if keys.prefix_in is None else {**keys.prefix_in, **state.prefix_out,
                                                       **keys.frozen_prefix}
-        cache, opened, raised = chunk_cache.advance(cache, keys.new_k, keys.new_v, S, real[:, 0],
-                                                    halting.steps[:, 0], g, self.memory, prefix)
-        self.set_incremental_state(incremental_state, "sut_cache", cache)
+        saved.chunk, opened, raised = chunk_cache.advance(cache, keys.new_k, keys.new_v, S, real[:, 0],
+                                                          halting.steps[:, 0], g, self.memory, prefix)
         return S, ChunkedHaltingResult(
             weights=halting.weights, expected_depth=halting.expected_depth, steps=halting.steps,
             real=halting.real, max_steps=L, chunk_real=opened.unsqueeze(1),
@@ -633,9 +631,16 @@ class SUTDecoder(FairseqIncrementalDecoder):
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         return self.output_projection(features)
 
-    # ---- incremental decoding state (``modules/decoder_cache.py``): "sut_cross", the
-    # cross-attention keys/values; "sut_cache", the self-attention keys/values of every step
-    # ("kv", a KeyValueBuffer) and the causal prefix sums, or the chunked decoder's cache ----
+    # ---- incremental decoding state: one ``DecoderState`` (``modules/decoder_cache.py``)
+    # under fairseq's incremental_state, reordered as one object ----
+    def decoder_state(self, incremental_state) -> DecoderState:
+        """This decoder's state in fairseq's ``incremental_state`` (made at the first call)."""
+        state = self.get_incremental_state(incremental_state, "sut_state")
+        if state is None:
+            state = DecoderState(self.num_steps)
+            self.set_incremental_state(incremental_state, "sut_state", state)
+        return state
+
     def _cross_inputs(self, encoder_out, incremental_state) -> Dict[str, torch.Tensor]:
         """The block's cross-attention inputs: keys/values (B_kv, H, S, D) of the encoder
         output and its padding mask (B_kv, S); incremental decoding projects them at the
@@ -645,41 +650,16 @@ class SUTDecoder(FairseqIncrementalDecoder):
         if incremental_state is None:
             k, v = self.block.cross_kv(enc)
             return dict(cross_k=k, cross_v=v, cross_padding_mask=enc_pad)
-        cross = self.get_incremental_state(incremental_state, "sut_cross")
-        if cross is None:
-            cross = CrossKV.project(self.block, enc, enc_pad, getattr(self, "_beam_size", 1))
-            self.set_incremental_state(incremental_state, "sut_cross", cross)
+        state = self.decoder_state(incremental_state)
+        if state.cross is None:
+            state.cross = CrossKV.project(self.block, enc, enc_pad, getattr(self, "_beam_size", 1))
+        cross = state.cross
         return dict(cross_k=cross.k, cross_v=cross.v, cross_padding_mask=cross.padding)
 
-    def _get_cache(self, incremental_state) -> Optional[Dict]:
-        if incremental_state is None:
-            return None
-        return self.get_incremental_state(incremental_state, "sut_cache") or {}
-
-    def _update_cache(self, incremental_state, buffer: KeyValueBuffer, prefix, hyper_prefix=None):
-        new_cache = {"kv": buffer}
-        if prefix is not None:
-            new_cache["prefix"] = prefix
-        if hyper_prefix is not None:  # step l -> (Σ h_{l-1}, count) over the real prefix
-            new_cache["hyper_prefix"] = hyper_prefix
-        self.set_incremental_state(incremental_state, "sut_cache", new_cache)
-
     def reorder_incremental_state(self, incremental_state, new_order: torch.Tensor):
-        cross = self.get_incremental_state(incremental_state, "sut_cross")
-        if cross is not None:
-            cross.reorder(new_order)
-        cache = self._get_cache(incremental_state)
-        if not cache:
-            return
-        if self.chunk_size:
-            self.set_incremental_state(incremental_state, "sut_cache",
-                                       chunk_cache.reorder(cache, new_order))
-            return
-        cache["kv"].reorder(new_order)
-        for key in ("prefix", "hyper_prefix"):
-            if key in cache:
-                cache[key] = {l: (s.index_select(0, new_order), c.index_select(0, new_order))
-                              for l, (s, c) in cache[key].items()}
+        state = self.get_incremental_state(incremental_state, "sut_state")
+        if state is not None:
+            state.reorder(new_order)
 
     def max_positions(self):
         return self.max_target_positions

@@ -18,10 +18,18 @@ here:
   from one copy per sentence (B / beam rows), the beams' queries attend to them as one
   group (``MixtureOfMultiHeadAttention``), and a reorder within the sentences moves
   nothing. Only when finished sentences leave the batch are the rows selected.
+* ``DecoderState``: everything the decoder keeps between its calls, as one object with
+  one ``reorder`` (the buffer, the cross-attention keys/values, the prefix sums of
+  global-mean halting and Hyper-UT, or the chunked decoder's cache).
 """
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
+
+from . import chunk_cache
+
+#: step l -> (Σ over the earlier positions (B, d), their count (B,))
+Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]
 
 #: positions added to the buffer at a time (a copy of the filled part each time)
 CAPACITY_STEP = 32
@@ -138,3 +146,38 @@ def _repeated(enc: torch.Tensor, beams: int) -> bool:
         return False
     groups = enc.view(-1, beams, *enc.shape[1:])
     return bool((groups == groups[:, :1]).all())
+
+
+class DecoderState:
+    """The incremental state of one decoder over a batch of B rows (hypotheses).
+
+    ``cross``: the encoder output's keys/values (``CrossKV``), set at the first call;
+    ``kv``: the self-attention keys/values of every step (``KeyValueBuffer``);
+    ``prefix``: global-mean halting's causal prefix sums per step l (``Prefix``), None
+    for the other rules; ``hyper_prefix``: Hyper-UT's (Σ h_{l-1}, count) per step l over
+    the real prefix, None without hyper-modules; ``chunk``: the chunked decoder's cache
+    (``chunk_cache.py``; then ``kv`` and the prefixes are unused).
+    """
+
+    def __init__(self, num_steps: int):
+        self.cross: Optional[CrossKV] = None
+        self.kv = KeyValueBuffer(num_steps)
+        self.prefix: Optional[Prefix] = None
+        self.hyper_prefix: Optional[Prefix] = None
+        self.chunk: Optional[Dict] = None
+
+    def reorder(self, order: torch.Tensor) -> None:
+        """Row b of the next call continues row ``order[b]`` (B',) — every part at once."""
+        if self.cross is not None:
+            self.cross.reorder(order)
+        self.kv.reorder(order)
+        self.prefix = _reorder_prefix(self.prefix, order)
+        self.hyper_prefix = _reorder_prefix(self.hyper_prefix, order)
+        if self.chunk is not None:
+            self.chunk = chunk_cache.reorder(self.chunk, order)
+
+
+def _reorder_prefix(prefix: Optional[Prefix], order: torch.Tensor) -> Optional[Prefix]:
+    if prefix is None:
+        return None
+    return {l: (s.index_select(0, order), c.index_select(0, order)) for l, (s, c) in prefix.items()}

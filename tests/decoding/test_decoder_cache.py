@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from conftest import make_model
-from sut_fairseq.modules.decoder_cache import CAPACITY_STEP, BufferedKeyCache, CrossKV, KeyValueBuffer
+from sut_fairseq.modules import chunk_cache
+from sut_fairseq.modules.decoder_cache import (CAPACITY_STEP, BufferedKeyCache, CrossKV, DecoderState,
+                                               KeyValueBuffer)
 
 L, B, H, D = 3, 4, 2, 5
 
@@ -103,3 +105,34 @@ def test_shared_keys_are_refused_for_causal_attention():
     k = torch.randn(1, attn.num_heads, 3, attn.head_dim)
     with pytest.raises(ValueError, match="2 query rows over 1 key rows"):
         attn(torch.randn(2, 1, 64), k, k, torch.ones(2, 1, dtype=torch.bool))
+
+
+def test_the_decoder_state_reorders_every_part_with_one_order():
+    """``DecoderState.reorder``: the buffer, the cross-attention keys/values, both prefix
+    sums and a chunked cache each end up as ``index_select`` of what they held (rows
+    dropped and repeated); a part that is absent stays absent."""
+    g = torch.Generator().manual_seed(1)
+    state = DecoderState(L)
+    k, v = torch.randn(L, B, H, 1, D, generator=g), torch.randn(L, B, H, 1, D, generator=g)
+    for l in range(1, L + 1):
+        state.kv.write(l, 0, k[l - 1], v[l - 1])
+    cross = [torch.randn(B, H, 6, D, generator=g), torch.randn(B, H, 6, D, generator=g),
+             torch.rand(B, 6, generator=g) < 0.3]
+    state.cross = CrossKV(*[t.clone() for t in cross], beams=1)
+    sums = {l: (torch.randn(B, D, generator=g), torch.rand(B, generator=g)) for l in range(1, L + 1)}
+    state.prefix = dict(sums)
+    chunk = chunk_cache.start(torch.randn(B, 1, D, generator=g), L, H, D, 4)
+    chunk["count"] = torch.arange(B)
+    state.chunk = dict(chunk)
+    order = torch.tensor([2, 0, 0])
+    state.reorder(order)
+    for l in range(1, L + 1):
+        got_k, got_v = state.kv.read(l, 1)
+        assert torch.equal(got_k, k[l - 1][order]) and torch.equal(got_v, v[l - 1][order])
+        assert torch.equal(state.prefix[l][0], sums[l][0][order])
+        assert torch.equal(state.prefix[l][1], sums[l][1][order])
+    for got, want in zip((state.cross.k, state.cross.v, state.cross.padding), cross):
+        assert torch.equal(got, want[order])
+    assert torch.equal(state.chunk["count"], torch.tensor([2, 0, 0]))
+    assert torch.equal(state.chunk["self_k"], chunk["self_k"][:, order])
+    assert state.hyper_prefix is None

@@ -144,7 +144,7 @@ def test_the_early_exit_hook_caches_the_frozen_state_for_the_skipped_steps(mode)
         for t in range(prev.size(1)):
             S, extra = dec(prev[:, : t + 1], enc, incremental_state=state, features_only=True)
             assert bool((extra["halting_decoder"].steps[prev[:, t:t + 1].ne(1)] == 1).all())
-            buffer = dec.get_incremental_state(state, "sut_cache")["kv"]
+            buffer = dec.decoder_state(state).kv
             d = S.size(-1)
             coords = 0
             if mode == "coordinate":
