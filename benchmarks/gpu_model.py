@@ -335,10 +335,8 @@ class Recorder(TorchDispatchMode):
         kind = ("custom" if self.custom else "gemm" if name in GEMMS else
                 "accum" if self.accumulating and name in ("add", "add_")
                 and tuple(outs[0].shape) in self.param_shapes else "aten")
-        if self.accumulating and kind == "aten" and name in ("add", "add_"):
-            pass  # an activation's gradient summed inside the step: the step's own work
-        if kind in ("custom", "accum"):
-            region = None if kind == "accum" else region
+        if kind == "accum":  # the engine's sum over steps: outside the compiled graphs
+            region = None
         reads = tuple({self.key(t): _nbytes(t) for t in ins if t.device.type == "meta"}.items())
         fresh = {t.untyped_storage()._cdata for t in outs} - {t.untyped_storage()._cdata for t in ins}
         self.generation.update(fresh)  # new storages (an address may be reused after a free)
