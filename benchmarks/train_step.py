@@ -345,7 +345,12 @@ def make_step(arch: str, sample, vocab: int, halting_bias: float = 0.0, steps_lo
     ``compiled``: the model compiled (``build``)."""
     model, criterion = build(arch, vocab, halting_bias, compiled)
     model.to(device=device, dtype=dtype)
-    sample = to_device(sample, device)
+    return step_closure(model, criterion, to_device(sample, device), steps_log)
+
+
+def step_closure(model, criterion, sample, steps_log=None):
+    """The training step of ``make_step`` for a model, criterion and batch already in place
+    (``benchmarks/gpu_model.py`` runs it on "meta" tensors)."""
 
     def step():
         model.zero_grad(set_to_none=True)

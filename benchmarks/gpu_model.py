@@ -1,0 +1,694 @@
+"""A model of one GPU training step that runs on the CPU: kernel launches and device time.
+
+One training step of ``benchmarks/train_step.py`` (zero grads, criterion forward,
+backward; no optimizer step, as the GPU profiles timed) runs on "meta" tensors, which
+carry shapes and dtypes but no data, with the CUDA code path forced (``Tensor.is_cuda``
+reads True on them, so the routed ops take their Triton branch, ``masked_linear`` and the
+dropout their CUDA form). A ``TorchDispatchMode`` records every leaf aten operation, the
+Triton launches of the routed ops are recorded instead of run (``kernels.aot``'s launch
+recorder), ``scaled_dot_product_attention`` counts as the fused kernel a GPU runs, and
+what reads data on the host gets a fixed answer: every position runs every step (the
+fresh model of the GPU runs did: 60 routed-linear backwards per step), every mask row
+is selected.
+
+Each record becomes kernels of a kind:
+
+* ``gemm``: cuBLAS products (``mm``, ``bmm``, ``addmm``, ``baddbmm``), one launch each,
+  with their (batch, M, N, K) and dtype; the alignment lint flags any dimension that is
+  not a multiple of 8 in bf16/fp16 (cuBLAS then falls back to slow kernels);
+* ``attention``: a fused ``scaled_dot_product_attention`` (1 launch forward, 2 backward);
+* ``custom``: aten work inside the plugin's custom ops (``sut::*``: zero-fills, sums, casts);
+* ``triton``: the routed ops' Triton launches (``_routed_gemm``, ``_routed_wgrad``);
+* ``accum``: the backward's additions of a shared parameter's gradients (one per extra use);
+* ``aten``: every other aten kernel (elementwise, reductions, sorts: ``LAUNCHES`` lists the
+  operations of more than one kernel);
+* ``inductor``: compiled models only, the fusion model below.
+
+**Compiled** (``--compile-step``, ``--compile-loop``; fairseq's transformer as
+``torch.compile`` whole): inductor's CUDA code cannot be generated without a GPU here, so
+the compiled regions (each side's step or loop, its backward; the transformer's forward and
+backward) run the same code eagerly and a stated fusion model replaces inductor: GEMMs,
+attention, sorts and the custom ops stay extern kernels (as inductor keeps them); between
+two extern kernels of a region, the other operations fuse into one kernel per distinct
+iteration size (numel of the op's largest tensor), which reads the tensors made before
+the run and writes those read after it. Views cost nothing. Everything outside the
+regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
+steps) stays eager.
+
+**Device time**: per kernel max(FLOPs / (peak x efficiency), bytes / (bandwidth x
+efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` and the
+factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profiles of
+``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
+
+    python benchmarks/gpu_model.py --arch sut_base transformer_wmt_en_de [--compile-step]
+        [--compile-loop] [--device H100] [--batch 128 --len 32] [--top 12] [--calibrate]
+
+Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per architecture
+and ``gpu model: sut_base / transformer_wmt_en_de device time R``.
+"""
+import argparse
+import contextlib
+import itertools
+import math
+import os
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import train_step  # noqa: E402
+
+from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
+from sut_fairseq.kernels import routed_linear_function as rlf  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Device:
+    """A GPU's bf16 dense tensor-core peak (TFLOP/s) and HBM bandwidth (TB/s)."""
+    name: str
+    bf16_tflops: float
+    hbm_tbs: float
+
+
+H100 = Device("H100 SXM", 989.0, 3.35)
+H200 = Device("H200", 989.0, 4.8)
+DEVICES = {"H100": H100, "H200": H200}
+
+
+@dataclass(frozen=True)
+class Factors:
+    """Calibrated efficiencies (fractions of the peak / bandwidth) and the floor of one kernel."""
+    floor_us: float = 4.5          # the least time of any kernel (launch latency, tail)
+    gemm: float = 0.9              # cuBLAS products with aligned dimensions, attention
+    #: products with a dimension not a multiple of 8 (bf16/fp16): by hand from the recorded
+    #: cutlass sm75 kernel (12 calls, 4.667 ms) of the O = 63 relative-position product,
+    #: 2 x 128 x 4 x 128 x 64 x 63 FLOPs per call in 389 us: 1.4 TFLOP/s
+    misaligned_gemm: float = 0.0014
+    triton: float = 0.145          # the routed expert kernels
+    bandwidth: float = 0.4         # every kernel's bytes
+
+
+#: calibrated by ``--calibrate`` (see docs/performance.md, "A model of the GPU step on the CPU")
+FACTORS = Factors()
+
+#: the H200 profiles (bf16, 128 x 32 = 4,096 target tokens; docs/results/gpu.md, fourth
+#: lease, call 2; device ms = the profiles' "Self CUDA time total") of checkout 4073c4e:
+#: (arch, compiled) -> (kernel launches, device ms)
+RECORDED = {("sut_base", False): (5844, 39.5), ("sut_base", True): (3558, 34.2),
+            ("transformer_wmt_en_de", False): (996, 10.5),
+            ("transformer_wmt_en_de", True): (896, 8.6)}
+RECORDED_DEVICE = H200
+
+#: aten operations of no kernel: views, metadata, allocation, host reads
+FREE = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueeze", "squeeze",
+        "slice", "select", "as_strided", "detach", "alias", "split", "split_with_sizes",
+        "unbind", "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided",
+        "_local_scalar_dense", "is_nonzero", "lift_fresh", "_reshape_alias", "diagonal",
+        "unfold", "narrow", "expand_as", "view_as", "_to_copy_noop", "sym_size", "sym_stride",
+        "_unsafe_split", "unsafe_split", "chunk", "resize_", "set_", "equal"}
+#: aten operations of more than one kernel on CUDA (a cub radix sort: about 8.5 passes per
+#: sort in the H200 profile, plus its index fill)
+LAUNCHES = {"sort": 10, "topk": 3, "nonzero": 3, "embedding_dense_backward": 8,
+            "native_layer_norm_backward": 2, "nll_loss_backward": 2, "_index_put_impl_": 5}
+GEMMS = {"mm", "bmm", "addmm", "baddbmm"}
+#: operations inductor keeps as calls of their own (no fusion across them)
+EXTERN = GEMMS | {"sort", "topk", "nonzero", "cumsum"}
+ATTENTION_LAUNCHES = (1, 2)  # fused attention: forward, backward
+
+
+@dataclass
+class Kernel:
+    """One or more launches of one recorded operation: ``kind`` (module docstring), its
+    name, launches, FLOPs and bytes moved, for a GEMM (batch, M, N, K) and dtype; where it
+    ran: ``step`` (label of a recurrence step / layer, or ""), ``phase`` ("fwd"/"bwd"),
+    ``region`` (index of a compiled region's invocation, or None); ``reads``/``writes``
+    (storage key, bytes) for the fusion model."""
+    kind: str
+    name: str
+    launches: int
+    flops: float
+    bytes: float
+    step: str = ""
+    phase: str = "fwd"
+    region: Optional[int] = None
+    gemm: Optional[Tuple[int, int, int, int]] = None
+    dtype: Optional[torch.dtype] = None
+    numel: int = 0
+    reads: Tuple = ()
+    writes: Tuple = ()
+    out_numels: Tuple = ()
+
+    def misaligned(self) -> bool:
+        """A bf16/fp16 GEMM with M, N or K not a multiple of 8."""
+        return (self.gemm is not None and self.dtype in (torch.bfloat16, torch.float16)
+                and any(d % 8 for d in self.gemm[1:]))
+
+
+def kernel_ms(k: Kernel, device: Device, factors: Factors = FACTORS) -> float:
+    """Estimated device ms of ``k``: per launch max(FLOPs / (peak x eff), bytes /
+    (bandwidth x eff), floor); eff of the GEMMs and attention, of a misaligned GEMM or of
+    the Triton kernels by kind; FLOPs and bytes are ``k``'s totals over its launches."""
+    if k.launches == 0:
+        return 0.0
+    eff = {"gemm": factors.misaligned_gemm if k.misaligned() else factors.gemm,
+           "attention": factors.gemm, "triton": factors.triton}.get(k.kind)
+    compute = k.flops / (device.bf16_tflops * 1e12 * eff) if eff else 0.0
+    memory = k.bytes / (device.hbm_tbs * 1e12 * factors.bandwidth)
+    return 1e3 * max(compute, memory, k.launches * factors.floor_us * 1e-6)
+
+
+def _tensors(tree):
+    return [t for t in torch.utils._pytree.tree_leaves(tree) if isinstance(t, torch.Tensor)]
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return min(t.numel() * t.element_size(), t.untyped_storage().nbytes()) if t.numel() else 0
+
+
+def gemm_dims(name: str, args) -> Tuple[int, int, int, int]:
+    """(batch, M, N, K) of an aten GEMM's arguments."""
+    if name == "mm":
+        a, b = args[0], args[1]
+    elif name == "addmm":
+        a, b = args[1], args[2]
+    elif name == "bmm":
+        a, b = args[0], args[1]
+    else:  # baddbmm
+        a, b = args[1], args[2]
+    batch = a.size(0) if a.dim() == 3 else 1
+    return batch, a.size(-2), b.size(-1), a.size(-1)
+
+
+class _FusedAttention(torch.autograd.Function):
+    """``scaled_dot_product_attention`` as the GPU runs it: one fused kernel forward, one
+    (two launches) backward; on meta tensors only the output shapes."""
+
+    @staticmethod
+    def forward(ctx, recorder, q, k, v, mask):
+        B, H, T, D = q.shape
+        S = k.size(-2)
+        ctx.recorder, ctx.shape = recorder, (B, H, T, S, D)
+        ctx.mask_shape = None if mask is None else mask.shape
+        io = (q.numel() * 2 + k.numel() + v.numel()) * q.element_size()
+        recorder.add_synthetic("attention", "sdpa_fwd", ATTENTION_LAUNCHES[0], 4 * B * H * T * S * D, io)
+        return q.new_empty(B, H, T, v.size(-1))
+
+    @staticmethod
+    def backward(ctx, do):
+        B, H, T, S, D = ctx.shape
+        io = 2 * (2 * B * H * T * D + 2 * B * H * S * D) * do.element_size()
+        ctx.recorder.add_synthetic("attention", "sdpa_bwd", ATTENTION_LAUNCHES[1],
+                                   10 * B * H * T * S * D, io)
+        shape_q, shape_kv = (B, H, T, D), (B, H, S, D)
+        dmask = None if ctx.mask_shape is None else do.new_empty(ctx.mask_shape)
+        return None, do.new_empty(shape_q), do.new_empty(shape_kv), do.new_empty(shape_kv), dmask
+
+
+class Recorder(TorchDispatchMode):
+    """Records the kernels of the aten operations that run under it (module docstring)."""
+
+    def __init__(self, param_shapes):
+        super().__init__()
+        self.kernels: List[Kernel] = []
+        self.param_shapes = param_shapes
+        self.custom = 0           # depth inside a sut:: custom op
+        self.paused = False
+        self.step, self.region, self.phase = "", None, "fwd"
+        self.ranges: List[Tuple[int, int, str, Optional[int]]] = []  # seq lo, hi, step, region
+        self.accumulating = False  # between a backward node's end and the next one's start
+        self.generation = Counter()  # storage address -> allocations seen at it
+
+    # --- where an operation runs -------------------------------------------------------
+    def seq(self) -> int:
+        """The autograd sequence number the next node will get."""
+        self.paused = True
+        try:
+            leaf = torch.empty(1, device="meta", requires_grad=True)
+            return (leaf * 1).grad_fn._sequence_nr() + 1
+        finally:
+            self.paused = False
+
+    @contextlib.contextmanager
+    def scope(self, step: Optional[str] = None, region: bool = False):
+        """Operations in the block (and their backward) belong to ``step`` / a new region."""
+        before = self.step, self.region
+        if step is not None:
+            self.step = step
+        if region:
+            self.region = 1 + max([r for *_, r in self.ranges if r is not None] + [-1])
+        lo = self.seq()
+        try:
+            yield
+        finally:
+            self.ranges.append((lo, self.seq(), self.step, self.region))
+            self.step, self.region = before
+
+    def _where(self):
+        """(step, phase, region) of the operation running now."""
+        node = torch._C._current_autograd_node()
+        if node is None:
+            return self.step, "fwd", self.region
+        nr = node._sequence_nr()
+        found = [(hi - lo, s, r) for lo, hi, s, r in self.ranges if lo <= nr < hi]
+        if not found:
+            return "", "bwd", None
+        _, step, region = min(found, key=lambda f: f[0])  # the innermost range
+        region = next((r for lo, hi, s, r in self.ranges if lo <= nr < hi and r is not None), None)
+        return step, "bwd", region
+
+    # --- records -----------------------------------------------------------------------
+    def add_synthetic(self, kind, name, launches, flops, nbytes):
+        step, phase, region = self._where()
+        self.kernels.append(Kernel(kind, name, launches, flops, nbytes, step, phase, region))
+
+    def triton(self, kernel, args: dict):
+        """A routed-op Triton launch: FLOPs 2 M K N, bytes of x rows, weights and output rows."""
+        M = args["sorted_scattered_idxs"].numel() if "M" not in args else args["M"]
+        K, N, E = args["K"], args["N"], args["E"]
+        size = args["X"].element_size()
+        name = "_routed_gemm" if kernel is gg.routed_gemm_kernel else "_routed_wgrad"
+        self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + E * K * N + M * N))
+        if args.get("HAS_DG"):  # the autotuner zeroes DG before the run
+            self.add_synthetic("custom", "zero_ (reset_to_zero DG)", 1, 0, _nbytes(args["DG"]))
+
+    def key(self, t: torch.Tensor):
+        """A tensor's storage: its address and the allocation count there."""
+        address = t.untyped_storage()._cdata
+        return address, self.generation[address]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.namespace == "sut":
+            return self._custom(func, args, kwargs)
+        out = self._run(func, args, kwargs)
+        if not self.paused:
+            self._record(func, args, kwargs, out)
+        return out
+
+    def _custom(self, func, args, kwargs):
+        """A plugin custom op: its Python body, recorded (its fake one would hide the work)."""
+        from torch._library.custom_ops import OPDEFS
+
+        body = OPDEFS[func._schema.name]._init_fn
+        self.custom += 1
+        try:
+            with self:
+                return body(*args, **kwargs)
+        finally:
+            self.custom -= 1
+
+    @staticmethod
+    def _run(func, args, kwargs):
+        """``func`` on meta tensors; data-dependent results get fixed answers."""
+        name = func.overloadpacket.__name__
+        if not any(t.device.type == "meta" for t in _tensors((args, kwargs))):
+            return func(*args, **kwargs)  # host tensors: real values
+        if name == "_shape_as_tensor":  # a shape is known on the host
+            return torch.tensor(args[0].shape)
+        if name == "nonzero":  # every row selected
+            x = args[0]
+            return torch.empty(x.numel(), x.dim(), dtype=torch.long, device=x.device)
+        if name in ("_local_scalar_dense", "is_nonzero", "equal"):  # "still running"
+            x = args[0]
+            return True if x.dtype == torch.bool or name != "_local_scalar_dense" else (
+                1.0 if x.is_floating_point() else 1)
+        return func(*args, **kwargs)
+
+    def _record(self, func, args, kwargs, out):
+        name = func.overloadpacket.__name__
+        outs, ins = _tensors(out), _tensors((args, kwargs))
+        if not any(t.device.type == "meta" for t in outs + ins):
+            return  # host work
+        numel = max([t.numel() for t in outs + ins] + [0])
+        if not name.endswith("_") and {self.key(o) for o in outs} & {self.key(i) for i in ins}:
+            launches = 0  # a view or no-op of its input (reshape, .to, contiguous)
+        elif name in FREE or numel == 0 or not outs and name not in GEMMS:
+            launches = 0 if name in FREE or numel == 0 else 1
+        else:
+            launches = LAUNCHES.get(name, 1)
+        step, phase, region = self._where()
+        kind = ("custom" if self.custom else "gemm" if name in GEMMS else
+                "accum" if self.accumulating and name in ("add", "add_")
+                and tuple(outs[0].shape) in self.param_shapes else "aten")
+        if kind == "accum":  # the engine's sum over steps: outside the compiled graphs
+            region = None
+        reads = tuple({self.key(t): _nbytes(t) for t in ins if t.device.type == "meta"}.items())
+        fresh = {t.untyped_storage()._cdata for t in outs} - {t.untyped_storage()._cdata for t in ins}
+        self.generation.update(fresh)  # new storages (an address may be reused after a free)
+        writes = tuple({self.key(t): _nbytes(t) for t in outs}.items())
+        nbytes = sum(b for _, b in reads) + sum(b for _, b in writes)
+        gemm, flops, dtype = None, float(numel), (outs[0].dtype if outs else None)
+        if name in GEMMS:
+            gemm = gemm_dims(name, args)
+            flops = 2.0 * math.prod(gemm)
+        out_numels = tuple(t.numel() for t in outs)
+        if name == "native_layer_norm_backward":  # rows and columns
+            out_numels += (numel // outs[0].size(-1),)
+        self.kernels.append(Kernel(kind, name, launches, flops, nbytes, step, phase, region, gemm,
+                                   dtype, numel, reads, writes, out_numels))
+
+    def node_hooks(self, loss: torch.Tensor) -> None:
+        """Mark, during the backward, the stretch after a node ran, where the engine sums the
+        gradients a tensor receives from its several uses (``accumulating``)."""
+        seen, todo = set(), [loss.grad_fn]
+        while todo:
+            node = todo.pop()
+            if node is None or node in seen:
+                continue
+            seen.add(node)
+            node.register_prehook(self._node_starts)
+            node.register_hook(self._node_ends)
+            todo += [n for n, _ in node.next_functions]
+
+    def _node_starts(self, grads):
+        self.accumulating = False
+
+    def _node_ends(self, grads_in, grads_out):
+        self.accumulating = True
+
+
+# --- running one step on meta tensors --------------------------------------------------
+
+@contextlib.contextmanager
+def cuda_code_path(recorder: Recorder):
+    """Meta tensors read as CUDA ones (``is_cuda``), the routed ops' Triton launches and
+    ``scaled_dot_product_attention`` recorded, and every backward's nodes hooked."""
+    is_cuda, sdpa, backward = torch.Tensor.is_cuda, F.scaled_dot_product_attention, torch.Tensor.backward
+    recorder_before = rlf._launch_recorder
+
+    def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
+        return _FusedAttention.apply(recorder, q, k, v, attn_mask)
+
+    def hooked_backward(self, *args, **kwargs):
+        recorder.node_hooks(self)
+        recorder.phase = "bwd"
+        return backward(self, *args, **kwargs)
+
+    torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cuda", "meta"))
+    F.scaled_dot_product_attention = attention
+    torch.Tensor.backward = hooked_backward
+    rlf._launch_recorder = recorder.triton
+    try:
+        yield
+    finally:
+        torch.Tensor.is_cuda, F.scaled_dot_product_attention = is_cuda, sdpa
+        torch.Tensor.backward = backward
+        rlf._launch_recorder = recorder_before
+
+
+def to_meta(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:
+    """The model on the meta device, floating parameters and buffers in ``dtype``."""
+    model.to(device="meta")
+    return model.to(dtype=dtype)
+
+
+def meta_sample(sample: dict) -> dict:
+    """The batch with every tensor an empty meta tensor of its shape and dtype."""
+    return {k: meta_sample(v) if isinstance(v, dict) else
+            (torch.empty(v.shape, dtype=v.dtype, device="meta") if torch.is_tensor(v) else v)
+            for k, v in sample.items()}
+
+
+def step_modules(model) -> Dict[str, torch.nn.Module]:
+    """Label prefix -> the module run once per recurrence step (SUT/UT: each side's block)
+    or the layers of fairseq's transformer (``enc0``, ``dec5``, ...)."""
+    if hasattr(model.encoder, "block"):
+        return {"enc": model.encoder.block, "dec": model.decoder.block}
+    return {**{f"enc{i}": m for i, m in enumerate(model.encoder.layers)},
+            **{f"dec{i}": m for i, m in enumerate(model.decoder.layers)}}
+
+
+def hook_steps(recorder: Recorder, model) -> None:
+    """Each call of a step module is a scope: ``enc3`` = the encoder's third step."""
+    calls = Counter()
+    for prefix, module in step_modules(model).items():
+        def wrap(forward, prefix=prefix):
+            def call(*args, **kwargs):
+                calls[prefix] += 1
+                label = f"{prefix}{calls[prefix]}" if prefix in ("enc", "dec") else prefix
+                with recorder.scope(step=label):
+                    return forward(*args, **kwargs)
+            return call
+        module.forward = wrap(module.forward)
+
+
+def hook_regions(recorder: Recorder, model, arch: str) -> None:
+    """The compiled regions, run eagerly as scopes: a SUT/UT's ``CompiledStep`` calls (its
+    step or loop module uncompiled), fairseq's transformer's whole forward."""
+    if train_step.is_recurrent(arch.split("+")[0]):
+        for side in (model.encoder, model.decoder):
+            compiled = side.compiled_step
+            if compiled is None:
+                raise SystemExit(f"gpu_model.py: {arch}: the model has no compiled step")
+
+            def call(compiled=compiled, **inputs):
+                with recorder.scope(region=True):
+                    return compiled.step(**inputs)
+            side.compiled_step = _eager_step(compiled, call)
+        return
+    forward = model.forward
+
+    def call(*args, **kwargs):
+        with recorder.scope(region=True):
+            return forward(*args, **kwargs)
+    model.forward = call
+
+
+def _eager_step(compiled, call):
+    """A ``CompiledStep`` stand-in that runs its module eagerly through ``call``."""
+    from sut_fairseq.modules.compiled_step import CompiledStep
+
+    class EagerStep(CompiledStep):
+        def usable(self, device) -> bool:
+            return True
+
+        def __call__(self, **inputs):
+            return call(**inputs)
+
+    return EagerStep(compiled.step, compiled.side)
+
+
+def record_step(arch: str, compiled: bool, batch: int, length: int, vocab: int,
+                dtype: torch.dtype = torch.bfloat16) -> List[Kernel]:
+    """The kernels of one training step of ``arch`` (a ``train_step`` wmt arch, ``+loop``
+    for ``--compile-loop``) on a ``batch`` x ``length`` batch, eager or compiled (fusion
+    model applied)."""
+    recurrent = train_step.is_recurrent(arch.split("+")[0])
+    torch.manual_seed(0)
+    model, criterion = train_step.build(arch, vocab, 0.0, compiled=compiled and recurrent)
+    model = to_meta(model, dtype)
+    params = {tuple(p.shape) for p in model.parameters()}
+    recorder = Recorder(params)
+    hook_steps(recorder, model)
+    if compiled:
+        hook_regions(recorder, model, arch)
+    sample = meta_sample(train_step.make_batch(batch, length, vocab, 0))
+    step = train_step.step_closure(model, criterion, sample)
+    with cuda_code_path(recorder), recorder:
+        step()
+    kernels = recorder.kernels
+    return fuse(kernels) if compiled else kernels
+
+
+# --- the fusion model of a compiled region ------------------------------------------------
+
+def fuse(kernels: List[Kernel]) -> List[Kernel]:
+    """Compiled regions' kernels under the fusion model (module docstring): the ``aten``
+    kernels of a region between two extern kernels become one ``inductor`` kernel per
+    distinct iteration size, reading the storages written before the run and writing the
+    ones read after it; everything else is kept."""
+    readers = defaultdict(list)
+    for i, k in enumerate(kernels):
+        for key, _ in k.reads:
+            readers[key].append(i)
+    out, run = [], []
+
+    def flush():
+        if run:
+            out.extend(_fused(run, readers))
+            run.clear()
+
+    for i, k in enumerate(kernels):
+        fusible = k.region is not None and k.kind == "aten" and k.name not in EXTERN
+        if fusible and run and (run[-1][1].region, run[-1][1].phase) != (k.region, k.phase):
+            flush()
+        if fusible:
+            run.append((i, k))
+            continue
+        if k.launches and k.region is not None:  # an extern kernel ends a run
+            flush()
+        out.append(k)
+    flush()
+    return out
+
+
+def _fused(run, readers) -> List[Kernel]:
+    """The ``inductor`` kernels of ``run`` ((index, Kernel) list): per distinct iteration
+    size, one kernel per distinct reduced size of its reductions (inductor writes each
+    reduction axis in a kernel of its own, e.g. a LayerNorm backward's rows and columns),
+    or one if it has none. The group's bytes (read from before the run, written for after
+    it) are shared evenly by its kernels."""
+    last = run[-1][0]
+    written = {key for _, k in run for key, _ in k.writes}
+    groups = defaultdict(list)
+    for _, k in run:
+        if k.launches:
+            groups[k.numel].append(k)
+    fused = []
+    for numel, members in groups.items():
+        reduced = {n for k in members for n in k.out_numels if n < numel}
+        reads = {key: b for k in members for key, b in k.reads if key not in written}
+        writes = {key: b for k in members for key, b in k.writes
+                  if any(r > last for r in readers.get(key, ()))}
+        count = max(1, len(reduced))
+        nbytes = (sum(reads.values()) + sum(writes.values())) / count
+        head = members[0]
+        fused += [Kernel("inductor", f"fused {len(members)} ops", 1,
+                         sum(k.flops for k in members) / count, nbytes, head.step, head.phase,
+                         head.region, numel=numel) for _ in range(count)]
+    return fused
+
+
+# --- calibration, summary, command line ---------------------------------------------------
+
+def total_ms(kernels: List[Kernel], device: Device, factors: Factors = FACTORS) -> float:
+    """Estimated device ms of a step's kernels."""
+    return sum(kernel_ms(k, device, factors) for k in kernels)
+
+
+def launches(kernels: List[Kernel]) -> int:
+    return sum(k.launches for k in kernels)
+
+
+#: the H200 profile's per-kernel rows (docs/results/gpu/2026-11-27-h200-train-compiled.txt,
+#: eager sut_base): the misaligned bmm (cutlass sm75 wmma, 12 calls) and the routed kernels
+RECORDED_KERNEL_MS = {"triton": 3.134 + 4.330}
+
+
+def _fit(values, error):
+    return min(values, key=error)
+
+
+def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
+    """Factors fitted to ``RECORDED`` on the H200: the Triton efficiency to the profile's
+    rows of the routed kernels (eager sut_base), then the floor,
+    GEMM and bandwidth efficiencies by a grid search minimising the largest relative error
+    of the four steps' device ms."""
+    sut = steps[("sut_base", False)]
+
+    def part_error(kind, filt, factor):
+        def error(v):
+            f = Factors(**{**FACTORS.__dict__, factor: v})
+            got = sum(kernel_ms(k, H200, f) for k in sut if filt(k))
+            return abs(got / RECORDED_KERNEL_MS[kind] - 1)
+        return error
+
+    grid = [round(0.005 * i, 3) for i in range(1, 101)]
+    triton = _fit(grid, part_error("triton", lambda k: k.kind == "triton", "triton"))
+    mis = FACTORS.misaligned_gemm  # today's step has no such product to fit it on
+
+    def error(c):
+        f = Factors(c[0], c[1], mis, triton, c[2])
+        return max(abs(total_ms(ks, H200, f) / RECORDED[key][1] - 1) for key, ks in steps.items())
+
+    combos = itertools.product([x / 2 for x in range(2, 15)], [x / 20 for x in range(4, 19)],
+                               [x / 20 for x in range(6, 20)])
+    floor, gemm, bandwidth = _fit(list(combos), error)
+    return Factors(floor, gemm, mis, triton, bandwidth)
+
+
+def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> None:
+    """Launches and device ms by kind, per recurrence step / layer, the GEMM shapes with
+    the alignment lint; the ``gpu model:`` summary line."""
+    by_kind = defaultdict(lambda: [0, 0.0])
+    by_step = defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        ms = kernel_ms(k, device)
+        by_kind[k.kind][0] += k.launches
+        by_kind[k.kind][1] += ms
+        by_step[(k.step or "-", k.phase)][0] += k.launches
+        by_step[(k.step or "-", k.phase)][1] += ms
+    print(f"== {arch}: launches and device ms by kind ({device.name})")
+    for kind, (n, ms) in sorted(by_kind.items(), key=lambda x: -x[1][1]):
+        print(f"  {kind:10s} {n:6d} {ms:8.2f}")
+    print(f"== {arch}: per step / layer (fwd, bwd; '-' = outside the steps)")
+    for (step, phase), (n, ms) in sorted(by_step.items()):
+        print(f"  {step:6s} {phase} {n:6d} {ms:8.2f}")
+    gemms = Counter((k.name, k.gemm, str(k.dtype).replace("torch.", ""), k.misaligned())
+                    for k in kernels if k.gemm is not None)
+    print(f"== {arch}: GEMM shapes (batch, M, N, K), dtype, calls; MISALIGNED: a dim % 8 != 0")
+    for (name, dims, dtype, bad), n in gemms.most_common(top):
+        print(f"  {name:6s} {str(dims):26s} {dtype:9s} x{n:<4d}{' MISALIGNED' if bad else ''}")
+    misaligned = sum(n for (*_, bad), n in gemms.items() if bad)
+    print(f"gpu model: {arch} launches {launches(kernels)} device_ms {total_ms(kernels, device):.1f} "
+          f"misaligned_gemms {misaligned}", flush=True)
+
+
+def print_calibration(steps: Dict[Tuple[str, bool], List[Kernel]]) -> None:
+    """Predicted against ``RECORDED`` (H200) for the steps run that it holds."""
+    for (arch, compiled), kernels in steps.items():
+        if (arch, compiled) in RECORDED:
+            n, ms = RECORDED[(arch, compiled)]
+            got_n, got_ms = launches(kernels), total_ms(kernels, RECORDED_DEVICE)
+            print(f"calibration: {arch} {'compiled' if compiled else 'eager'}: launches {got_n} "
+                  f"recorded {n} ({100 * (got_n / n - 1):+.0f}%), H200 device_ms {got_ms:.1f} "
+                  f"recorded {ms} ({100 * (got_ms / ms - 1):+.0f}%)")
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--arch", nargs="+", default=["sut_base", "transformer_wmt_en_de"],
+                        help=f"models of train_step.py's wmt preset ({' '.join(train_step.MODELS)}, "
+                             f"sut_tiny, ...)")
+    parser.add_argument("--compile-step", action="store_true",
+                        help="compiled: each side's step one graph (the transformer whole)")
+    parser.add_argument("--compile-loop", action="store_true",
+                        help="compiled: all steps of a side one graph (the transformer whole)")
+    parser.add_argument("--device", choices=sorted(DEVICES), default="H200")
+    parser.add_argument("--batch", type=int, default=128)
+    parser.add_argument("--len", type=int, default=32)
+    parser.add_argument("--vocab", type=int, default=32768)
+    parser.add_argument("--fp32", action="store_true", help="fp32 instead of bf16")
+    parser.add_argument("--top", type=int, default=12, help="GEMM shapes to list")
+    parser.add_argument("--calibrate", action="store_true",
+                        help="fit FACTORS to RECORDED (runs the four recorded steps) and print them")
+    args = parser.parse_args(argv)
+    if args.compile_step and args.compile_loop:
+        parser.error("--compile-step and --compile-loop exclude each other")
+    from fairseq.models import ARCH_MODEL_REGISTRY
+    for arch in args.arch:
+        if arch not in ARCH_MODEL_REGISTRY:
+            raise SystemExit(f"gpu_model.py: --arch {arch}: not a registered architecture "
+                             f"(e.g. {' '.join(train_step.MODELS)} sut_tiny)")
+    dtype = torch.float32 if args.fp32 else torch.bfloat16
+    compiled = args.compile_step or args.compile_loop
+    if args.calibrate:
+        steps = {key: record_step(key[0], key[1], 128, 32, 32768) for key in RECORDED}
+        print(f"calibrated: {calibrate(steps)}")
+        print_calibration(steps)
+        return
+    print(f"gpu model of one training step on {DEVICES[args.device].name}: batch {args.batch} x "
+          f"{args.len} = {args.batch * args.len} target tokens, {str(dtype)[6:]}, "
+          f"{'compiled (fusion model)' if compiled else 'eager'}")
+    steps, ms = {}, {}
+    for arch in args.arch:
+        form = arch + ("+loop" if args.compile_loop and train_step.is_recurrent(arch) else "")
+        steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
+                                                        args.vocab, dtype)
+        ms[arch] = total_ms(kernels, DEVICES[args.device])
+        print_step(arch, kernels, DEVICES[args.device], args.top)
+    if (args.batch, args.len, args.vocab, dtype) == (128, 32, 32768, torch.bfloat16) \
+            and not args.compile_loop:
+        print_calibration(steps)
+    if {"sut_base", "transformer_wmt_en_de"} <= ms.keys():
+        print(f"gpu model: sut_base / transformer_wmt_en_de device time "
+              f"{ms['sut_base'] / ms['transformer_wmt_en_de']:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,58 @@
+"""benchmarks/gpu_model.py: the CPU model of a GPU training step (meta tensors, CUDA path)."""
+import os
+import re
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import gpu_model  # noqa: E402
+
+
+def test_kernel_time_on_an_exact_example():
+    """A bf16 (1, 1024, 1024, 1024) GEMM: 2^31 FLOPs, 3 x 2 MiB; and a small copy at the floor."""
+    dev = gpu_model.Device("toy", bf16_tflops=100.0, hbm_tbs=1.0)
+    f = gpu_model.Factors(floor_us=5.0, gemm=0.5, misaligned_gemm=0.1, triton=0.2, bandwidth=0.5)
+    gemm = gpu_model.Kernel("gemm", "mm", 1, 2.0 * 1024 ** 3, 3 * 2 * 1024 ** 2,
+                            gemm=(1, 1024, 1024, 1024), dtype=torch.bfloat16)
+    assert gpu_model.kernel_ms(gemm, dev, f) == pytest.approx(1e3 * 2 * 1024 ** 3 / 50e12)
+    odd = gpu_model.Kernel("gemm", "mm", 1, 2.0 * 1024 ** 3, 3 * 2 * 1024 ** 2,
+                           gemm=(1, 1024, 1024, 1023), dtype=torch.bfloat16)
+    assert odd.misaligned() and not gemm.misaligned()
+    assert gpu_model.kernel_ms(odd, dev, f) == pytest.approx(1e3 * 2 * 1024 ** 3 / 10e12)
+    copy = gpu_model.Kernel("aten", "copy_", 2, 0.0, 4096.0)
+    assert gpu_model.kernel_ms(copy, dev, f) == pytest.approx(2 * 5e-3)
+    big = gpu_model.Kernel("aten", "copy_", 1, 0.0, 1e9)
+    assert gpu_model.kernel_ms(big, dev, f) == pytest.approx(1e3 * 1e9 / 0.5e12)
+
+
+def test_lint_flags_a_misaligned_gemm_only(capsys):
+    kernels = [gpu_model.Kernel("gemm", "bmm", 1, 1.0, 1.0, gemm=(12, 4096, 63, 64), dtype=torch.bfloat16),
+               gpu_model.Kernel("gemm", "mm", 1, 1.0, 1.0, gemm=(1, 4096, 64, 64), dtype=torch.bfloat16),
+               gpu_model.Kernel("gemm", "mm", 1, 1.0, 1.0, gemm=(1, 4096, 63, 64), dtype=torch.float32)]
+    gpu_model.print_step("toy", kernels, gpu_model.H200, 5)
+    out = capsys.readouterr().out
+    assert out.count("MISALIGNED") == 2  # the header and the bf16 (.., 63, ..) product
+    assert "gpu model: toy launches 3 device_ms" in out and out.rstrip().endswith("misaligned_gemms 1")
+
+
+@pytest.mark.parametrize("flag", [[], ["--compile-step"]])
+def test_sut_tiny_summary(capsys, flag):
+    gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200", *flag])
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("gpu model: sut_tiny")]
+    m = re.fullmatch(r"gpu model: sut_tiny launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)", lines[-1])
+    assert m and int(m[1]) > 0 and float(m[2]) > 0
+
+
+def test_compiled_fuses_kernels():
+    eager = gpu_model.record_step("sut_tiny", False, 4, 8, 200)
+    compiled = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
+    assert any(k.kind == "inductor" for k in compiled) and not any(k.kind == "inductor" for k in eager)
+    assert gpu_model.launches(compiled) < gpu_model.launches(eager)
+    assert sum(k.kind == "triton" for k in eager) > 0
+
+
+def test_bad_arch_is_a_clear_error():
+    with pytest.raises(SystemExit, match="not a registered architecture"):
+        gpu_model.main(["--arch", "sut_nonesuch"])
