@@ -120,3 +120,34 @@ def test_the_classify_configs_are_the_papers_models(task):
     assert built["tlb"].tlb_unshared and built["tlb"].tlb_encoder_out == "memory"
     assert not built["gutlb"].tlb_unshared and built["gutlb"].tlb_encoder_out == "tokens"
     assert not any(built[m].tlb_unshared for m in built if m != "tlb")
+
+
+@pytest.mark.parametrize("path", classify_configs())
+def test_the_classify_config_builds_its_model(path):
+    """The model fairseq-train builds from a classify config (the first configuration,
+    logic as pairs, ListOps as single sequences): its pooling, keys/values, halting rule
+    and unshared TLB blocks are those stated, and a batch classifies."""
+    import torch
+    from fairseq.data import Dictionary
+
+    from sut_fairseq.models.sut_classifier import SUTClassifierModel
+
+    with open(os.path.join(REPO, path)) as handle:
+        spec = json.load(handle)
+    args = parsed(next(iter(full_flags(path).values())))
+    dictionary = Dictionary()
+    for symbol in "( ) a b c and or not".split():
+        dictionary.add_symbol(symbol)
+    pair = path.split(os.sep)[1] == "logic"
+    task = type("Task", (), {"source_dictionary": dictionary, "pair": pair, "num_classes": 3})()
+    model = SUTClassifierModel.build_model(args, task).eval()
+    assert model.pooling == spec["pooling"] and model.pair == pair
+    assert model.encoder.kv_from_state == (spec["halting_kv"] == "state")
+    assert hasattr(model.encoder, "later_blocks") == ("--tlb-unshared" in spec["model_flags"])
+    tokens = torch.tensor([[4, 5, 6, 2], [7, 8, 2, 1]])
+    lengths = torch.tensor([4, 3])
+    extra = {"pair_tokens": tokens.flip(0), "pair_lengths": lengths.flip(0)} if pair else {}
+    logits, out = model(tokens, lengths, **extra)
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+    built_rule = getattr(model.encoder.halting, "rule", "none")  # NoHalting has no rule
+    assert built_rule == spec["halting_rules"]["encoder"]
