@@ -135,3 +135,11 @@ def test_a_split_scored_short_is_refused(smoke, tmp_path):
     longer.write_text(reference.read_text() + "#\n")
     with pytest.raises(RecipeError, match="scored .* examples of test7 but .* has"):
         score_validate_output(str(smoke["run"] / "validate-test7.txt"), "test7", str(longer))
+
+
+def test_threshold_becomes_a_model_override_of_fairseq_validate(tmp_path):
+    out = dry_run(tmp_path, "--models", "ut", "--protocols", "B", "--threshold", "0.8", "--stage", "evaluate",
+                  "--stop-stage", "evaluate")
+    (validate,) = commands(out, "fairseq-validate")
+    assert value(validate, "--model-overrides") == "{'halting_threshold': 0.8}"
+    assert value(validate, "--valid-subset") == "test" and validate[1].endswith(os.path.join("classify", "B", "bin"))
