@@ -40,7 +40,8 @@ def test_classify_is_the_default_and_prints_the_classification_commands(tmp_path
         assert value(argv, "--task") == "sut_classification" and value(argv, "--arch") == "sut_classifier"
         assert value(argv, "--criterion") == "sut_classification"
         assert (value(argv, "--batch-size"), value(argv, "--lr"), value(argv, "--weight-decay"),
-                value(argv, "--lr-scheduler"), value(argv, "--warmup-updates")) == ("256", "7e-4", "0.1", "fixed", "4000")
+                value(argv, "--lr-scheduler"), value(argv, "--warmup-updates")) == \
+            ("256", "7e-4", "0.1", "fixed", "4000")
         assert value(argv, "--max-update") == "10000"
         assert "--share-all-embeddings" not in argv and "--decoder-layers" not in argv
         pooling = "end" if model in ("gut", "gutlb") else "mean"
@@ -107,7 +108,8 @@ def test_smoke_classify_trains_and_scores_every_bucket(smoke):
     assert [value(a, "--valid-subset") for a in commands(second, "fairseq-validate")] == \
         [f"test{k}" for k in range(7, 13)]
     result = json.loads((run_dir / "result.json").read_text())
-    assert (result["model"], result["protocol"], result["setup"], result["updates"]) == ("gut", "standard", "classify", 3)
+    assert (result["model"], result["protocol"], result["setup"], result["updates"]) == \
+        ("gut", "standard", "classify", 3)
     assert list(result["accuracy"]) == [str(k) for k in range(7, 13)]
     for k in range(7, 13):
         scored = result["accuracy"][str(k)]

@@ -120,7 +120,8 @@ def check_model_flags(model, argv):
 
 def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
     data, work = tmp_path / "data", tmp_path / "work"
-    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--data-dir", str(data), "--work-dir", str(work)]).stdout
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--data-dir", str(data),
+                      "--work-dir", str(work)]).stdout
     assert not data.exists() and not work.exists()
     # data: generated when missing, then each protocol prepared and binarized
     (gen,) = commands(out, "generate.py")
@@ -159,8 +160,9 @@ def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
 
 
 def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
-    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
-                      "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "--buckets", "all"]).stdout
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced",
+                      "--data-dir", str(tmp_path / "d"), "--work-dir", str(tmp_path / "w"),
+                      "--protocols", "standard", "--buckets", "all"]).stdout
     trains = commands(out, "fairseq-train")
     assert len(trains) == 4
     for argv in trains:
@@ -172,9 +174,9 @@ def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
     subsets = [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")]
     assert subsets[:13] == ["test"] + [f"test{k}" for k in range(1, 13)]  # bucket 0 is split "test"
     # one budget override applies to every model
-    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
-                      "--work-dir", str(tmp_path / "w"), "--protocols", "A", "--stop-time-hours", "0.25",
-                      "--max-update", "777"]).stdout
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced",
+                      "--data-dir", str(tmp_path / "d"), "--work-dir", str(tmp_path / "w"), "--protocols", "A",
+                      "--stop-time-hours", "0.25", "--max-update", "777"]).stdout
     assert [(value(a, "--stop-time-hours"), value(a, "--max-update")) for a in commands(out, "fairseq-train")] \
         == [("0.25", "777")] * 4
     assert not (tmp_path / "d").exists()

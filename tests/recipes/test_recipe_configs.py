@@ -75,8 +75,8 @@ def test_every_config_with_halting_states_its_rules():
 
 def classify_configs():
     """configs/TASK/classify/MODEL.json: the classify setup's models (issue #52)."""
-    return [os.path.relpath(p, REPO) for p in sorted(glob.glob(os.path.join(REPO, "configs", "*", "classify", "*.json")))
-            if os.path.basename(p) != "common.json"]
+    found = sorted(glob.glob(os.path.join(REPO, "configs", "*", "classify", "*.json")))
+    return [os.path.relpath(p, REPO) for p in found if os.path.basename(p) != "common.json"]
 
 
 def test_the_logic_and_listops_recipes_have_classify_configs():
