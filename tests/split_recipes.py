@@ -59,30 +59,31 @@ def stages(out):
     return [line.split(":")[1].split()[0] for line in out.splitlines() if line.startswith("=== stage")]
 
 
-def smoke(root, generate, recipe, models, data_args):
+def smoke(root, generate, recipe, models, data_args, recipe_args=()):
     """Generate tiny data, train ``models`` for 3 updates (stop after training), then
-    evaluate and report in a second call; the outputs and the directories."""
+    evaluate and report in a second call (``recipe_args``: more options of the recipe);
+    the outputs and the directories."""
     data, work = root / "data", root / "work"
     run([sys.executable, generate, *data_args, "--out", data, "--binarize", "--no-progress"])
     command = [sys.executable, recipe, "--data-dir", data, "--work-dir", work, "--max-update", "3",
-               "--models", *models, "--train-args", TINY_MODEL, "--batch-size", "64"]
+               "--models", *models, "--train-args", TINY_MODEL, "--batch-size", "64", *recipe_args]
     first = run(command + ["--stop-stage", "train"]).stdout
     second = run(command + ["--stage", "evaluate"]).stdout
     return {"data": data, "work": work, "first": first, "second": second,
             "splits": json.loads((data / "stats.json").read_text())["binarized_test_splits"]}
 
 
-def check_smoke(result, models, sizes):
+def check_smoke(result, models, sizes, work=None):
     """What every smoke run must show: one training per model in the first call and none
     in the second, every test split of every model generated and scored line for line
-    (``sizes``: the lines of each split)."""
+    (``sizes``: the lines of each split; ``work``: where the runs are, default WORK)."""
     first, second, splits = result["first"], result["second"], result["splits"]
     assert "data is complete" in first and not commands(first, "generate.py")
     assert len(commands(first, "fairseq-train")) == len(models) and not commands(first, "fairseq-generate")
     assert "stage 2" not in second and list(splits) == list(sizes)
     runs = {}
     for model in models:
-        path = result["work"] / model / "seed1"
+        path = (work or result["work"]) / model / "seed1"
         run_result = json.loads((path / "result.json").read_text())
         assert run_result["updates"] == 3 and list(run_result["accuracy"]) == list(splits)
         for split in splits:

@@ -12,11 +12,17 @@ with 20 memory slots), GUTLB (GUT's block and halting per TLB chunk) and ``sut-c
 splits in ``DATA/bin`` (``test-iid`` is binarized split ``test``, the k-th
 generalisation split ``test{k}``, as ``DATA/stats.json`` records beside each split's
 label balance).
+
+Two setups (``table1.py --setup``, docs/listops.md#the-classify-setup): ``classify`` (the
+default; ``CLASSIFY_TASK``) trains the encoder-only classifiers of
+``configs/listops/classify/`` on ``data-prep/listops/classify.py``'s layout
+(``DATA/classify``) and scores with fairseq-validate, runs in ``WORK/classify``;
+``seq2seq`` (``TASK``) is the translation setup above.
 """
 import os
 
 from sut_fairseq.data import listops
-from sut_fairseq.recipes.split_grid import SplitTask
+from sut_fairseq.recipes.split_grid import ClassifySplitTask, SplitTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ("ut", "gut", "tlb", "gutlb", "sut-chunked")
@@ -24,6 +30,12 @@ TASK = SplitTask("listops", os.path.join(REPO, "configs", "listops"), MODELS,
                  os.path.join(REPO, "data-prep", "listops", "generate.py"), {"cpu": "small", "full": "paper"},
                  lambda name: listops.CONFIGS[name].test_names())
 GRID = TASK.grid
+CLASSIFY_TASK = ClassifySplitTask("listops", os.path.join(REPO, "configs", "listops"), MODELS,
+                                  os.path.join(REPO, "data-prep", "listops", "generate.py"),
+                                  os.path.join(REPO, "data-prep", "listops", "classify.py"),
+                                  {"cpu": "small", "full": "paper"},
+                                  lambda name: listops.CONFIGS[name].test_names())
+TASKS = {"classify": CLASSIFY_TASK, "seq2seq": TASK}
 
 #: The paper's Table 1 (accuracy %, mean of 3 runs; trained on length <= 100, depth <= 20,
 #: arguments <= 5), keyed by this repository's split names.

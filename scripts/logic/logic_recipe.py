@@ -25,6 +25,14 @@ Configurations (``common.json`` ``configs``): ``full`` (paper scale, one GPU) an
 gets the same ``--max-update`` budget (the same batches); ``--stop-time-hours`` caps the
 wall-clock time.
 
+Setups (``table5.py --setup``, docs/logic.md#the-classify-setup): ``classify`` (the
+default) trains the recurrent-transformers paper's encoder-only Siamese classifiers of
+``configs/logic/classify/`` (``CLASSIFY_MODELS``: ``ut``, ``gut``, ``tlb``, ``gutlb`` and the
+``sut`` baseline; ``--task sut_classification``) on ``prepare.py --format classify``'s data
+in ``DATA/classify/PROTOCOL/`` and scores each test split with fairseq-validate; ``seq2seq``
+is the translation setup above (the SUT paper's Table 5, ``MODELS`` and
+``RECURRENT_MODELS``).
+
 Data layout (``data-prep/logic/prepare.py --binarize``): for the standard protocol, test
 bucket 0 is the binarized split ``test`` and bucket k (1..12) is ``test{k}``, with text
 files ``test{k}.src/.tgt``; for the compositional protocols A/B/C the one test file
@@ -38,6 +46,7 @@ from typing import Dict, List, Optional, Sequence
 from sut_fairseq.recipes import (RecipeError, atomic_path, flag_value, format_command,  # noqa: F401
                                  load_json, merge_flags, parse_flags, run, show, tool, user_dir,
                                  write_json_atomic, write_text_atomic)
+from sut_fairseq.recipes import classify
 from sut_fairseq.recipes.grid import ModelGrid
 from sut_fairseq.recipes.numbers import parse_numbers
 
@@ -50,6 +59,17 @@ MODELS = ("sut", "ut-halting", "ut-no-halting", "transformer")
 #: the recurrent-transformer halting paper's logic models (its Table 2)
 RECURRENT_MODELS = ("gut", "tlb", "gutlb", "tlb-memory")
 ALL_MODELS = MODELS + RECURRENT_MODELS
+#: the classify setup's models (configs/logic/classify/): the recurrent-transformers
+#: paper's Table 2 and the SUT as a baseline
+CLASSIFY_MODELS = ("ut", "gut", "tlb", "gutlb", "sut")
+#: why a seq2seq model has no classify config
+NOT_CLASSIFIABLE = {
+    "transformer": "fairseq's --arch transformer is no encoder sut_classifier builds (its "
+                   "encoders are the plugin's; the classify setup's baselines are ut and sut)",
+    "ut-halting": "the classify setup's UT is 'ut' (stick-breaking halting, 15 steps)",
+    "ut-no-halting": "the classify setup has no UT without halting",
+    "tlb-memory": "the classify setup's 'tlb' reads the memory mean already",
+}
 PROTOCOLS = ("standard", "A", "B", "C")
 COMPOSITIONAL = ("A", "B", "C")
 #: Buckets (operator counts) of the standard protocol's test files.
@@ -66,6 +86,15 @@ PAPER_TABLE5 = OrderedDict([
     ("Transformer", {7: 51, 8: 52, 9: 51, 10: 51, 11: 51, 12: 48, "A": 53, "B": 51, "C": 51}),
 ])
 
+#: The recurrent-transformers paper's Table 2 (logic, accuracy %) where this repository
+#: quotes it (operator counts 7 and 12 only, README.md); the classify setup's report.
+PAPER_TABLE2 = OrderedDict([
+    ("GUT", {7: 96.4, 12: 52.0}),
+    ("TLB", {7: 76.7, 12: 49.8}),
+    ("GUTLB", {7: 76.2, 12: 52.4}),
+])
+PAPER = {"seq2seq": PAPER_TABLE5, "classify": PAPER_TABLE2}
+
 #: fairseq-generate for the relation token: greedy, every example of the split
 #: (``--required-batch-size-multiple 1``: otherwise this fairseq drops up to 7 per split),
 #: at most 2 output tokens before the forced </s> (the reference is one token; a second
@@ -81,6 +110,20 @@ DEFAULT_GENERATE_BATCH = 256
 GRID = ModelGrid(CONFIG_DIR, ALL_MODELS)
 load_common, load_model, label, has_halting = GRID.common, GRID.model, GRID.label, GRID.has_halting
 model_arch_flags = GRID.model_arch_flags
+#: configs/logic/classify: the classify setup's grid
+CLASSIFY_GRID = classify.classify_grid(CONFIG_DIR, CLASSIFY_MODELS)
+
+
+def grid_for(setup: str) -> ModelGrid:
+    """The grid of a setup (``classify`` or ``seq2seq``)."""
+    return CLASSIFY_GRID if setup == "classify" else GRID
+
+
+def check_models(models: Sequence[str], setup: str) -> None:
+    """Refuse a model the setup has no config for, saying why."""
+    why = NOT_CLASSIFIABLE if setup == "classify" else {
+        m: f"a model of the classify setup (configs/logic/classify/{m}.json)" for m in CLASSIFY_MODELS}
+    classify.check_models(models, grid_for(setup), setup, why)
 
 
 def is_sut_transformer(model: str) -> bool:
@@ -156,7 +199,23 @@ def generate_data_command(out: str, pairs: int = 500_000, seed: int = 1,
             *(["--overwrite"] if overwrite else [])]
 
 
-def prepare_command(original: str, out: str, protocol: str, overwrite: bool = False) -> List[str]:
+def prepare_command(original: str, out: str, protocol: str, overwrite: bool = False,
+                    setup: str = "seq2seq") -> List[str]:
+    """prepare.py --binarize for one protocol (``--format classify`` in the classify setup)."""
     return [sys.executable, os.path.join(DATA_PREP, "prepare.py"), "--data", original,
             "--out", out, "--protocol", protocol, "--binarize",
+            *(["--format", "classify"] if setup == "classify" else []),
             *(["--overwrite"] if overwrite else [])]
+
+
+def protocol_dir(data_dir: str, protocol: str, setup: str = "seq2seq") -> str:
+    """Where prepare.py writes a protocol: ``DATA/PROTOCOL`` or ``DATA/classify/PROTOCOL``."""
+    return os.path.join(data_dir, "classify", protocol) if setup == "classify" else os.path.join(data_dir, protocol)
+
+
+def validate_command(data_bin: str, checkpoint: str, subset: str,
+                     batch_size: int = DEFAULT_GENERATE_BATCH, cpu: bool = False,
+                     extra: Sequence[str] = (), required: bool = True) -> List[str]:
+    """fairseq-validate of a classify-setup checkpoint over one whole split."""
+    return classify.validate_command(CLASSIFY_GRID, data_bin, checkpoint, subset, batch_size, cpu,
+                                     extra, required)

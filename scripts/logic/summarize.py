@@ -1,7 +1,11 @@
 #!/usr/bin/env python3
 """Paper Table 5 and Figure 4 from per-run results of ``table5.py``.
 
-    python scripts/logic/summarize.py WORK_DIR [--out-dir DIR]
+    python scripts/logic/summarize.py WORK_DIR [--out-dir DIR] [--setup seq2seq|classify]
+
+``--setup classify`` (``table5.py --setup classify``'s ``WORK/classify``): the models'
+labels from ``configs/logic/classify/`` and, beneath them, the recurrent-transformers
+paper's Table 2 where the repository quotes it; there is no halting-depth analysis.
 
 Reads every ``WORK_DIR/MODEL/PROTOCOL/seedN/result.json`` (``model``, ``protocol``,
 ``seed``, ``accuracy`` {bucket or A/B/C: {"accuracy": %, ...}}, ``halting_depth``).
@@ -57,12 +61,19 @@ def load_results(work_dir: str) -> List[Dict]:
         raise SystemExit(f"error: {err}")
 
 
-def _order(models):
-    known = [m for m in recipe.ALL_MODELS if m in models]
+def _order(models, setup="seq2seq"):
+    known = [m for m in (recipe.ALL_MODELS if setup == "seq2seq" else recipe.CLASSIFY_MODELS) if m in models]
     return known + sorted(set(models) - set(known))
 
 
-def summarize_results(results: List[Dict]) -> Dict:
+TITLES = {"seq2seq": "Table 5: accuracy (%) per number of operators (trained on 0-6) and on the "
+                     "compositional splits A/B/C",
+          "classify": "Classify setup (the recurrent-transformers paper's Table 2: Siamese "
+                      "encoder-only classifiers): accuracy (%) per number of operators "
+                      "(trained on 0-6) and on the compositional splits A/B/C"}
+
+
+def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
     """The numbers behind the tables and the figure (the content of table5.json)."""
     acc = defaultdict(lambda: defaultdict(list))      # model -> key -> [accuracy per seed]
     depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [{DEPTHS key: value}]
@@ -82,15 +93,16 @@ def summarize_results(results: List[Dict]) -> Dict:
             for key, d in r["halting_depth"].items():
                 depth[model][key].append({name: d[side].get(field) for name, side, field, _ in DEPTHS})
     rows = {}
-    for model in _order(set(acc) | set(meta)):
+    grid = recipe.grid_for(setup)
+    for model in _order(set(acc) | set(meta), setup):
         cells = {key: {"accuracy": statistics.mean(v), "n": len(v)} for key, v in acc[model].items()}
         params = sorted(meta[model]["params"])
-        rows[model] = {"label": recipe.label(model), "halting": _halting(model),
+        rows[model] = {"label": grid.label(model), "halting": _halting(grid, model),
                        "configs": sorted(meta[model]["configs"]),
                        "params": params[0] if len(params) == 1 else (params or None),
                        "seeds": sorted(meta[model]["seeds"]), "cells": cells}
     depths, rho = {}, {}
-    for model in _order(depth):
+    for model in _order(depth, setup):
         # a quantity is None in a bucket when one of its results predates it (expected depth)
         depths[model] = {key: {**{name: (None if any(x[name] is None for x in v)
                                           else statistics.mean(x[name] for x in v))
@@ -101,10 +113,10 @@ def summarize_results(results: List[Dict]) -> Dict:
             points = [(int(k), c[name]) for k, c in depths[model].items()
                       if int(k) >= RHO_FROM and c[name] is not None]
             rho[model][name] = spearman([k for k, _ in points], [y for _, y in points])
-    return {"runs": len(results), "columns": TABLE_KEYS, "rows": rows, "halting_depth": depths,
+    return {"runs": len(results), "setup": setup, "title": TITLES[setup], "columns": TABLE_KEYS, "rows": rows, "halting_depth": depths,
             "halting_depth_spearman": rho,
             "paper": {name: {str(k): v for k, v in row.items()}
-                      for name, row in recipe.PAPER_TABLE5.items()}}
+                      for name, row in recipe.PAPER[setup].items()}}
 
 
 def pooled_accuracy(accuracy: Dict, keys: List[str]):
@@ -117,9 +129,9 @@ def pooled_accuracy(accuracy: Dict, keys: List[str]):
     return 100.0 * sum(int(s["correct"]) for s in scored) / total if total else None
 
 
-def _halting(model):
+def _halting(grid, model):
     try:
-        return recipe.has_halting(model)
+        return grid.has_halting(model)
     except recipe.RecipeError:
         return False
 
@@ -141,8 +153,7 @@ def format_tables(summary: Dict) -> str:
              + [_cell(row["cells"].get(k)) for k in TABLE_KEYS] for row in rows.values()]
     table += [[f"{name} (paper)", "–"] + [str(paper[k]) if k in paper else "–" for k in TABLE_KEYS]
               for name, paper in summary["paper"].items()]
-    parts = ["Table 5: accuracy (%) per number of operators (trained on 0-6) and on the "
-             "compositional splits A/B/C", markdown_table(["Model", "params", *TABLE_KEYS], table)]
+    parts = [summary.get("title", TITLES["seq2seq"]), markdown_table(["Model", "params", *TABLE_KEYS], table)]
     seen = [k for k in IN_DISTRIBUTION_KEYS + [POOLED] if any(k in r["cells"] for r in rows.values())]
     if seen:
         parts += ["In-distribution buckets (accuracy %, standard protocol; 0-6: all their test "
@@ -206,14 +217,14 @@ def plot_accuracy(summary: Dict, path: str) -> bool:
     return True
 
 
-def summarize(work_dir: str, out_dir: str = None) -> str:
+def summarize(work_dir: str, out_dir: str = None, setup: str = "seq2seq") -> str:
     """Print-ready text; writes table5.md, table5.json, figure4.png and accuracy.png into
-    ``out_dir``."""
+    ``out_dir`` (the results of ``setup``'s runs, ``WORK`` or ``WORK/classify``)."""
     out_dir = out_dir or work_dir
     results = load_results(work_dir)
     if not results:
         raise SystemExit(f"error: no */*/seed*/result.json under {work_dir}")
-    summary = summarize_results(results)
+    summary = summarize_results(results, setup)
     summary["work_dir"] = os.path.abspath(work_dir)
     text = f"{len(results)} runs from {work_dir}\n\n" + format_tables(summary)
     figure = os.path.join(out_dir, "figure4.png")
@@ -235,8 +246,11 @@ def main(argv=None):
     parser.add_argument("work_dir", help="table5.py's --work-dir")
     parser.add_argument("--out-dir", default=None,
                         help="where table5.md/.json, figure4.png and accuracy.png go")
+    parser.add_argument("--setup", choices=["seq2seq", "classify"], default="seq2seq",
+                        help="the setup whose runs WORK_DIR holds (default seq2seq; "
+                             "table5.py --setup classify passes WORK/classify and classify)")
     args = parser.parse_args(argv)
-    print(summarize(args.work_dir, args.out_dir))
+    print(summarize(args.work_dir, args.out_dir, args.setup))
 
 
 if __name__ == "__main__":

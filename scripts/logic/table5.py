@@ -1,11 +1,20 @@
 #!/usr/bin/env python3
-"""Reproduce paper Table 5 and Figure 4 (logical inference) end to end: generate the data
-if missing, prepare and binarize each protocol, train every model, evaluate, print the
-table and draw the figure -- the four stages of the shared recipe template
-(``sut_fairseq.recipes``): 1 data, 2 train, 3 evaluate, 4 report.
+"""Logical inference end to end: generate the data if missing, prepare and binarize each
+protocol, train every model, evaluate, print the table -- the four stages of the shared
+recipe template (``sut_fairseq.recipes``): 1 data, 2 train, 3 evaluate, 4 report -- in
+one of two setups (``--setup``; docs/logic.md#the-classify-setup):
 
-    python scripts/logic/table5.py [--data-dir data/logic] [--work-dir runs/logic]
-        [--stage S] [--stop-stage S]
+* ``classify`` (default): the recurrent-transformers paper's Table 2 setup: Siamese
+  encoder-only classifiers (``configs/logic/classify/``: ut, gut, tlb, gutlb and the sut
+  baseline; ``--task sut_classification``) on ``prepare.py --format classify``'s data in
+  ``DATA/classify/PROTOCOL/``, runs in ``WORK/classify/MODEL/PROTOCOL/seedN/``, each test
+  split scored with fairseq-validate (``validate-SPLIT.txt``); the report is
+  ``WORK/classify/table5.md``;
+* ``seq2seq``: paper Table 5 and Figure 4 of the SUT paper as below (translation task,
+  ``configs/logic/``), unchanged.
+
+    python scripts/logic/table5.py [--setup classify|seq2seq] [--data-dir data/logic]
+        [--work-dir runs/logic] [--stage S] [--stop-stage S]
         [--original DIR] [--pairs 500000] [--reduced]
         [--models sut ut-halting ut-no-halting transformer] [--protocols standard A B C]
         [--seeds 1] [--stop-time-hours H] [--max-update N] [--buckets 7..12]
@@ -47,20 +56,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import evaluate as evaluation  # noqa: E402
 import logic_recipe as recipe  # noqa: E402
 import summarize  # noqa: E402
-from sut_fairseq.recipes import recipe_parser, run_grid  # noqa: E402
+from sut_fairseq.recipes import RecipeError, recipe_parser, run_grid  # noqa: E402
+from sut_fairseq.recipes import classify  # noqa: E402
 from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args  # noqa: E402
 from sut_fairseq.recipes.train_log import parse_train_log  # noqa: E402
 
 ORIGINAL_FILES = [f"{p}{k}" for p in ("train", "test") for k in recipe.ALL_BUCKETS]
 
 
-def binarized_complete(protocol_dir, protocol):
+def binarized_complete(protocol_dir, protocol, setup="seq2seq"):
     """Whether prepare.py --binarize finished for this protocol (the dictionary and the
-    last test split it binarizes are there)."""
+    last test split it binarizes are there; for classify, those of label/ and input1/)."""
     last = "test12" if protocol == "standard" else "test"
     bin_dir = os.path.join(protocol_dir, "bin")
-    return all(os.path.exists(os.path.join(bin_dir, name)) for name in
-               ("dict.src.txt", f"{last}.src-tgt.src.bin", f"{last}.src-tgt.tgt.bin"))
+    if setup == "classify":
+        names = [os.path.join("label", "dict.txt"), os.path.join("label", f"{last}.bin"),
+                 os.path.join("input1", f"{last}.bin")]
+    else:
+        names = ["dict.src.txt", f"{last}.src-tgt.src.bin", f"{last}.src-tgt.tgt.bin"]
+    return all(os.path.exists(os.path.join(bin_dir, name)) for name in names)
 
 
 def prepare_data(args):
@@ -76,35 +90,43 @@ def prepare_data(args):
                                                 overwrite=os.path.isdir(original)),
                    dry_run=args.dry_run)
     for protocol in args.protocols:
-        out = os.path.join(args.data_dir, protocol)
-        if binarized_complete(out, protocol):
+        out = recipe.protocol_dir(args.data_dir, protocol, args.setup)
+        if binarized_complete(out, protocol, args.setup):
             continue
         # prepare.py writes OUT whole or not at all; an OUT without a complete bin/ (left by
         # an older version, or text only) is not trusted and is replaced (--overwrite)
-        print(f"== data: protocol {protocol} -> {out}", flush=True)
-        recipe.run(recipe.prepare_command(original, out, protocol, overwrite=os.path.isdir(out)),
+        print(f"== data: protocol {protocol} ({args.setup}) -> {out}", flush=True)
+        recipe.run(recipe.prepare_command(original, out, protocol, overwrite=os.path.isdir(out),
+                                          setup=args.setup),
                    dry_run=args.dry_run)
+
+
+def work_root(args):
+    """The setup's runs: ``WORK`` (seq2seq) or ``WORK/classify``."""
+    return os.path.join(args.work_dir, "classify") if args.setup == "classify" else args.work_dir
 
 
 def grid(args, config):
     """Every (model, protocol, seed) run of the grid: (model, protocol, seed, RunDir)."""
+    label = recipe.grid_for(args.setup).label
     return [(model, protocol, seed, RunDir(
-        os.path.join(args.work_dir, model, protocol, f"seed{seed}"),
-        f"== {recipe.label(model)} | {protocol} | seed {seed} | {config}"))
+        os.path.join(work_root(args), model, protocol, f"seed{seed}"),
+        f"== {label(model)} | {protocol} | seed {seed} | {config} | {args.setup}"))
         for protocol in args.protocols for model in args.models for seed in args.seeds]
 
 
 def train(args, config, model, protocol, seed, run):
     """Stage 2 for one run: fairseq-train (resumed when interrupted) -> train.json."""
-    command = recipe.train_command(model, os.path.join(args.data_dir, protocol, "bin"), config,
-                                   seed, run.save_dir, args.stop_time_hours, args.max_update,
-                                   args.cpu, shlex.split(args.train_args), required=not args.dry_run)
+    command = recipe.grid_for(args.setup).train_command(
+        model, os.path.join(recipe.protocol_dir(args.data_dir, protocol, args.setup), "bin"), config,
+        seed, run.save_dir, args.stop_time_hours, args.max_update, args.cpu,
+        shlex.split(args.train_args), required=not args.dry_run)
     seconds = run.train(command, args.force, args.dry_run)
     if seconds is None:
         return
     trained = parse_train_log(run.train_log)
     trained.update({"seconds_this_call": round(seconds, 1), "command": command, "config": config,
-                    "stop_time_hours": float(recipe.flag_value(command, "--stop-time-hours") or 0),
+                    "setup": args.setup, "stop_time_hours": float(recipe.flag_value(command, "--stop-time-hours") or 0),
                     "max_update": int(recipe.flag_value(command, "--max-update") or 0)})
     recipe.write_json_atomic(run.train_json, trained)
     print(f"   trained: {trained['updates']} updates, {trained['params']:,} parameters "
@@ -115,15 +137,19 @@ def evaluate(args, config, model, protocol, seed, run):
     """Stage 3 for one trained run: every test split scored -> result.json."""
     if not run.needs_evaluation(args.force, args.dry_run):
         return
-    evaluated = evaluation.evaluate(
-        model, protocol, os.path.join(args.data_dir, protocol), run.checkpoint, run.dir,
-        buckets=args.buckets, batch_size=args.batch_size, threshold=args.threshold, cpu=args.cpu,
-        generate_extra=shlex.split(args.generate_args), dry_run=args.dry_run)
+    if args.setup == "classify":
+        evaluated = evaluate_classify(args, protocol, run)
+    else:
+        evaluated = evaluation.evaluate(
+            model, protocol, os.path.join(args.data_dir, protocol), run.checkpoint, run.dir,
+            buckets=args.buckets, batch_size=args.batch_size, threshold=args.threshold, cpu=args.cpu,
+            generate_extra=shlex.split(args.generate_args), dry_run=args.dry_run)
     if args.dry_run:
         return
     trained = run.trained()
     result = dict(evaluated)
-    result.update({"seed": seed, "config": trained.get("config", config),
+    result.update({"model": model, "protocol": protocol, "setup": args.setup, "seed": seed,
+                   "config": trained.get("config", config),
                    "params": trained.get("params"), "updates": trained.get("updates"),
                    "stop_reason": trained.get("stop_reason"), "train": trained,
                    "run_dir": os.path.abspath(run.dir)})
@@ -134,15 +160,45 @@ def evaluate(args, config, model, protocol, seed, run):
     print(f"   accuracy (%) {scores} -> {run.result}", flush=True)
 
 
+def evaluate_classify(args, protocol, run):
+    """Stage 3 of the classify setup for one run: fairseq-validate on every test split of
+    the protocol (``validate-SPLIT.txt``), scored against its ``.label`` file. Returns
+    ``{"accuracy": {key: score}, "halting_depth": None}`` (None on a dry run)."""
+    data = recipe.protocol_dir(args.data_dir, protocol, "classify")
+    accuracy = {}
+    for split in recipe.eval_splits(protocol, args.buckets):
+        output = os.path.join(run.dir, f"validate-{split['subset']}.txt")
+        recipe.run(recipe.validate_command(os.path.join(data, "bin"), run.checkpoint, split["subset"],
+                                           args.batch_size, args.cpu, classify.overrides(args.threshold),
+                                           required=not args.dry_run),
+                   output, dry_run=args.dry_run)
+        if not args.dry_run:
+            accuracy[split["key"]] = classify.score_validate_output(
+                output, split["subset"], os.path.join(data, f"{split['text']}.label"))
+    return None if args.dry_run else {"accuracy": accuracy, "halting_depth": None}
+
+
 def report(args):
-    """Stage 4: Table 5, table5.json and Figure 4 from every result.json of WORK."""
+    """Stage 4: the setup's table (table5.md, table5.json, the figures) from every
+    result.json of its runs."""
     command = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                            "summarize.py"), args.work_dir]
+                                            "summarize.py"), work_root(args), "--setup", args.setup]
     if args.dry_run:
         recipe.show(command)
         return
-    print("\n" + summarize.summarize(args.work_dir))
-    print(f"\nwritten {os.path.join(args.work_dir, 'table5.md')}, table5.json, figure4.png, accuracy.png")
+    print("\n" + summarize.summarize(work_root(args), setup=args.setup))
+    figures = "figure4.png, accuracy.png" if args.setup == "seq2seq" else "accuracy.png"
+    print(f"\nwritten {os.path.join(work_root(args), 'table5.md')}, table5.json, {figures}")
+
+
+def check_setup(args):
+    """The setup's default models; models and options the setup cannot run are refused
+    (RecipeError naming them)."""
+    args.models = args.models or list(recipe.CLASSIFY_MODELS if args.setup == "classify" else recipe.MODELS)
+    recipe.check_models(args.models, args.setup)
+    if args.setup == "classify":
+        classify.refuse_options(args, "classify", {
+            "generate_args": "the classify setup scores with fairseq-validate, not fairseq-generate"})
 
 
 def main(argv=None):
@@ -155,20 +211,25 @@ def main(argv=None):
     parser.add_argument("--gen-seed", type=int, default=1, help="generator seed (default 1)")
     parser.add_argument("--reduced", action="store_true",
                         help="the 2-CPU-core configuration (default: full, for a GPU)")
-    parser.add_argument("--models", nargs="+", default=list(recipe.MODELS), choices=recipe.ALL_MODELS)
+    classify.add_setup_argument(parser)
+    parser.add_argument("--models", nargs="+", default=None,
+                        choices=list(dict.fromkeys(recipe.ALL_MODELS + recipe.CLASSIFY_MODELS)),
+                        help="default: the setup's models (classify: "
+                             f"{' '.join(recipe.CLASSIFY_MODELS)}; seq2seq: {' '.join(recipe.MODELS)})")
     parser.add_argument("--protocols", nargs="+", default=list(recipe.PROTOCOLS), choices=recipe.PROTOCOLS)
     parser.add_argument("--seeds", nargs="+", type=int, default=[1])
     parser.add_argument("--buckets", default="7..12",
                         help="standard-protocol buckets to evaluate: 7..12 (default), all, 0..12")
     parser.add_argument("--batch-size", type=int, default=recipe.DEFAULT_GENERATE_BATCH,
-                        help="fairseq-generate --batch-size")
+                        help="fairseq-generate / fairseq-validate --batch-size")
     parser.add_argument("--threshold", type=float, default=None,
                         help="alpha_thresh at evaluation (default: the checkpoint's, 0.999)")
     add_budget_arguments(parser)
     args = parse_grid_args(parser, argv)
     try:
         args.buckets = recipe.parse_buckets(args.buckets)
-    except (recipe.RecipeError, ValueError) as err:
+        check_setup(args)
+    except (RecipeError, ValueError) as err:
         parser.error(str(err))
     config = "reduced" if args.reduced else "full"
 

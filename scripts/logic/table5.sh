@@ -12,6 +12,6 @@
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 RUN=("${PYTHON:-python}" "$HERE/table5.py" --data-dir "${DATA:-data/logic}" --work-dir "${WORK:-runs/logic}"
-     --models sut ut-halting ut-no-halting transformer --protocols standard A B C "$@")
+     --setup seq2seq --models sut ut-halting ut-no-halting transformer --protocols standard A B C "$@")
 echo "+ ${RUN[*]}"
 exec "${RUN[@]}"

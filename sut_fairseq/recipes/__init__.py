@@ -24,7 +24,10 @@ evaluated again), so a recipe is resumed by running it again. The parts:
 * :mod:`.generated` -- the shared command line of the generators of ``data-prep/flipflop``
   and ``data-prep/listops`` (output directory, ``stats.json``, binarized test splits);
 * :mod:`.split_grid` -- all four stages for generated data with named test splits and a
-  one-token target (the flip-flop and ListOps recipes).
+  one-token target (the flip-flop and ListOps recipes), and their classify setup
+  (``ClassifySplitTask``);
+* :mod:`.classify` -- the classify setup of the logic and ListOps recipes (``--setup``):
+  the encoder-only classifier's grid, fairseq-validate per test split and its score.
 
 A task keeps only what is its own: its data-prep, its configs (``configs/TASK/``), its
 metric and its paper numbers (``scripts/TASK/TASK_recipe.py``). docs/architecture.md

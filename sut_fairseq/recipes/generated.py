@@ -45,6 +45,23 @@ def binarize_command(executable: str, directory: str, bin_dir: str,
             "--destdir", bin_dir, "--workers", "1"]
 
 
+def classify_commands(executable: str, directory: str, bin_dir: str, test_splits: Sequence[str],
+                      label_dict: str) -> List[List[str]]:
+    """The classification layout of the text files of ``directory`` (docs/classification.md):
+    two ``fairseq-preprocess --only-source`` calls, the sources ``SPLIT.src`` into
+    ``BIN/input0`` (dictionary from train) and the targets ``SPLIT.tgt`` into ``BIN/label``
+    with the fixed ``label_dict`` (every class, whether or not train holds it); the test
+    splits in ``test_splits`` order, so that they get the names :func:`binarized_names` gives."""
+    def prefixes(suffix):
+        return ["--trainpref", os.path.join(directory, f"train.{suffix}"),
+                "--validpref", os.path.join(directory, f"valid.{suffix}"),
+                "--testpref", ",".join(os.path.join(directory, f"{t}.{suffix}") for t in test_splits)]
+    return [[executable, "--only-source", *prefixes("src"), "--destdir", os.path.join(bin_dir, "input0"),
+             "--workers", "1"],
+            [executable, "--only-source", "--srcdict", label_dict, *prefixes("tgt"),
+             "--destdir", os.path.join(bin_dir, "label"), "--workers", "1"]]
+
+
 def write_pairs(directory: str, name: str, pairs) -> int:
     """Write ``(source, target)`` lines to ``NAME.src`` / ``NAME.tgt``; returns how many."""
     count = 0

@@ -25,6 +25,8 @@ from collections import OrderedDict
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..eval.generate_output import read_executed_steps
+from .classify import (classify_grid, read_validate_output, refuse_options, score_validate_output,
+                       validate_command)
 from .commands import RecipeError, flag_value, run, show
 from .files import load_json, load_results, write_json_atomic
 from .generated import data_stage
@@ -95,9 +97,16 @@ class SplitTask:
                                               overwrite=os.path.isdir(args.data_dir)))
 
     # ------------------------------------------------------------------ runs
+    def work_root(self, args) -> str:
+        """Where the runs and the report go (``WORK``)."""
+        return args.work_dir
+
+    def check(self, args) -> None:
+        """Refuse what this task cannot run (RecipeError); nothing here."""
+
     def runs(self, args) -> list:
         """Every (model, seed, RunDir) of the grid."""
-        return [(model, seed, RunDir(os.path.join(args.work_dir, model, f"seed{seed}"),
+        return [(model, seed, RunDir(os.path.join(self.work_root(args), model, f"seed{seed}"),
                                      f"== {self.grid.label(model)} | seed {seed} | {args.config}"))
                 for model in args.models for seed in args.seeds]
 
@@ -211,16 +220,102 @@ class SplitTask:
             parser.error(f"unknown --config {args.config!r}: choose from {', '.join(self.grid.configs())}")
         if args.data_config is None:
             args.data_config = self.data_configs.get(args.config, next(iter(self.data_configs.values())))
+        try:
+            self.check(args)
+        except RecipeError as err:
+            parser.error(str(err))
+        work = self.work_root(args)
 
         def report():
             if args.dry_run:
-                show([sys.executable, summarize_script, args.work_dir, "--data-dir", args.data_dir])
+                show([sys.executable, summarize_script, work, "--data-dir", args.data_dir])
             else:
-                print("\n" + summarize(args.work_dir, args.data_dir))
+                print("\n" + summarize(work, args.data_dir))
 
         evaluate = evaluate or (lambda args, *run: self.evaluate(args, *run))
         return run_grid(args, lambda: self.prepare_data(args), lambda: self.runs(args),
                         lambda *r: self.train(args, *r), lambda *r: evaluate(args, *r), report)
+
+
+class ClassifySplitTask(SplitTask):
+    """A :class:`SplitTask` in the classify setup (:mod:`.classify`): the models of
+    ``CONFIG_DIR/classify/``, the data also in the classification layout (``classify_prep``
+    over the generator's files: ``DATA/classify/{input0,label,splits.json}``), runs in
+    ``WORK/classify/MODEL/seedN/``, every test split scored with fairseq-validate
+    (``validate-SPLIT.txt``) against ``DATA/SPLIT.tgt``."""
+
+    def __init__(self, name: str, config_dir: str, models: Sequence[str], data_prep: str,
+                 classify_prep: str, data_configs: Dict[str, str],
+                 planned_tests: Callable[[str], List[str]]):
+        super().__init__(name, config_dir, models, data_prep, data_configs, planned_tests)
+        self.grid = classify_grid(config_dir, models)
+        self.classify_prep = classify_prep
+
+    @staticmethod
+    def classify_dir(data_dir: str) -> str:
+        return os.path.join(data_dir, "classify")
+
+    def data_complete(self, data_dir: str) -> bool:
+        """The generator's data and its classification layout are both there."""
+        return (SplitTask.data_complete(data_dir)
+                and os.path.isfile(os.path.join(self.classify_dir(data_dir), "splits.json")))
+
+    def test_splits(self, data_dir: str) -> "OrderedDict[str, str]":
+        """``{test split: binarized split name}`` from ``DATA/classify/splits.json``."""
+        return OrderedDict(load_json(os.path.join(self.classify_dir(data_dir), "splits.json"))
+                           ["binarized_test_splits"])
+
+    def prepare_data(self, args) -> None:
+        """Stage 1: the generator (unless its data is complete), then the classification
+        layout (unless there)."""
+        data_stage(args, SplitTask.data_complete(args.data_dir),
+                   self.generate_data_command(args.data_dir, args.data_config,
+                                              overwrite=os.path.isdir(args.data_dir)))
+        out = self.classify_dir(args.data_dir)
+        if os.path.isfile(os.path.join(out, "splits.json")):
+            return
+        print(f"== data: classification layout -> {out}", flush=True)
+        run([sys.executable, self.classify_prep, "--data", args.data_dir, "--out", out,
+             *(["--overwrite"] if os.path.isdir(out) else [])], dry_run=args.dry_run)
+
+    def work_root(self, args) -> str:
+        return os.path.join(args.work_dir, "classify")
+
+    def check(self, args) -> None:
+        refuse_options(args, "classify", {
+            "generate_args": "the classify setup scores with fairseq-validate, not fairseq-generate"})
+
+    def train(self, args, model: str, seed: int, run_dir: RunDir) -> None:
+        train_grid_run(self.grid, args, model, seed, run_dir, data_bin=self.classify_dir(args.data_dir))
+
+    def evaluate(self, args, model: str, seed: int, run_dir: RunDir, extra=None) -> None:
+        """Stage 3 for one trained run: fairseq-validate on every test split ->
+        ``score-SPLIT.json`` and ``result.json`` (as :meth:`SplitTask.evaluate`'s)."""
+        if not run_dir.needs_evaluation(args.force, args.dry_run):
+            return
+        config, command = self.trained_command(args, model, run_dir)
+        layers = flag_value(command, "--encoder-layers")
+        scores = OrderedDict()
+        for split, binarized in self.splits_to_score(args).items():
+            output = os.path.join(run_dir.dir, f"validate-{split}.txt")
+            run(validate_command(self.grid, self.classify_dir(args.data_dir), run_dir.checkpoint, binarized,
+                                 args.batch_size, args.cpu, required=not args.dry_run),
+                output, dry_run=args.dry_run)
+            if args.dry_run:
+                continue
+            score = score_validate_output(output, binarized, os.path.join(args.data_dir, f"{split}.tgt"))
+            score["mean_encoder_steps_per_chunk"] = read_validate_output(output, binarized).get("chunk_steps_enc")
+            write_json_atomic(os.path.join(run_dir.dir, f"score-{split}.json"), score)
+            scores[split] = score
+            print(f"   {split}: accuracy {score['accuracy']:.2f}% ({score['correct']} / {score['total']})",
+                  flush=True)
+        if args.dry_run:
+            return
+        run_dir.write_result({
+            "model": model, "label": self.grid.label(model), "seed": seed, "config": config,
+            "setup": "classify", "accuracy": {s: v["accuracy"] for s, v in scores.items()},
+            "mean_encoder_steps": {s: v["mean_encoder_steps"] for s, v in scores.items()},
+            "max_steps": int(layers) if layers else None, "splits": scores}, args.cleanup)
 
 
 # --------------------------------------------------------------------------- summaries

@@ -23,8 +23,8 @@ SPLITS = ["test-iid", "test-len200-300", "test-len500-600", "test-len900-1000", 
 
 
 def test_dry_run_cpu_grid(tmp_path):
-    out = in_process([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-                      "--dry-run", "--seeds", "1", "2"]).stdout
+    out = in_process([sys.executable, TABLE1, "--setup", "seq2seq", "--data-dir", tmp_path / "d",
+                      "--work-dir", tmp_path / "w", "--dry-run", "--seeds", "1", "2"]).stdout
     assert stages(out) == ["data", "train", "evaluate", "report"]
     assert value(commands(out, "generate.py")[0], "--config") == "small"
     trains = commands(out, "fairseq-train")
@@ -44,8 +44,8 @@ def test_dry_run_cpu_grid(tmp_path):
 
 
 def test_dry_run_full_configuration_and_split_choice(tmp_path):
-    out = in_process([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--work-dir", tmp_path / "w",
-                      "--dry-run", "--config", "full", "--models", "ut", "sut-chunked",
+    out = in_process([sys.executable, TABLE1, "--setup", "seq2seq", "--data-dir", tmp_path / "d",
+                      "--work-dir", tmp_path / "w", "--dry-run", "--config", "full", "--models", "ut", "sut-chunked",
                       "--splits", "test-iid", "test-args15"]).stdout
     assert value(commands(out, "generate.py")[0], "--config") == "paper"
     ut, sut = commands(out, "fairseq-train")
@@ -53,7 +53,7 @@ def test_dry_run_full_configuration_and_split_choice(tmp_path):
     assert value(ut, "--lr-scheduler") == "inverse_sqrt" and value(ut, "--batch-size") == "32"
     assert value(sut, "--att-heads") == "4" and value(sut, "--ffd-hidden-dim") == "512"
     assert [value(g, "--gen-subset") for g in commands(out, "fairseq-generate")] == ["test", "test5"] * 2
-    bad = in_process([sys.executable, TABLE1, "--data-dir", tmp_path / "d", "--dry-run", "--stage",
+    bad = in_process([sys.executable, TABLE1, "--setup", "seq2seq", "--data-dir", tmp_path / "d", "--dry-run", "--stage",
                       "evaluate", "--splits", "test-len2"], check=False)
     assert bad.returncode != 0 and "no test split 'test-len2'" in bad.stderr + bad.stdout
 
@@ -91,7 +91,7 @@ def smoke_gut(tmp_path_factory):
     the dry runs check)."""
     return smoke(tmp_path_factory.mktemp("listops"), GENERATE, TABLE1, ["gut"],
                  ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,
-                  "--splits", "test-args10"])
+                  "--splits", "test-args10"], ["--setup", "seq2seq"])
 
 
 def test_smoke_gut_trains_then_resumes_at_evaluation(smoke_gut):
@@ -105,6 +105,6 @@ def test_smoke_gutlb(tmp_path):
     """GUTLB (the chunk-wise models' path; TLB differs by its configuration)."""
     result = smoke(tmp_path, GENERATE, TABLE1, ["gutlb"],
                    ["--train-size", 80, "--valid-size", 4, "--iid-test-size", 8, "--test-size", 4,
-                    "--splits", "test-len200-300"])
+                    "--splits", "test-len200-300"], ["--setup", "seq2seq"])
     check_smoke(result, ["gutlb"], {"test-iid": 8, "test-len200-300": 4})
     assert "| GUTLB |" in (result["work"] / "table1.md").read_text()

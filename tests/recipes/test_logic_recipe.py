@@ -120,7 +120,8 @@ def check_model_flags(model, argv):
 
 def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
     data, work = tmp_path / "data", tmp_path / "work"
-    out = in_process([sys.executable, TABLE5, "--dry-run", "--data-dir", str(data), "--work-dir", str(work)]).stdout
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--data-dir", str(data),
+                      "--work-dir", str(work)]).stdout
     assert not data.exists() and not work.exists()
     # data: generated when missing, then each protocol prepared and binarized
     (gen,) = commands(out, "generate.py")
@@ -159,8 +160,9 @@ def test_dry_run_prints_the_whole_full_grid_and_creates_nothing(tmp_path):
 
 
 def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
-    out = in_process([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
-                      "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "--buckets", "all"]).stdout
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced",
+                      "--data-dir", str(tmp_path / "d"), "--work-dir", str(tmp_path / "w"),
+                      "--protocols", "standard", "--buckets", "all"]).stdout
     trains = commands(out, "fairseq-train")
     assert len(trains) == 4
     for argv in trains:
@@ -172,9 +174,9 @@ def test_dry_run_reduced_gives_every_model_the_same_update_budget(tmp_path):
     subsets = [value(a, "--gen-subset") for a in commands(out, "fairseq-generate")]
     assert subsets[:13] == ["test"] + [f"test{k}" for k in range(1, 13)]  # bucket 0 is split "test"
     # one budget override applies to every model
-    out = in_process([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(tmp_path / "d"),
-                      "--work-dir", str(tmp_path / "w"), "--protocols", "A", "--stop-time-hours", "0.25",
-                      "--max-update", "777"]).stdout
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced",
+                      "--data-dir", str(tmp_path / "d"), "--work-dir", str(tmp_path / "w"), "--protocols", "A",
+                      "--stop-time-hours", "0.25", "--max-update", "777"]).stdout
     assert [(value(a, "--stop-time-hours"), value(a, "--max-update")) for a in commands(out, "fairseq-train")] \
         == [("0.25", "777")] * 4
     assert not (tmp_path / "d").exists()
@@ -188,7 +190,7 @@ def test_dry_run_replaces_incomplete_data_directories_and_only_those(tmp_path):
     (data / "original" / "train0").write_text("# ( a ) ( b )\n")  # 1 of 26 files
     (data / "A").mkdir()
     (data / "A" / "train.src").write_text("a #SEP# b\n")  # text only, no bin/
-    out = in_process([sys.executable, TABLE5, "--dry-run", "--reduced", "--data-dir", str(data),
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--dry-run", "--reduced", "--data-dir", str(data),
                       "--work-dir", str(tmp_path / "w"), "--protocols", "standard", "A"]).stdout
     (gen,) = commands(out, "generate.py")
     assert "--overwrite" in gen
@@ -374,7 +376,7 @@ def smoke(tmp_path_factory):
     original = root / "original"
     li.write_original(str(original), li.split_buckets(li.generate_buckets(3000, seed=1)))
     data, work = root / "data", root / "work"
-    command = [sys.executable, TABLE5, "--original", str(original), "--data-dir", str(data),
+    command = [sys.executable, TABLE5, "--setup", "seq2seq", "--original", str(original), "--data-dir", str(data),
                "--work-dir", str(work), "--protocols", "standard", "--models", "sut", "--reduced",
                "--max-update", "3", "--train-args", TINY, "--buckets", "7..12"]
     first = run(command + ["--stop-stage", "train"]).stdout
@@ -396,12 +398,12 @@ def test_smoke_stages_stop_after_train_and_resume_at_evaluate(smoke):
 
 
 def test_stage_options_are_checked(tmp_path):
-    proc = in_process([sys.executable, TABLE5, "--data-dir", str(tmp_path), "--stage", "report",
+    proc = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--data-dir", str(tmp_path), "--stage", "report",
                        "--stop-stage", "train", "--dry-run"], check=False)
     assert proc.returncode != 0 and "--stage report comes after --stop-stage train" in proc.stderr
-    proc = in_process([sys.executable, TABLE5, "--stage", "decode", "--dry-run"], check=False)
+    proc = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--stage", "decode", "--dry-run"], check=False)
     assert proc.returncode == 2 and "unknown stage 'decode'" in proc.stderr
-    out = in_process([sys.executable, TABLE5, "--data-dir", str(tmp_path / "d"), "--work-dir",
+    out = in_process([sys.executable, TABLE5, "--setup", "seq2seq", "--data-dir", str(tmp_path / "d"), "--work-dir",
                       str(tmp_path / "w"), "--stage", "2", "--stop-stage", "3", "--models", "sut",
                       "--protocols", "A", "--dry-run"]).stdout
     assert len(commands(out, "fairseq-train")) == 1 and len(commands(out, "fairseq-generate")) == 1

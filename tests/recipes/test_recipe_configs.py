@@ -69,3 +69,85 @@ def test_every_config_with_halting_states_its_rules():
         if set(spec.get("halting_rules", {})) != {"encoder", "decoder"}:
             missing.append(path)
     assert not missing, f"configs without halting_rules: {missing}"
+
+
+# --------------------------------------------------------------------------- classify setup
+
+def classify_configs():
+    """configs/TASK/classify/MODEL.json: the classify setup's models (issue #52)."""
+    found = sorted(glob.glob(os.path.join(REPO, "configs", "*", "classify", "*.json")))
+    return [os.path.relpath(p, REPO) for p in found if os.path.basename(p) != "common.json"]
+
+
+def test_the_logic_and_listops_recipes_have_classify_configs():
+    tasks = {path.split(os.sep)[1] for path in classify_configs()}
+    assert tasks == {"logic", "listops"}
+
+
+@pytest.mark.parametrize("path", classify_configs())
+def test_the_classify_config_builds_the_halting_kv_and_pooling_it_states(path):
+    """The encoder's halting rule, keys/values and pooling a classify config states are
+    those fairseq-train parses (the sut_classifier preset applied), in every
+    configuration; TLB's unshared blocks and memory read-out where it says so."""
+    with open(os.path.join(REPO, path)) as handle:
+        spec = json.load(handle)
+    assert spec["arch"].startswith("sut_classifier") and set(spec["halting_rules"]) == {"encoder"}
+    for config, flags in full_flags(path).items():
+        args = parsed(flags)
+        assert args.task == "sut_classification" and args.criterion == "sut_classification"
+        built = {"halting": args.encoder_halting, "kv": args.encoder_halting_kv, "pooling": args.pooling}
+        stated = {"halting": spec["halting_rules"]["encoder"], "kv": spec["halting_kv"],
+                  "pooling": spec["pooling"]}
+        assert built == stated, f"{path} ({config}): states {stated}, builds {built}"
+        assert args.lr_scheduler == "fixed" and args.warmup_updates == 4000 and args.batch_size == 256
+        assert args.lr == [7e-4] and args.weight_decay == 0.1
+
+
+@pytest.mark.parametrize("task", ["logic", "listops"])
+def test_the_classify_configs_are_the_papers_models(task):
+    """Steps, chunking, GUT's keys/values, TLB's unshared blocks and read-out, pooling."""
+    built = {}
+    for path in classify_configs():
+        if path.split(os.sep)[1] == task:
+            name = os.path.basename(path)[:-5]
+            built[name] = parsed(next(iter(full_flags(path).values())))
+    assert built["ut"].encoder_layers == built["gut"].encoder_layers == 15
+    assert built["gut"].halting_transition and built["gut"].gated_ffn
+    assert built["gutlb"].encoder_layers == 5 and built["tlb"].encoder_layers == 2
+    for name in ("tlb", "gutlb"):
+        args = built[name]
+        assert (args.encoder_chunk_size, args.encoder_memory_slots) == (10, 10)
+    assert built["tlb"].tlb_unshared and built["tlb"].tlb_encoder_out == "memory"
+    assert not built["gutlb"].tlb_unshared and built["gutlb"].tlb_encoder_out == "tokens"
+    assert not any(built[m].tlb_unshared for m in built if m != "tlb")
+
+
+@pytest.mark.parametrize("path", classify_configs())
+def test_the_classify_config_builds_its_model(path):
+    """The model fairseq-train builds from a classify config (the first configuration,
+    logic as pairs, ListOps as single sequences): its pooling, keys/values, halting rule
+    and unshared TLB blocks are those stated, and a batch classifies."""
+    import torch
+    from fairseq.data import Dictionary
+
+    from sut_fairseq.models.sut_classifier import SUTClassifierModel
+
+    with open(os.path.join(REPO, path)) as handle:
+        spec = json.load(handle)
+    args = parsed(next(iter(full_flags(path).values())))
+    dictionary = Dictionary()
+    for symbol in "( ) a b c and or not".split():
+        dictionary.add_symbol(symbol)
+    pair = path.split(os.sep)[1] == "logic"
+    task = type("Task", (), {"source_dictionary": dictionary, "pair": pair, "num_classes": 3})()
+    model = SUTClassifierModel.build_model(args, task).eval()
+    assert model.pooling == spec["pooling"] and model.pair == pair
+    assert model.encoder.kv_from_state == (spec["halting_kv"] == "state")
+    assert hasattr(model.encoder, "later_blocks") == ("--tlb-unshared" in spec["model_flags"])
+    tokens = torch.tensor([[4, 5, 6, 2], [7, 8, 2, 1]])
+    lengths = torch.tensor([4, 3])
+    extra = {"pair_tokens": tokens.flip(0), "pair_lengths": lengths.flip(0)} if pair else {}
+    logits, out = model(tokens, lengths, **extra)
+    assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+    built_rule = getattr(model.encoder.halting, "rule", "none")  # NoHalting has no rule
+    assert built_rule == spec["halting_rules"]["encoder"]
