@@ -276,8 +276,6 @@ class Recorder(TorchDispatchMode):
         size = args["X"].element_size()
         name = "_routed_gemm" if kernel is gg.routed_gemm_kernel else "_routed_wgrad"
         self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + E * K * N + M * N))
-        if args.get("HAS_DG"):  # the autotuner zeroes DG before the run
-            self.add_synthetic("custom", "zero_ (reset_to_zero DG)", 1, 0, _nbytes(args["DG"]))
 
     def key(self, t: torch.Tensor):
         """A tensor's storage: its address and the allocation count there."""
