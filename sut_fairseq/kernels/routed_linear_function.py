@@ -223,18 +223,15 @@ class RoutedLinearFunction(torch.autograd.Function):
             if need_g:  # written whole by the kernel, zeros past its column tiles
                 partial = _written_whole(x, (_max_column_tiles(in_dim, x.dtype, x.device), M),
                                          torch.float32)
+            # dg_s = Σ_tiles partial = x_s . (dout_n W_e^T) + dout_n . b_e (the bias term in
+            # the kernel's K loop; 0 for a no-op slot)
             routed_gemm(dout, dy_grouped, dy_fan, weight, True, None, dx_rows, grouped_in,
                         gates_flat, routing, aux=x, aux_grouped=grouped_in, aux_fan=fan_out,
-                        dg=partial)
+                        dg=partial, dg_bias=bias if need_g else None)
             if need_x:
                 dx = dx_rows if grouped_in else _sum_rows(dx_rows, fan_out, x.size(0))
             if need_g:
-                dg = partial.sum(0).view(N, k)
-                if bias is not None:  # dout_n . b_e, zero for the sentinel expert E
-                    per_expert = dout.float() @ bias.float().t()  # (N, E)
-                    per_expert = torch.cat([per_expert, per_expert.new_zeros(N, 1)], 1)
-                    dg = dg + per_expert.gather(1, routing.expert_idxs)
-                dg = dg.to(ctx.gates_dtype)
+                dg = partial.sum(0).view(N, k).to(ctx.gates_dtype)
         if need_w or need_b:
             dw = torch.empty_like(weight)
             db = torch.empty_like(bias) if bias is not None else None
