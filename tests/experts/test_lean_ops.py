@@ -63,3 +63,29 @@ def test_model_with_dense_masked_linear_equals_the_custom_op(compiling_branch, r
     with _patched(masked_linear_op, "_dense", lambda x: True):
         assert_same_as_old(model, src, prev,
                            lambda: _patched(masked_linear_op, "_dense", lambda x: False))
+
+
+# ------------------------------------------------------------ the router's top-k as argmax passes
+
+def test_top_k_by_argmax_equals_topk():
+    from sut_fairseq.modules.router import top_k_by_argmax
+
+    g = torch.Generator().manual_seed(0)
+    for n, E, k in [(50, 24, 4), (7, 5, 5), (9, 4, 1), (3, 12, 2)]:
+        probs = torch.randn(n, E, generator=g).softmax(-1)
+        assert torch.equal(top_k_by_argmax(probs, k), probs.topk(k, dim=1).indices)
+
+
+@pytest.mark.parametrize("compiled_branch", [False, True])
+def test_model_with_argmax_top_k_equals_topk(request, compiled_branch):
+    """The routers picking by argmax passes (as on CUDA) against ``topk``: the same model
+    outputs and parameter gradients, eager and on a compiled step's branch."""
+    from sut_fairseq.modules import router
+
+    model = make_model(encoder_layers=4, decoder_layers=4)
+    randomise_halting(model, seed=3)
+    if compiled_branch:
+        request.getfixturevalue("compiling_branch")
+    src, prev = _sut_tiny_batch()
+    with _patched(router, "_argmax_top_k", lambda probs: True):
+        assert_same_as_old(model, src, prev, lambda: _patched(router, "_argmax_top_k", lambda p: False))
