@@ -106,9 +106,14 @@ masked_linear_op.register_autograd(_backward, setup_context=_setup_context)
 def masked_linear(x: Tensor, linear: nn.Linear, mask: Tensor) -> Tensor:
     """``linear`` on the rows of x (..., in) where mask (...) is True; 0 elsewhere.
     Under autocast the operands are cast to its dtype first, as ``nn.Linear`` does."""
+    return masked_affine(x, linear.weight, linear.bias, mask)
+
+
+def masked_affine(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
+    """``masked_linear`` of the map x Wᵀ + b: W (out, in), b (out,) or None."""
     dtype = _autocast_dtype(x.device.type) or x.dtype
-    weight = linear.weight.to(dtype)
-    bias = None if linear.bias is None else linear.bias.to(dtype)
+    weight = weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
     shape = x.shape[:-1]
     op = dense_masked_linear if _dense(x) else torch.ops.sut.masked_linear
     y = op(x.reshape(-1, x.size(-1)).to(dtype), weight, bias, mask.reshape(-1))
