@@ -27,7 +27,9 @@ Each record becomes kernels of a kind:
 **Compiled** (``--compile-step``, ``--compile-loop``; fairseq's transformer as
 ``torch.compile`` whole): inductor's CUDA code cannot be generated without a GPU here, so
 the compiled regions (each side's step or loop, its backward; the transformer's forward and
-backward) run the same code eagerly and a stated fusion model replaces inductor: GEMMs,
+backward) run the same code eagerly, ``torch.compiler.is_compiling()`` reading True in
+them (so they take the branches a traced graph has: the counting sort, ``masked_linear``),
+and a stated fusion model replaces inductor: GEMMs,
 attention, sorts and the custom ops stay extern kernels (as inductor keeps them); between
 two extern kernels of a region, the other operations fuse into one kernel per distinct
 iteration size (numel of the op's largest tensor), which reads the tensors made before
