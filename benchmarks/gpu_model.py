@@ -31,7 +31,8 @@ backward) run the same code eagerly, ``torch.compiler.is_compiling()`` reading T
 them (so they take the branches a traced graph has: the counting sort, ``masked_linear``),
 and a stated fusion model replaces inductor: GEMMs,
 attention, sorts and the custom ops stay extern kernels (as inductor keeps them); between
-two extern kernels of a region, the other operations fuse into one kernel per distinct
+two extern kernels of a region (scalar constants, ``CONSTANTS``, are literals there), the
+other operations fuse into one kernel per distinct
 iteration size (numel of the op's largest tensor), which reads the tensors made before
 the run and writes those read after it. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
@@ -122,6 +123,9 @@ GEMMS = {"mm", "bmm", "addmm", "baddbmm", "linear", "matmul"}
 #: operations inductor keeps as calls of their own (no fusion across them)
 EXTERN = GEMMS | {"sort", "topk", "nonzero", "cumsum"}
 ATTENTION_LAUNCHES = (1, 2)  # fused attention: forward, backward
+#: operations that make a constant: a fill kernel eager (``where(c, x, 0.0)`` makes its
+#: scalar on the device, as the backward of ``where`` does), a literal in inductor's code
+CONSTANTS = {"scalar_tensor"}
 
 
 @dataclass
@@ -529,6 +533,8 @@ def fuse(kernels: List[Kernel]) -> List[Kernel]:
             run.clear()
 
     for i, k in enumerate(kernels):
+        if k.region is not None and k.name in CONSTANTS:
+            continue  # a literal in inductor's code, no kernel
         fusible = k.region is not None and k.kind == "aten" and k.name not in EXTERN
         if fusible and run and (run[-1][1].region, run[-1][1].phase) != (k.region, k.phase):
             flush()
