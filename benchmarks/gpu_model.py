@@ -27,9 +27,12 @@ Each record becomes kernels of a kind:
 **Compiled** (``--compile-step``, ``--compile-loop``; fairseq's transformer as
 ``torch.compile`` whole): inductor's CUDA code cannot be generated without a GPU here, so
 the compiled regions (each side's step or loop, its backward; the transformer's forward and
-backward) run the same code eagerly and a stated fusion model replaces inductor: GEMMs,
+backward) run the same code eagerly, ``torch.compiler.is_compiling()`` reading True in
+them (so they take the branches a traced graph has: the counting sort, ``masked_linear``),
+and a stated fusion model replaces inductor: GEMMs,
 attention, sorts and the custom ops stay extern kernels (as inductor keeps them); between
-two extern kernels of a region, the other operations fuse into one kernel per distinct
+two extern kernels of a region (scalar constants, ``CONSTANTS``, are literals there), the
+other operations fuse into one kernel per distinct
 iteration size (numel of the op's largest tensor), which reads the tensors made before
 the run and writes those read after it. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
@@ -115,10 +118,14 @@ FREE = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueez
 #: sort in the H200 profile, plus its index fill)
 LAUNCHES = {"sort": 10, "topk": 3, "nonzero": 3, "embedding_dense_backward": 8,
             "native_layer_norm_backward": 2, "nll_loss_backward": 2, "_index_put_impl_": 5}
-GEMMS = {"mm", "bmm", "addmm", "baddbmm"}
+#: (``linear`` and ``matmul`` reach the recorder undecomposed inside the custom ops' bodies)
+GEMMS = {"mm", "bmm", "addmm", "baddbmm", "linear", "matmul"}
 #: operations inductor keeps as calls of their own (no fusion across them)
 EXTERN = GEMMS | {"sort", "topk", "nonzero", "cumsum"}
 ATTENTION_LAUNCHES = (1, 2)  # fused attention: forward, backward
+#: operations that make a constant: a fill kernel eager (``where(c, x, 0.0)`` makes its
+#: scalar on the device, as the backward of ``where`` does), a literal in inductor's code
+CONSTANTS = {"scalar_tensor"}
 
 
 @dataclass
@@ -172,7 +179,10 @@ def _nbytes(t: torch.Tensor) -> int:
 
 def gemm_dims(name: str, args) -> Tuple[int, int, int, int]:
     """(batch, M, N, K) of an aten GEMM's arguments."""
-    if name == "mm":
+    if name == "linear":  # x (.., K) W^T, W (N, K)
+        x, w = args[0], args[1]
+        return 1, x.numel() // x.size(-1), w.size(0), x.size(-1)
+    if name in ("mm", "matmul"):
         a, b = args[0], args[1]
     elif name == "addmm":
         a, b = args[1], args[2]
@@ -180,8 +190,7 @@ def gemm_dims(name: str, args) -> Tuple[int, int, int, int]:
         a, b = args[0], args[1]
     else:  # baddbmm
         a, b = args[1], args[2]
-    batch = a.size(0) if a.dim() == 3 else 1
-    return batch, a.size(-2), b.size(-1), a.size(-1)
+    return math.prod(a.shape[:-2]), a.size(-2), b.size(-1), a.size(-1)
 
 
 class _FusedAttention(torch.autograd.Function):
@@ -273,8 +282,6 @@ class Recorder(TorchDispatchMode):
         size = args["X"].element_size()
         name = "_routed_gemm" if kernel is gg.routed_gemm_kernel else "_routed_wgrad"
         self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + E * K * N + M * N))
-        if args.get("HAS_DG"):  # the autotuner zeroes DG before the run
-            self.add_synthetic("custom", "zero_ (reset_to_zero DG)", 1, 0, _nbytes(args["DG"]))
 
     def key(self, t: torch.Tensor):
         """A tensor's storage: its address and the allocation count there."""
@@ -332,7 +339,7 @@ class Recorder(TorchDispatchMode):
         else:
             launches = LAUNCHES.get(name, 1)
         step, phase, region = self._where()
-        kind = ("custom" if self.custom else "gemm" if name in GEMMS else
+        kind = ("gemm" if name in GEMMS else "custom" if self.custom else
                 "accum" if self.accumulating and name in ("add", "add_")
                 and tuple(outs[0].shape) in self.param_shapes else "aten")
         if kind == "accum":  # the engine's sum over steps: outside the compiled graphs
@@ -447,16 +454,28 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
                 raise SystemExit(f"gpu_model.py: {arch}: the model has no compiled step")
 
             def call(compiled=compiled, **inputs):
-                with recorder.scope(region=True):
+                with recorder.scope(region=True), compiling():
                     return compiled.step(**inputs)
             side.compiled_step = _eager_step(compiled, call)
         return
     forward = model.forward
 
     def call(*args, **kwargs):
-        with recorder.scope(region=True):
+        with recorder.scope(region=True), compiling():
             return forward(*args, **kwargs)
     model.forward = call
+
+
+@contextlib.contextmanager
+def compiling():
+    """``torch.compiler.is_compiling()`` reads True in the block: a compiled region runs
+    the branches its traced graph has (the counting sort, ``masked_linear``, ...)."""
+    before = torch.compiler.is_compiling
+    torch.compiler.is_compiling = lambda: True
+    try:
+        yield
+    finally:
+        torch.compiler.is_compiling = before
 
 
 def _eager_step(compiled, call):
@@ -514,6 +533,8 @@ def fuse(kernels: List[Kernel]) -> List[Kernel]:
             run.clear()
 
     for i, k in enumerate(kernels):
+        if k.region is not None and k.name in CONSTANTS:
+            continue  # a literal in inductor's code, no kernel
         fusible = k.region is not None and k.kind == "aten" and k.name not in EXTERN
         if fusible and run and (run[-1][1].region, run[-1][1].phase) != (k.region, k.phase):
             flush()

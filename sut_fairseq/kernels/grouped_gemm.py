@@ -29,8 +29,9 @@ Kernels:
 
 Neither kernel needs a host-side count: grids come from the static upper bound M, and a
 program whose row tile lies past the last expert's rows (at/after
-``expert_offsets[E - 1]``) does nothing, so rows routed to the sentinel expert cost one
-early exit per tile and are never read or written (the caller pre-zeroes outputs).
+``expert_offsets[E - 1]``) computes nothing: it writes zeros on the no-op rows of the
+output (rows routed to the sentinel expert are never read), so the caller allocates the
+outputs uninitialised instead of zeroing them in a launch of their own.
 Operands come in ``X``'s dtype (the compute dtype: the caller casts weights, e.g. to the
 autocast dtype); products accumulate in fp32 and gates are applied in fp32.
 
@@ -55,15 +56,20 @@ def _routed_gemm(
     stride_be, stride_bn,
     stride_ym, stride_yn,
     stride_am, stride_ak,
-    stride_dg,
+    stride_dg, DG_ROWS,
     X_GROUPED: tl.constexpr, X_FAN: tl.constexpr, Y_GROUPED: tl.constexpr,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
-    HAS_DG: tl.constexpr, A_GROUPED: tl.constexpr, A_FAN: tl.constexpr,
+    HAS_DG: tl.constexpr, A_GROUPED: tl.constexpr, A_FAN: tl.constexpr, DG_BIAS: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
     """X: rows of width K; W: (E, K, N) via strides; B: (E, N); Y: rows of width N;
-    G: (M,) gates by slot; AUX: rows of width N (HAS_DG); DG: (>= cdiv(N, BLOCK_N), M) fp32.
+    G: (M,) gates by slot; AUX: rows of width N (HAS_DG); DG: (DG_ROWS, M) fp32 with
+    DG_ROWS >= cdiv(N, BLOCK_N). ``DG_BIAS`` (with HAS_DG, no HAS_BIAS): B is (E, K) and
+    column tile 0 adds ``X[row_x(m)] . B[e_m]`` to its partial (the gate gradient's bias
+    term, accumulated in the K loop). Every row of Y and every entry of DG is written:
+    the tiles past the last expert's write zeros on the no-op rows,
+    and DG's rows past cdiv(N, BLOCK_N) are zeros, so the caller allocates them empty.
     Grid: (cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N) programs."""
     pid = tl.program_id(0)
     num_pid_m = tl.cdiv(M, BLOCK_M) + E
@@ -100,6 +106,7 @@ def _routed_gemm(
         rk = tl.arange(0, BLOCK_K)
 
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        dg_bias = tl.zeros((BLOCK_M,), dtype=tl.float32)  # Σ_k x_k b_k (DG_BIAS, tile 0)
         x_ptrs = X + x_row[:, None] * stride_xm + rk[None, :] * stride_xk
         w_ptrs = W + e * stride_we + rk[:, None] * stride_wk + rn[None, :] * stride_wn
         for k0 in range(0, K, BLOCK_K):
@@ -107,6 +114,10 @@ def _routed_gemm(
             a = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
             w = tl.load(w_ptrs, mask=k_ok[:, None] & n_ok[None, :], other=0.0)
             acc = tl.dot(a, w.to(X.dtype.element_ty), acc, input_precision=INPUT_PRECISION)
+            if DG_BIAS:
+                if pid_n == 0:
+                    bk = tl.load(B + e * stride_be + (k0 + rk) * stride_bn, mask=k_ok, other=0.0)
+                    dg_bias += tl.sum(a.to(tl.float32) * bk.to(tl.float32)[None, :], axis=1)
             x_ptrs += BLOCK_K * stride_xk
             w_ptrs += BLOCK_K * stride_wk
 
@@ -120,8 +131,11 @@ def _routed_gemm(
             else:
                 a_row = slot // A_FAN
             aux = tl.load(AUX + a_row[:, None] * stride_am + rn[None, :] * stride_ak, mask=out_mask, other=0.0)
-            dg = tl.sum(acc * aux.to(tl.float32), axis=1)
+            dg = tl.sum(acc * aux.to(tl.float32), axis=1) + dg_bias
             tl.store(DG + pid_n * stride_dg + slot, dg, mask=row_ok)
+            if pid_n == num_pid_n - 1:  # DG's rows past the column tiles (allocated for
+                for r in range(num_pid_n, DG_ROWS):  # narrower tiles, summed by the caller)
+                    tl.store(DG + r * stride_dg + slot, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=row_ok)
         if GATED:
             g = tl.load(G + slot, mask=row_ok, other=0.0).to(tl.float32)
             acc = acc * g[:, None]
@@ -131,6 +145,29 @@ def _routed_gemm(
             y_row = slot
         tl.store(Y + y_row[:, None] * stride_ym + rn[None, :] * stride_yn,
                  acc.to(Y.dtype.element_ty), mask=out_mask)
+    else:
+        # A spare row tile t (after the experts' tiles): zeros on the no-op rows
+        # [A + t BLOCK_M, A + (t + 1) BLOCK_M) ∩ [A, M), A = expert_offsets[E - 1] the
+        # active rows, their Y columns of tile pid_n and their DG entries. The spare tiles
+        # cover every no-op row: cdiv(M, BLOCK_M) + E - Σ_e cdiv(count_e, BLOCK_M)
+        # >= (M - A) / BLOCK_M of them.
+        t = pid_m - tl.sum(tiles, 0)
+        rm = tl.load(expert_offsets + E - 1) + t * BLOCK_M + tl.arange(0, BLOCK_M)
+        row_ok = rm < M
+        slot = tl.load(sorted_scattered_idxs + rm, mask=row_ok, other=0)
+        if Y_GROUPED:
+            y_row = rm
+        else:
+            y_row = slot
+        rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        tl.store(Y + y_row[:, None] * stride_ym + rn[None, :] * stride_yn,
+                 tl.zeros((BLOCK_M, BLOCK_N), dtype=Y.dtype.element_ty),
+                 mask=row_ok[:, None] & (rn < N)[None, :])
+        if HAS_DG:
+            tl.store(DG + pid_n * stride_dg + slot, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=row_ok)
+            if pid_n == num_pid_n - 1:  # DG's rows past the column tiles: zeros too
+                for r in range(num_pid_n, DG_ROWS):
+                    tl.store(DG + r * stride_dg + slot, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=row_ok)
 
 
 def _routed_wgrad(
@@ -261,11 +298,11 @@ _KEYS = {
     routed_gemm_kernel: ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "INPUT_PRECISION"],
     routed_wgrad_kernel: ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "INPUT_PRECISION"],
 }
-# Arguments the autotuner zeroes before every trial run and before the chosen run. The
-# gemm's gate-gradient partials DG hold one row per column tile, cdiv(N, BLOCK_N) of them,
-# and the caller sums all rows it allocated (for the smallest BLOCK_N): a trial with a
-# narrower BLOCK_N would otherwise leave rows that the chosen, wider one does not rewrite.
-RESET_TO_ZERO = {routed_gemm_kernel: ["DG"], routed_wgrad_kernel: []}
+# Arguments the autotuner would zero before its trial runs: none. The gemm's gate-gradient
+# partials DG hold one row per column tile, cdiv(N, BLOCK_N) of them, and the caller sums
+# all DG_ROWS rows it allocated (for the smallest BLOCK_N): the kernel writes zeros on the
+# rows past its own tiles, so a narrower trial leaves nothing behind for the chosen run.
+RESET_TO_ZERO = {routed_gemm_kernel: [], routed_wgrad_kernel: []}
 
 
 #: Whether this Triton's autotuner can keep its choices on disk (``cache_results``, Triton

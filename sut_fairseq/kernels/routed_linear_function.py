@@ -8,7 +8,7 @@ bias (E, out) or None, gates (N, k) or None; the result is (M, out), or (N, out)
 Passes (no device-to-host synchronisation in any of them):
 
 * forward: one ``routed_gemm_kernel`` launch writes ``y_s = g_s (x W_e + b_e)`` for every
-  active slot into a zeroed (M, out) buffer, sorted (``grouped_out``) or in slot order.
+  active slot (0 for a no-op slot) into an (M, out) buffer, sorted (``grouped_out``) or in slot order.
   With gates, the k slots of a token are then summed by ``y.view(N, k, out).sum(1)``
   (deterministic, no atomics; a token's slots lie in different experts' tiles).
 * input gradient: ``routed_gemm_kernel`` again, reading ``dout`` in the forward output's
@@ -17,7 +17,10 @@ Passes (no device-to-host synchronisation in any of them):
   like the gated output).
 * gate gradient: ``dg_s = dout_n . (x_s W_e + b_e) = x_s . (dout_n W_e^T) + dout_n . b_e``.
   The first term is summed in the epilogue of the input-gradient kernel (per column tile,
-  then over tiles), the second is a small (N, E) matmul; no (M, out) activation is saved.
+  then over tiles), the second in the same kernel's loop over dout's columns (column
+  tile 0); no (M, out) activation is saved.
+* outputs are allocated uninitialised: the kernel writes every row, the no-op rows' zeros
+  by the row tiles past the last expert's.
 * weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
 
 Mixed precision: under autocast the inputs, weights and bias are cast to the autocast
@@ -73,12 +76,14 @@ def _launch(kernel, grid_fn, args: dict, device: torch.device) -> None:
 
 
 def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates, routing,
-                aux=None, aux_grouped=False, aux_fan=1, dg=None):
+                aux=None, aux_grouped=False, aux_fan=1, dg=None, dg_bias=None):
     """Launch ``routed_gemm_kernel``: ``y[row_y(m)] = g (x[row_x(m)] @ W_e(^T) + b_e)``.
 
     x: rows of width K; w: (E, K, N), or (E, N, K) read transposed when ``w_transposed``;
-    y: zeroed rows of width N; gates: (M,) or None; aux/dg: gate-gradient partials
-    (``dg`` (T, M) fp32 zeros with T >= cdiv(N, min BLOCK_N)), see the kernel docstring.
+    y: rows of width N, written whole (no-op rows 0; may come uninitialised); gates: (M,)
+    or None; aux/dg: gate-gradient partials (``dg`` (T, M) fp32, T >= cdiv(N, min
+    BLOCK_N), written whole), see the kernel docstring; ``dg_bias`` (E, K): adds
+    ``x[row_x(m)] . dg_bias[e_m]`` to the partials (the gate gradient's bias term).
     """
     E = routing.num_experts
     M = routing.num_slots
@@ -89,8 +94,11 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
         K, N = w.size(1), w.size(2)
         stride_wk, stride_wn = w.stride(1), w.stride(2)
     has_dg = dg is not None
+    if dg_bias is not None and (bias is not None or not has_dg):
+        raise ValueError("dg_bias is the gate gradient's bias term: with dg and no bias")
+    has_b = bias is not None or dg_bias is not None
     args = dict(
-        X=x, W=w, B=bias if bias is not None else w, Y=y,
+        X=x, W=w, B=bias if bias is not None else (dg_bias if dg_bias is not None else w), Y=y,
         G=gates if gates is not None else y, AUX=aux if has_dg else x, DG=dg if has_dg else y,
         sorted_expert_idxs=routing.sorted_expert_idxs,
         sorted_scattered_idxs=routing.sorted_scattered_idxs,
@@ -98,14 +106,15 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
         M=M, K=K, N=N, E=E,
         stride_xm=x.stride(0), stride_xk=x.stride(1),
         stride_we=w.stride(0), stride_wk=stride_wk, stride_wn=stride_wn,
-        stride_be=bias.stride(0) if bias is not None else 0,
-        stride_bn=bias.stride(1) if bias is not None else 0,
+        stride_be=(bias if bias is not None else dg_bias).stride(0) if has_b else 0,
+        stride_bn=(bias if bias is not None else dg_bias).stride(1) if has_b else 0,
         stride_ym=y.stride(0), stride_yn=y.stride(1),
         stride_am=aux.stride(0) if has_dg else 0, stride_ak=aux.stride(1) if has_dg else 0,
-        stride_dg=dg.stride(0) if has_dg else 0,
+        stride_dg=dg.stride(0) if has_dg else 0, DG_ROWS=dg.size(0) if has_dg else 0,
         X_GROUPED=x_grouped, X_FAN=1 if x_grouped else x_fan, Y_GROUPED=y_grouped,
         HAS_BIAS=bias is not None, GATED=gates is not None,
         HAS_DG=has_dg, A_GROUPED=aux_grouped, A_FAN=1 if aux_grouped else aux_fan,
+        DG_BIAS=has_dg and dg_bias is not None,
         INPUT_PRECISION=_input_precision(x.dtype),
         E_POW2=triton.next_power_of_2(max(E, 2)),
     )
@@ -156,6 +165,12 @@ def _max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
     return triton.cdiv(n, min(c.kwargs["BLOCK_N"] for c in configs))
 
 
+def _written_whole(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """An uninitialised buffer of ``shape`` on ``like``'s device (``like``'s dtype unless
+    given) for a kernel that writes every element (no zero-fill launch)."""
+    return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
+
+
 def _sum_rows(rows: torch.Tensor, fan: int, num_rows: int) -> torch.Tensor:
     """(M, W) slot rows -> (num_rows, W): row r sums slots r*fan .. r*fan+fan-1."""
     M, W = rows.shape
@@ -174,7 +189,7 @@ class RoutedLinearFunction(torch.autograd.Function):
         out_dim = weight.size(2)
         x = x.contiguous()
         gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
-        y = x.new_zeros(M, out_dim)
+        y = _written_whole(x, (M, out_dim))  # the kernel writes the no-op rows' zeros
         routed_gemm(x, grouped_in, fan_out, weight, False, bias, y, grouped_out, gates_flat, routing)
         if gates is not None:
             y = y.view(N, k, out_dim).sum(1)
@@ -200,23 +215,23 @@ class RoutedLinearFunction(torch.autograd.Function):
         need_g = need_g and gated
         if need_x or need_g:
             in_dim = weight.size(1)
-            dx_rows = x.new_zeros(x.shape if grouped_in else (M, in_dim))
+            # the kernel writes rows 0..M-1 (the no-op rows' zeros too); sorted rows past M
+            # (a longer grouped x) are not rows of any slot and stay zero
+            dx_rows = (x.new_zeros(x.shape) if grouped_in and x.size(0) > M else
+                       _written_whole(x, x.shape if grouped_in else (M, in_dim)))
             partial = None
-            if need_g:
-                partial = torch.zeros(_max_column_tiles(in_dim, x.dtype, x.device), M,
-                                      dtype=torch.float32, device=x.device)
+            if need_g:  # written whole by the kernel, zeros past its column tiles
+                partial = _written_whole(x, (_max_column_tiles(in_dim, x.dtype, x.device), M),
+                                         torch.float32)
+            # dg_s = Σ_tiles partial = x_s . (dout_n W_e^T) + dout_n . b_e (the bias term in
+            # the kernel's K loop; 0 for a no-op slot)
             routed_gemm(dout, dy_grouped, dy_fan, weight, True, None, dx_rows, grouped_in,
                         gates_flat, routing, aux=x, aux_grouped=grouped_in, aux_fan=fan_out,
-                        dg=partial)
+                        dg=partial, dg_bias=bias if need_g else None)
             if need_x:
                 dx = dx_rows if grouped_in else _sum_rows(dx_rows, fan_out, x.size(0))
             if need_g:
-                dg = partial.sum(0).view(N, k)
-                if bias is not None:  # dout_n . b_e, zero for the sentinel expert E
-                    per_expert = dout.float() @ bias.float().t()  # (N, E)
-                    per_expert = torch.cat([per_expert, per_expert.new_zeros(N, 1)], 1)
-                    dg = dg + per_expert.gather(1, routing.expert_idxs)
-                dg = dg.to(ctx.gates_dtype)
+                dg = partial.sum(0).view(N, k).to(ctx.gates_dtype)
         if need_w or need_b:
             dw = torch.empty_like(weight)
             db = torch.empty_like(bias) if bias is not None else None

@@ -28,12 +28,12 @@ chunk-wise recurrence, hyper-modules, early exits, and incremental decoding.
 import logging
 import os
 import shutil
-from typing import Callable, List, Optional
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-from ..ops.masked_linear_op import masked_linear
+from ..ops.masked_linear_op import masked_affine
 from .halting import HaltingResult, HaltingState
 from .side_step import step_query
 
@@ -77,6 +77,15 @@ def compile_backend() -> str:
     return os.environ.get("SUT_COMPILE_BACKEND", "inductor")
 
 
+def joint_kv(attn: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The key and value projections of ``attn`` as one linear map d -> 2·H·D, the weights
+    stacked: [K | V] = x [W_k; W_v]ᵀ + [b_k; b_v] (one GEMM forward, one per gradient,
+    instead of two each). Returns (weight (2·H·D, d), bias (2·H·D,)), built from the
+    parameters at each call (their names and shapes, hence checkpoints, are unchanged)."""
+    return (torch.cat([attn.k_proj.weight, attn.v_proj.weight], 0),
+            torch.cat([attn.k_proj.bias, attn.v_proj.bias], 0))
+
+
 class RecurrenceStep(nn.Module):
     """Step l of one side (docstring above). Holds no parameters of its own: the side's
     block, halting rule and step embedding are chosen when the model is built.
@@ -103,10 +112,9 @@ class RecurrenceStep(nn.Module):
         (B, T) (inside ``sut::masked_linear``, which skips the others), carried over from
         ``k_rows`` / ``v_rows`` for the rest."""
         x = self.block.self_attn_norm(S) if self.block.normalize_before else S
-        attn, keep = self.block.self_attn, changed.unsqueeze(-1)
-        k = torch.where(keep, masked_linear(x, attn.k_proj, changed), k_rows)
-        v = torch.where(keep, masked_linear(x, attn.v_proj, changed), v_rows)
-        return k, v
+        keep = changed.unsqueeze(-1)
+        k, v = masked_affine(x, *joint_kv(self.block.self_attn), changed).chunk(2, -1)
+        return torch.where(keep, k, k_rows), torch.where(keep, v, v_rows)
 
     def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
                 real: torch.Tensor, c: torch.Tensor, log_remain: torch.Tensor,

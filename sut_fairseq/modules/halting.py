@@ -131,7 +131,19 @@ class HaltingUnit(nn.Module):
         """x (..., d') -> logits (...); ``rows`` (...) bool: only those rows' hidden layer is
         computed (a compiled step; the other logits are then b and get masked)."""
         hidden = self.fc1(x) if rows is None else masked_linear(x, self.fc1, rows)
-        return self.fc2(self.dropout(F.gelu(hidden))).squeeze(-1).float()
+        return width_one_linear(self.dropout(F.gelu(hidden)), self.fc2)
+
+
+def width_one_linear(a: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
+    """``linear`` (d -> 1) of a (..., d) as an elementwise product and a sum, in fp32:
+
+        logit = Σ_i a_i w_i + b                                   -> (...) fp32
+
+    not a GEMM of width 1 (N = 1 forward, K = 1 / M = 1 backward: misaligned for cuBLAS
+    in bf16); inductor fuses the product and the sum with what makes ``a``. The same
+    parameters (weight (1, d), bias (1,)); under autocast the product is in fp32 (a bf16
+    ``a`` times the fp32 weight), where ``nn.Linear`` rounded it to bf16."""
+    return ((a * linear.weight[0]).sum(-1) + linear.bias[0]).float()
 
 
 class LearnedHalting(nn.Module):

@@ -137,7 +137,7 @@ class Router(nn.Module):
     def _select(self, logits: torch.Tensor, probs: torch.Tensor) -> torch.Tensor:
         k, n_sample = self.top_k, self.sample_topk if self.training else 0
         if n_sample == 0:
-            return probs.topk(k, dim=1).indices
+            return top_k_by_argmax(probs, k) if _argmax_top_k(probs) else probs.topk(k, dim=1).indices
         greedy = probs.topk(k - n_sample, dim=1).indices
         # Gumbel-top-n over the experts not already taken = sampling without replacement.
         gumbel = -torch.log(-torch.log(torch.rand_like(logits).clamp(EPS, 1 - EPS)))
@@ -146,3 +146,27 @@ class Router(nn.Module):
 
     def extra_repr(self) -> str:
         return f"E={self.num_experts}, k={self.top_k}, sample_topk={self.sample_topk}"
+
+
+def _argmax_top_k(probs: torch.Tensor) -> bool:
+    """Whether ``_select`` picks by ``top_k_by_argmax`` (a compiled step on CUDA: fusible
+    reductions instead of ``topk``'s kernels) rather than ``topk`` (eager, where one
+    ``topk`` is fewer launches than 2k unfused ones, and the CPU)."""
+    return probs.is_cuda and torch.compiler.is_compiling()
+
+
+def top_k_by_argmax(scores: torch.Tensor, k: int) -> torch.Tensor:
+    """The indices (n, k) of the k largest of each row of scores (n, E), largest first,
+    as k argmax passes, each masking its pick:
+
+        i_j = argmax_e s^(j)_e,   s^(j+1) = s^(j) with s_{i_j} = -inf
+
+    = ``scores.topk(k).indices`` for distinct values (ties: the lowest index first).
+    Inductor fuses the passes with the softmax before them (one persistent reduction
+    over the E columns), where ``topk`` is a kernel chain of its own on a GPU."""
+    picks, s = [], scores
+    for _ in range(k):
+        i = s.argmax(1, keepdim=True)
+        picks.append(i)
+        s = s.scatter(1, i, float("-inf"))
+    return torch.cat(picks, 1)

@@ -6,10 +6,15 @@ A compiled recurrence step has static shapes, so it cannot gather the running ro
 itself; this op does it inside, where the data may decide shapes: on a CPU it computes
 only the selected rows (reading the mask on the host is free there), so the routers, the
 halting unit and the self-attention key/value projections of a compiled step still skip
-halted positions. On CUDA it computes every row and zeroes the others (no host
-synchronisation). Its gradient is a second op with the same row selection:
+halted positions. Its gradient is a second op with the same row selection:
 
     dx_r = dy_r W (selected rows, else 0),   dW = Σ_r dy_rᵀ x_r,   db = Σ_r dy_r
+
+On CUDA every row is computed and the others zeroed (no host synchronisation), which
+needs no custom op: ``masked_linear`` then calls ``dense_masked_linear``, plain tensor
+operations that inductor sees (the mask's product fuses with its neighbours, autograd's
+backward is the formula above), instead of an opaque op of 3 kernels forward and 5
+backward.
 """
 from typing import Optional, Tuple
 
@@ -27,10 +32,23 @@ def _rows(mask: Tensor) -> Tensor:
     return mask.nonzero().squeeze(1)
 
 
+def dense_masked_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
+    """Every row, the unselected ones zeroed: y_r = x_r Wᵀ + b where mask_r, else 0;
+    x (N, in), W (out, in), mask (N,) bool -> (N, out). (A select, not a product with the
+    mask: a non-finite unselected row gives 0, as on the CPU.)"""
+    return torch.where(mask.unsqueeze(1), F.linear(x, weight, bias), 0.0)
+
+
+def _dense(x: Tensor) -> bool:
+    """Whether ``masked_linear`` computes every row as plain operations (CUDA) rather than
+    in the custom op (CPU: the selected rows only)."""
+    return x.is_cuda
+
+
 @torch.library.custom_op("sut::masked_linear", mutates_args=())
 def masked_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
     if x.is_cuda:
-        return F.linear(x, weight, bias) * mask.unsqueeze(1).to(x.dtype)
+        return dense_masked_linear(x, weight, bias, mask)
     rows = _rows(mask)
     out = x.new_zeros(x.size(0), weight.size(0))
     return out.index_copy_(0, rows, F.linear(x.index_select(0, rows), weight, bias))
@@ -88,9 +106,15 @@ masked_linear_op.register_autograd(_backward, setup_context=_setup_context)
 def masked_linear(x: Tensor, linear: nn.Linear, mask: Tensor) -> Tensor:
     """``linear`` on the rows of x (..., in) where mask (...) is True; 0 elsewhere.
     Under autocast the operands are cast to its dtype first, as ``nn.Linear`` does."""
+    return masked_affine(x, linear.weight, linear.bias, mask)
+
+
+def masked_affine(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
+    """``masked_linear`` of the map x Wᵀ + b: W (out, in), b (out,) or None."""
     dtype = _autocast_dtype(x.device.type) or x.dtype
-    weight = linear.weight.to(dtype)
-    bias = None if linear.bias is None else linear.bias.to(dtype)
+    weight = weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
     shape = x.shape[:-1]
-    y = torch.ops.sut.masked_linear(x.reshape(-1, x.size(-1)).to(dtype), weight, bias, mask.reshape(-1))
+    op = dense_masked_linear if _dense(x) else torch.ops.sut.masked_linear
+    y = op(x.reshape(-1, x.size(-1)).to(dtype), weight, bias, mask.reshape(-1))
     return y.view(*shape, y.size(-1))

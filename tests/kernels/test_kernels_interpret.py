@@ -218,6 +218,44 @@ def test_autotuner_keeps_its_choices_on_disk(monkeypatch):
     assert seen["key"] == gg._KEYS[gg.routed_gemm_kernel] and "prune_configs_by" in seen
 
 
+@pytest.mark.parametrize("routing_name", ROUTINGS)
+def test_outputs_are_written_whole(routing_name, monkeypatch):
+    """The forward output, the input gradient's rows and the gate-gradient partials are
+    allocated uninitialised (#48): here filled with NaN, and with two more partial rows
+    than column tiles (as for a wider autotuned BLOCK_N), every result still equals the
+    reference: the kernel writes the no-op rows' zeros and the unused partial rows."""
+    import sut_fairseq.kernels.routed_linear_function as rlf
+
+    tiles = rlf._max_column_tiles
+    monkeypatch.setattr(rlf, "_written_whole", lambda like, shape, dtype=None: torch.full(
+        shape, float("nan"), dtype=dtype or like.dtype, device=like.device))
+    monkeypatch.setattr(rlf, "_max_column_tiles", lambda n, dtype, device: tiles(n, dtype, device) + 2)
+    for use in USES:
+        x, w, b, routing, kwargs, gates, _ = _problem(routing_name, use)
+        got = _run(_triton, x, w, b, routing, kwargs, gates)
+        want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+        assert_match(got, want, 2e-5)
+
+
+def test_gate_gradient_bias_term_equals_the_old_matmul():
+    """The gate gradient with a bias, its term dout_n . b_e now summed in the kernel,
+    against the code before #48: the kernel's partials without the bias term plus
+    ``(dout @ b^T)`` gathered by expert (0 for a no-op slot)."""
+    import sut_fairseq.kernels.routed_linear_function as rlf
+    from sut_fairseq.ops.reference_linear import _autocast_dtype  # noqa: F401
+
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_down")
+    got = _run(_triton, x, w, b, routing, kwargs, gates)[4]
+    dout = torch.randn(routing.num_tokens, w.size(2), generator=torch.Generator().manual_seed(1))
+    N, k, E, M = routing.num_tokens, routing.k, routing.num_experts, routing.num_slots
+    partial = torch.zeros(rlf._max_column_tiles(w.size(1), x.dtype, x.device), M)
+    rlf.routed_gemm(dout, False, k, w, True, None, torch.zeros(M, w.size(1)), True,
+                    gates.reshape(-1), routing, aux=x, aux_grouped=True, dg=partial)
+    per_expert = torch.cat([dout @ b.t(), torch.zeros(N, 1)], 1)  # (N, E + 1)
+    old = partial.sum(0).view(N, k) + per_expert.gather(1, routing.expert_idxs)
+    torch.testing.assert_close(got, old, atol=1e-5, rtol=1e-5)
+
+
 def test_rejects_bad_shapes():
     from sut_fairseq.kernels import triton_routed_linear
 
