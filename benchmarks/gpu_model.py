@@ -469,7 +469,12 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
 @contextlib.contextmanager
 def compiling():
     """``torch.compiler.is_compiling()`` reads True in the block: a compiled region runs
-    the branches its traced graph has (the counting sort, ``masked_linear``, ...)."""
+    the branches its traced graph has (the counting sort, ``masked_linear``, ...).
+    ``torch._dynamo`` is imported first: a module imported while the answer is patched
+    keeps the fake for the rest of the process (``torch._dynamo.decorators`` binds
+    ``is_compiling`` at import), and later compilations there would trace eager branches."""
+    import torch._dynamo  # noqa: F401
+
     before = torch.compiler.is_compiling
     torch.compiler.is_compiling = lambda: True
     try:
