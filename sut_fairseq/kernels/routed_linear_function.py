@@ -96,9 +96,9 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
     has_dg = dg is not None
     if dg_bias is not None and (bias is not None or not has_dg):
         raise ValueError("dg_bias is the gate gradient's bias term: with dg and no bias")
-    has_b = bias is not None or dg_bias is not None
+    b = bias if bias is not None else dg_bias  # the kernel's B: the bias, or the term's
     args = dict(
-        X=x, W=w, B=bias if bias is not None else (dg_bias if dg_bias is not None else w), Y=y,
+        X=x, W=w, B=b if b is not None else w, Y=y,
         G=gates if gates is not None else y, AUX=aux if has_dg else x, DG=dg if has_dg else y,
         sorted_expert_idxs=routing.sorted_expert_idxs,
         sorted_scattered_idxs=routing.sorted_scattered_idxs,
@@ -106,8 +106,8 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
         M=M, K=K, N=N, E=E,
         stride_xm=x.stride(0), stride_xk=x.stride(1),
         stride_we=w.stride(0), stride_wk=stride_wk, stride_wn=stride_wn,
-        stride_be=(bias if bias is not None else dg_bias).stride(0) if has_b else 0,
-        stride_bn=(bias if bias is not None else dg_bias).stride(1) if has_b else 0,
+        stride_be=b.stride(0) if b is not None else 0,
+        stride_bn=b.stride(1) if b is not None else 0,
         stride_ym=y.stride(0), stride_yn=y.stride(1),
         stride_am=aux.stride(0) if has_dg else 0, stride_ak=aux.stride(1) if has_dg else 0,
         stride_dg=dg.stride(0) if has_dg else 0, DG_ROWS=dg.size(0) if has_dg else 0,

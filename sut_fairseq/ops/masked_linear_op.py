@@ -47,8 +47,8 @@ def _dense(x: Tensor) -> bool:
 
 @torch.library.custom_op("sut::masked_linear", mutates_args=())
 def masked_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
-    if x.is_cuda:
-        return dense_masked_linear(x, weight, bias, mask)
+    """The selected rows only (``masked_affine`` calls it on the CPU; CUDA takes
+    ``dense_masked_linear`` before it)."""
     rows = _rows(mask)
     out = x.new_zeros(x.size(0), weight.size(0))
     return out.index_copy_(0, rows, F.linear(x.index_select(0, rows), weight, bias))
@@ -62,16 +62,12 @@ def _(x, weight, bias, mask):
 @torch.library.custom_op("sut::masked_linear_backward", mutates_args=())
 def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Tensor, need_x: bool,
                               need_w: bool, need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
-    if x.is_cuda:
-        g, xs = grad * mask.unsqueeze(1).to(grad.dtype), x
-    else:
-        rows = _rows(mask)
-        g, xs = grad.index_select(0, rows), x.index_select(0, rows)
+    rows = _rows(mask)
+    g, xs = grad.index_select(0, rows), x.index_select(0, rows)
     empty = x.new_empty(_EMPTY)
     grad_x = empty
     if need_x:
-        gx = g @ weight
-        grad_x = gx if x.is_cuda else torch.zeros_like(x).index_copy_(0, rows, gx)
+        grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight)
     grad_w = g.t() @ xs if need_w else empty
     grad_b = g.sum(0) if need_b else empty
     return grad_x, grad_w, grad_b
