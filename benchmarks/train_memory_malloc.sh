@@ -4,14 +4,14 @@
 # no validation or checkpoints, two runs at a time (cores 0 and 1); GNU time's maximum
 # RSS of each run is appended to OUT/memprobe.txt.
 #
-#   scripts/multi30k/memprobe_ut.sh DATA_BIN OUT [UPDATES]     # DATA_BIN: prepare.py's data-bin
+#   benchmarks/train_memory_malloc.sh DATA_BIN OUT [UPDATES]     # DATA_BIN: prepare.py's data-bin
 set -euo pipefail
-DATA=${1:?usage: memprobe_ut.sh DATA_BIN OUT [UPDATES]}
-OUT=${2:?usage: memprobe_ut.sh DATA_BIN OUT [UPDATES]}
+DATA=${1:?usage: train_memory_malloc.sh DATA_BIN OUT [UPDATES]}
+OUT=${2:?usage: train_memory_malloc.sh DATA_BIN OUT [UPDATES]}
 UPDATES=${3:-40}
 PYTHON=${PYTHON:-python}
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
-USER_DIR="$(dirname "$(dirname "$HERE")")/sut_fairseq"
+USER_DIR="$(dirname "$HERE")/sut_fairseq"
 mkdir -p "$OUT"
 
 run() {  # NAME CORE [VAR=VALUE ...]
