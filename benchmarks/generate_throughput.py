@@ -51,7 +51,7 @@ plugin's executed-step accounting of the timed pass), then the ratios, ending wi
 
 ``--compile``: then every model again, compiled: the SUT/UT with ``--compile-step`` (the
 encoder's full forward runs its recurrence step as one compiled graph; the incremental
-decoder step stays eager, ``sut_fairseq/modules/compiled_step.py``) and the transformer
+decoder step stays eager, ``sut_fairseq/modules/recurrence.py``) and the transformer
 with its encoder's forward through ``torch.compile`` (its incremental decoder eager too).
 Rows ``compiled ARCH ... (warm-up, compiling: S s)``, ``ARCH compiled / eager
 sentences/s: R`` and ``compiled: SUT_ARCH / TRANSFORMER_ARCH sentences/s: R``.
@@ -82,7 +82,7 @@ from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from sut_fairseq.models.standalone import build_model, synthetic_dictionary  # noqa: E402
 from sut_fairseq.modules.accounting import StepMeter  # noqa: E402
-from sut_fairseq.modules.compiled_step import compile_backend  # noqa: E402
+from sut_fairseq.compiler import compile_backend  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from train_step import is_recurrent, to_device  # noqa: E402

@@ -485,7 +485,7 @@ def compiling():
 
 def _eager_step(compiled, call):
     """A ``CompiledStep`` stand-in that runs its module eagerly through ``call``."""
-    from sut_fairseq.modules.compiled_step import CompiledStep
+    from sut_fairseq.compiler import CompiledStep
 
     class EagerStep(CompiledStep):
         def usable(self, device) -> bool:

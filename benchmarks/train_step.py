@@ -493,7 +493,7 @@ def logic_mac_ratio(sample, vocab: int, halting_bias: float) -> float:
 def sut_graph_breaks(arch: str, sample, vocab: int, halting_bias: float) -> int:
     """Graph breaks ``torch._dynamo.explain`` finds in the compiled steps of ``arch`` (built
     with ``--compile-step``) over one training forward on ``sample``."""
-    from sut_fairseq.modules.compiled_step import count_graph_breaks
+    from sut_fairseq.compiler import count_graph_breaks
 
     model, _ = build(arch, vocab, halting_bias, compiled=True)
     return count_graph_breaks(model, sample["net_input"])

@@ -66,13 +66,13 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/memory.py": ("test_memory.py", "test_chunked.py"),
     "sut_fairseq/modules/moe_ffd.py": ("test_expert_layers.py",),
     "sut_fairseq/modules/momha.py": ("test_expert_layers.py",),
-    "sut_fairseq/modules/recurrence.py": ("test_halting_per_position.py", "test_incremental.py"),
+    "sut_fairseq/modules/recurrence.py": ("test_recurrence_step.py", "test_halting_per_position.py",
+                                          "test_incremental.py", "test_step_embedding.py", "test_hyper_ut.py",
+                                          "test_halting_kv.py", "test_tlb_unshared.py"),
     "sut_fairseq/modules/relative_position.py": ("test_relative_position.py", "test_expert_layers.py"),
     "sut_fairseq/modules/router.py": ("test_router.py", "test_expert_layers.py", "test_router_losses.py"),
-    "sut_fairseq/modules/side_step.py": ("test_side_step.py", "test_incremental.py",
-                                         "test_step_embedding.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/step_embedding.py": ("test_step_embedding_values.py", "test_step_embedding.py",
-                                              "test_side_step.py"),
+                                              "test_recurrence_step.py"),
     "sut_fairseq/modules/sut_block.py": ("test_sut_block.py", "test_incremental.py", "test_expert_layers.py",
                                         "test_options_off.py"),
     "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
@@ -89,8 +89,11 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/data/flipflop.py": ("test_flipflop_data.py",),
     "sut_fairseq/data/listops.py": ("test_listops_data.py",),
     "sut_fairseq/data/logic_inference.py": ("test_logic_data.py",),
+    "sut_fairseq/models/sut_transformer.py": ("test_incremental.py", "test_recurrence_step.py",
+                                              "test_halting_kv.py", "test_chunked.py", "test_hyper_ut.py",
+                                              "test_options_off.py"),
     # last: its tests compile (tens of seconds per mutant)
-    "sut_fairseq/modules/compiled_step.py": ("test_compiled_step.py",),
+    "sut_fairseq/compiler.py": ("test_compiled_step.py",),
 }
 # test files never used for a module found by name: training runs, GPU, whole recipes
 HEAVY = re.compile(r"test_(end_to_end|distributed|gpu\w*|\w+_recipe|benchmarks_smoke|exit_sweep|"

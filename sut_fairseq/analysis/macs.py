@@ -215,13 +215,23 @@ def momha_hook(module, inputs, output) -> None:
 
 
 def halting_unit_hook(module, inputs, output) -> None:
-    """Halting unit: its MLP on the rows it read (the running positions)."""
+    """Halting unit: its MLP on the rows it computed (the running positions, ``rows``)."""
     x = inputs[0]
-    rows = x.numel() // x.size(-1)
+    rows = int(inputs[1].sum()) if len(inputs) > 1 and inputs[1] is not None else x.numel() // x.size(-1)
     fc1, fc2 = module.fc1, module.fc2
     _add(module, "halting", _linear_macs(rows, fc1.in_features, fc1.out_features, True)
          + _linear_macs(rows, fc2.in_features, fc2.out_features, True))
     _fold(module, module.norm, "halting")
+
+
+def masked_affine_hook(module, inputs, output) -> None:
+    """The carried keys/values' projection (``MaskedAffine``): the rows it computed, all at
+    step 1, then those whose state changed."""
+    x, weight, bias = inputs[:3]
+    mask = inputs[3] if len(inputs) > 3 else None
+    rows = int(mask.sum()) if mask is not None else x.numel() // x.size(-1)
+    out_dim, in_dim = weight.shape
+    _add(module, "kv", _linear_macs(rows, in_dim, out_dim, bias is not None))
 
 
 def offramp_hook(module, inputs, output) -> None:
@@ -365,12 +375,14 @@ def custom_hooks(model: nn.Module) -> Dict[type, Callable]:
     from ..modules.moe_ffd import MoEFeedForward
     from ..modules.momha import MixtureOfMultiHeadAttention
     from ..modules.router import Router
+    from ..ops.masked_linear_op import MaskedAffine
 
     known = {Router: router_hook, MoEFeedForward: moe_ffd_hook,
              MixtureOfMultiHeadAttention: momha_hook, HaltingUnit: halting_unit_hook,
              OffRampProjection: offramp_hook, HyperLinear: hyper_linear_hook,
              HyperSelfAttention: hyper_attention_hook, HyperFeedForward: hyper_ffd_hook,
-             MemoryAttention: memory_attention_hook, MemoryFeedForward: memory_ffn_hook}
+             MemoryAttention: memory_attention_hook, MemoryFeedForward: memory_ffn_hook,
+             MaskedAffine: masked_affine_hook}
     hooks = {}
     for m in model.modules():
         for cls, hook in known.items():

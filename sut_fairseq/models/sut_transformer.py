@@ -23,7 +23,7 @@ from fairseq.models import (
 )
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
-from ..modules import chunk_cache, compiled_step
+from ..modules import chunk_cache
 from ..modules.accounting import StepMeter, register_for_exit_summary
 from ..modules.chunked_recurrence import (
     ChunkedHaltingResult,
@@ -37,14 +37,13 @@ from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import HALTING_RULES, build_halting
 from ..modules.memory import ChunkMemory
-from ..modules.recurrence import universal_recurrence
-from ..modules.side_step import (
+from ..modules.recurrence import (
     HALTING_KV,
-    NO_CACHE,
-    StepContext,
-    StepKeyCache,
-    UnsharedSideStep,
-    build_side_step,
+    RecurrenceStep,
+    SideRecurrence,
+    StepInputs,
+    build_compiled,
+    unsupported,
 )
 from ..modules.step_embedding import STEP_EMBEDDINGS, build_step_embedding
 from ..modules.sut_block import SUTBlock
@@ -274,8 +273,8 @@ def build_embedding(dictionary, dim: int) -> nn.Embedding:
 
 def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decoder: bool) -> None:
     """What the encoder and the decoder share: scaled token embeddings + sinusoidal
-    positions, dropout, the shared block, the halting rule, the eager step (``step``:
-    the block with its key/value source, queries and Hyper-UT mixture, ``side_step.py``),
+    positions, dropout, the shared block, the halting rule, the recurrence (``recurrence``:
+    the step with its key/value source and Hyper-UT mixture, ``modules/recurrence.py``),
     (pre-LN) the final norm and the compiled step (``--compile-step``)."""
     prefix = "decoder" if decoder else "encoder"
     d = getattr(args, f"{prefix}_embed_dim")
@@ -300,57 +299,37 @@ def init_recurrent_side(side: nn.Module, args, embed_tokens: nn.Embedding, decod
                                      bias_init=args.halting_bias_init)
     side.step_embedding = build_step_embedding(getattr(args, f"{prefix}_step_embedding"), d)
     side.kv_from_state = getattr(args, f"{prefix}_halting_kv") == "state"
+    blocks = [side.block]
     if not decoder and args.tlb_unshared:  # steps 2..L's own blocks (step 1 runs ``block``)
         side.later_blocks = nn.ModuleList(SUTBlock(args, decoder=False)
                                           for _ in range(side.num_steps - 1))
-        side.step = UnsharedSideStep([side.block, *side.later_blocks], side.kv_from_state)
-    else:
-        side.step = build_side_step(side.block, side.step_embedding, decoder,
-                                    kv_from_state=side.kv_from_state)
+        blocks += list(side.later_blocks)
+    side.recurrence = SideRecurrence(RecurrenceStep(blocks, side.halting, side.step_embedding,
+                                                    side.kv_from_state, decoder), side.num_steps)
     side.final_norm = LayerNorm(d) if normalize_before else None
     init_chunks(side, args, prefix, d)
     side.compiled_step = None
     if args.compile_step or args.compile_loop:
-        reasons = compiled_step.unsupported(args, prefix)
+        reasons = unsupported(args, prefix)
         if reasons:
             logger.warning("--compile-step: the %s keeps the eager step (not covered: %s)",
                            prefix, ", ".join(reasons))
         else:
-            side.compiled_step = compiled_step.build_compiled(
-                side.block, side.halting, side.step_embedding, prefix,
-                max_steps=side.num_steps if args.compile_loop else None,
-                kv_from_state=side.kv_from_state)
+            side.compiled_step = build_compiled(
+                side.recurrence.step, prefix, max_steps=side.num_steps if args.compile_loop else None)
 
 
-def run_recurrence(side: nn.Module, x: torch.Tensor, ctx: StepContext, rule=None,
-                   **eager_options):
-    """The side's recurrence over h_0 = x (B, T, d) with queries ``ctx.real`` (B, T): in a
-    full forward (no incremental cache) the compiled step when ``--compile-step`` covers the
-    side; else, and from a failed compilation on, the eager step (``side.step`` over
-    ``ctx``; ``rule``: the halting rule it runs, ``side.halting`` by default;
-    ``eager_options``: ``on_early_exit``, ``prefix_in``). Returns S_L, the HaltingResult
-    and the final HaltingState."""
-    step = side.compiled_step
-    if ctx.cache is NO_CACHE and step is not None and step.usable(x.device):
-        try:
-            return compiled_step.run_compiled(
-                step, x, ctx.real, side.halting, side.num_steps, ctx.self_padding_mask,
-                te_table=step_embedding_table(side, x), coords=ctx.coords, cross_k=ctx.cross_k,
-                cross_v=ctx.cross_v, cross_padding_mask=ctx.cross_padding_mask)
-        except Exception as error:  # noqa: BLE001  (the compiler's own errors only, below)
-            if not compiled_step.is_compiler_error(error):
-                raise
-            step.disable(error)
-    return universal_recurrence(side.step.bind(ctx), x, ctx.real, rule or side.halting,
-                                side.num_steps, **eager_options)
+def run_recurrence(side: nn.Module, x: torch.Tensor, inputs: StepInputs, rule=None, **options):
+    """The side's recurrence over h_0 = x (B, T, d) (``SideRecurrence.run``: compiled in a
+    full forward when ``--compile-step`` covers the side; ``options``: ``on_early_exit``,
+    ``prefix_in``). Returns S_L, the HaltingResult and the final HaltingState."""
+    return side.recurrence.run(x, inputs, rule, compiled=side.compiled_step, **options)
 
 
 def step_embedding_table(side: nn.Module, like: torch.Tensor) -> Optional[torch.Tensor]:
     """TE(1..L) (L, d) of the side's step embedding, or None."""
     emb = side.step_embedding
-    if emb is None:
-        return None
-    return torch.stack([emb.timestep(l, like) for l in range(1, side.num_steps + 1)])
+    return None if emb is None else emb.table(side.num_steps, like)
 
 
 def init_chunks(side: nn.Module, args, prefix: str, d: int) -> None:
@@ -382,18 +361,19 @@ def chunk_positions(side: nn.Module, tokens: torch.Tensor, slot: torch.Tensor) -
 
 
 class ChunkSteps:
-    """``(real_c, M^c) -> block step`` for ``chunked_recurrence``: the side's step over
-    the chunk's halted states S (keys of the frozen rows kept), reading the memory with keys
-    and values of M^c projected once per chunk, and the side's other block inputs
-    (``inputs``: the decoder's cross-attention keys, values and mask)."""
+    """``(C_0, real_c, M^c, rule) -> (S_L, HaltingResult, state)`` for
+    ``chunked_recurrence``: the side's recurrence over one chunk (keys of the frozen rows
+    kept), reading the memory with keys and values of M^c projected once per chunk, and
+    the side's other block inputs (``inputs``: the decoder's cross-attention keys, values
+    and mask)."""
 
     def __init__(self, side: nn.Module, **inputs):
         self.side, self.inputs = side, inputs
 
-    def __call__(self, real: torch.Tensor, M: Optional[torch.Tensor]):
-        memory_kv = None if M is None else self.side.step.memory_kv(M)
-        return self.side.step.bind(self.side.step.context(
-            self_padding_mask=~real, real=real, memory_kv=memory_kv, **self.inputs))
+    def __call__(self, x: torch.Tensor, real: torch.Tensor, M: Optional[torch.Tensor], rule):
+        memory_kv = None if M is None else self.side.recurrence.step.memory_kv(M)
+        inputs = StepInputs(self_padding_mask=~real, real=real, memory_kv=memory_kv, **self.inputs)
+        return self.side.recurrence.run(x, inputs, rule)
 
 
 class SUTEncoder(FairseqEncoder):
@@ -417,8 +397,9 @@ class SUTEncoder(FairseqEncoder):
         x = self.dropout(x)
 
         coords = None if emb is None else emb.positions(src_tokens, self.padding_idx, x)
-        ctx = self.step.context(self_padding_mask=pad, real=~pad, coords=coords)
-        S, halting, _ = run_recurrence(self, x, ctx)
+        inputs = StepInputs(self_padding_mask=pad, real=~pad, coords=coords,
+                            te_table=step_embedding_table(self, x))
+        S, halting, _ = run_recurrence(self, x, inputs)
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("enc", halting)
         if self.final_norm is not None:
@@ -526,12 +507,12 @@ class SUTDecoder(FairseqIncrementalDecoder):
         x = self.dropout(x)
 
         inputs = dict(self_padding_mask=key_pad, real=real, q_start=q_start, coords=coords,
+                      te_table=step_embedding_table(self, x),
                       **self._cross_inputs(encoder_out, incremental_state))
         exits = isinstance(self.halting, ExitHalting)  # off-ramps read the output projection
         rule = self.halting.bind(self.output_projection.weight) if exits else self.halting
         if incremental_state is None:
-            ctx = self.step.context(**inputs)
-            S, halting, state = run_recurrence(self, x, ctx, rule)
+            S, halting, state = run_recurrence(self, x, StepInputs(**inputs), rule)
         else:  # per step l: the earlier positions' keys/values (L, B, H, t, D) and prefix sums
             cache = self.decoder_state(incremental_state)
             prefix_in = cache.prefix
@@ -541,15 +522,15 @@ class SUTDecoder(FairseqIncrementalDecoder):
                 prefix_in = chunk_cache.empty_prefix(x, self.num_steps)
             keys = BufferedKeyCache(cache.kv, q_start, prefix_in=prefix_in)
             # Hyper-UT: step l's (Σ h_{l-1}, count) over the earlier positions
-            ctx = self.step.context(keys, hyper_prefix_in=cache.hyper_prefix, **inputs)
+            inputs = StepInputs(cache=keys, hyper_prefix_in=cache.hyper_prefix, **inputs)
             S, halting, state = run_recurrence(
-                self, x, ctx, rule, prefix_in=keys.prefix_in,
-                on_early_exit=functools.partial(self.step.freeze, ctx=ctx))
+                self, x, inputs, rule, prefix_in=keys.prefix_in,
+                on_early_exit=functools.partial(self.recurrence.step.freeze, inputs=inputs))
         if not self.training and getattr(self, "step_meter", None) is not None:
             self.step_meter.add("dec", halting)
         if incremental_state is not None:
             cache.prefix = {**state.prefix_out, **keys.frozen_prefix} if state.prefix_out else None
-            cache.hyper_prefix = ctx.hyper_prefix_out or None
+            cache.hyper_prefix = inputs.hyper_prefix_out or None
         if self.final_norm is not None:
             S = self.final_norm(S)
         extra = {
@@ -612,13 +593,13 @@ class SUTDecoder(FairseqIncrementalDecoder):
             M = self.memory.begin(x) if self.memory_reset else cache["memory"]
             memory_kv = self.block.memory_attn.project_kv(M)
         # the new token after its chunk's earlier tokens (their keys/values cached per step)
-        keys = StepKeyCache(L, cache["self_k"], cache["self_v"], prefix_in=cache.get("prefix"))
-        ctx = self.step.context(keys, self_padding_mask=chunk_cache.key_padding(cache, g),
-                                real=real, q_start=g - 1, memory_kv=memory_kv, **cross)
+        keys = chunk_cache.StepKeyCache(L, cache["self_k"], cache["self_v"], prefix_in=cache.get("prefix"))
+        inputs = StepInputs(cache=keys, self_padding_mask=chunk_cache.key_padding(cache, g),
+                            real=real, q_start=g - 1, memory_kv=memory_kv, **cross)
         rule = StepCap(self.halting, (slot + 2).clamp(max=L)) if self.cap_steps else self.halting
         S, halting, state = run_recurrence(
-            self, x, ctx, rule, prefix_in=keys.prefix_in,
-            on_early_exit=functools.partial(self.step.freeze, ctx=ctx))
+            self, x, inputs, rule, prefix_in=keys.prefix_in,
+            on_early_exit=functools.partial(self.recurrence.step.freeze, inputs=inputs))
         prefix = None if keys.prefix_in is None else {**keys.prefix_in, **state.prefix_out,
                                                       **keys.frozen_prefix}
         saved.chunk, opened, raised = chunk_cache.advance(cache, keys.new_k, keys.new_v, S, real[:, 0],

@@ -25,7 +25,7 @@ from .architectures import BASE_DEFAULTS
 from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
 from ..modules.hyper_module import HYPER_COMPONENTS, parse_components
-from ..modules.side_step import HALTING_KV
+from ..modules.recurrence import HALTING_KV
 from ..modules.step_embedding import STEP_EMBEDDINGS
 
 POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers", "decoder_layers",

@@ -23,6 +23,34 @@ import torch
 Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]
 
 
+class StepKeyCache:
+    """The recurrence's view of the cache for one incremental call (``StepInputs.cache``):
+    at step l the keys and values are those of the chunk's earlier positions,
+    ``past_k[l-1]`` (B, H, t, D), followed by the new position's (B, H, 1, D), which are
+    recorded (``new_k``, ``new_v``) for ``advance``.
+
+    ``prefix_in``: the causal prefix sums of global-mean halting over the earlier positions
+    (or None); ``frozen_prefix``: their continuation when every new position halted early
+    (``RecurrenceStep.freeze``)."""
+
+    def __init__(self, num_steps: int, past_k: Optional[torch.Tensor] = None,
+                 past_v: Optional[torch.Tensor] = None, prefix_in: Optional[Prefix] = None):
+        self.num_steps, self.past_k, self.past_v = num_steps, past_k, past_v
+        self.new_k: List[Optional[torch.Tensor]] = [None] * num_steps
+        self.new_v: List[Optional[torch.Tensor]] = [None] * num_steps
+        self.prefix_in, self.frozen_prefix = prefix_in, {}
+
+    def record(self, step: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        self.new_k[step - 1], self.new_v[step - 1] = k, v
+
+    def extend(self, step: int, k: torch.Tensor, v: torch.Tensor):
+        """Record the new keys/values of ``step``; return [past; new] (B, H, t + 1, D)."""
+        self.record(step, k, v)
+        if self.past_k is None:  # the first position
+            return k, v
+        return torch.cat([self.past_k[step - 1], k], 2), torch.cat([self.past_v[step - 1], v], 2)
+
+
 def start(h: torch.Tensor, num_steps: int, num_heads: int, head_dim: int, size: int,
           memory=None, prefix: bool = False) -> Dict:
     """An empty cache for the batch of new tokens h (B, 1, d); chunk size g = ``size``."""

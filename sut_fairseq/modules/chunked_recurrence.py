@@ -7,7 +7,7 @@ example gives the same chunks alone, left-padded, right-padded or beside any oth
 example. For every chunk c = 0 .. N-1 (batched over the sequences):
 
     C_0 = the chunk's embeddings                                    (B, w, d)
-    S_L, halting = universal_recurrence(Block(· | chunk keys, memory M^c), C_0)
+    S_L, halting = the side's recurrence over C_0, reading the memory M^c (recurrence.py)
     M^{c+1} = write(M^c, S_L's real rows)                           (modules/memory.py)
 
 w = min(g, longest sequence's real tokens) is the chunk width of the batch; shorter
@@ -19,11 +19,12 @@ from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from .halting import HaltingResult
-from .recurrence import BlockStep, universal_recurrence
+from .halting import HaltingResult, HaltingState
 
-# (the chunk's real rows (B, w) bool, its memory M^c (B, k, d) or None) -> its block step
-ChunkStepFactory = Callable[[torch.Tensor, Optional[torch.Tensor]], BlockStep]
+# (C_0 (B, w, d), the chunk's real rows (B, w) bool, its memory M^c (B, k, d) or None, the
+# halting rule) -> the recurrence's S_L (B, w, d), HaltingResult and HaltingState
+ChunkRecurrence = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], object],
+                           Tuple[torch.Tensor, HaltingResult, HaltingState]]
 
 
 class ChunkLayout:
@@ -89,8 +90,8 @@ class StepCap:
     def begin(self, h0, real, prefix_in=None):
         return self.rule.begin(h0, real, prefix_in)
 
-    def decide(self, h, running, state, step):
-        return self.rule.decide(h, running, state, step) & (self.cap >= step)
+    def decide(self, h, running, state, step, threshold=None):
+        return self.rule.decide(h, running, state, step, threshold) & (self.cap >= step)
 
     def mix(self, h, S, running, state):
         return self.rule.mix(h, S, running, state)
@@ -160,7 +161,7 @@ class ChunkedHaltingResult(HaltingResult):
 
 
 def chunked_recurrence(
-    chunk_step: ChunkStepFactory,
+    run_chunk: ChunkRecurrence,
     h0: torch.Tensor,
     layout: ChunkLayout,
     halting,
@@ -174,7 +175,8 @@ def chunked_recurrence(
     """Run the recurrence chunk after chunk.
 
     Args:
-        chunk_step: ``(real_c (B, w), M^c) -> block_step`` for ``universal_recurrence``.
+        run_chunk: ``(C_0, real_c (B, w), M^c, rule) -> (S_L, HaltingResult, state)``, the
+            side's recurrence over one chunk.
         h0: (B, T, d) embeddings in the token layout; layout: their ``ChunkLayout``.
         halting: the side's rule; max_steps: L.
         memory: a ``ChunkMemory`` (None: no memory, the chunks are independent).
@@ -201,7 +203,7 @@ def chunked_recurrence(
         if memory_reset:
             M = M0
         rule = StepCap(halting, step_cap(real_c, max_steps, causal)) if cap_steps else halting
-        S, result, _ = universal_recurrence(chunk_step(real_c, M), chunks[:, c], real_c, rule, max_steps)
+        S, result, _ = run_chunk(chunks[:, c], real_c, M, rule)
         outputs.append(S)
         results.append(result)
         if M is not None:

@@ -82,9 +82,9 @@ class KeyValueBuffer:
 class BufferedKeyCache:
     """The recurrence's view of ``KeyValueBuffer`` for one incremental call at position t:
     ``extend`` writes the new position's keys/values of step l and returns those of
-    positions 0..t (B, H, t + 1, D); ``record`` only writes (``SideStep.freeze``: the
+    positions 0..t (B, H, t + 1, D); ``record`` only writes (``RecurrenceStep.freeze``: the
     steps a halted position skips). ``prefix_in`` / ``frozen_prefix``: as
-    ``side_step.StepKeyCache``."""
+    ``chunk_cache.StepKeyCache``."""
 
     def __init__(self, buffer: KeyValueBuffer, t: int, prefix_in=None):
         if buffer.length != t:

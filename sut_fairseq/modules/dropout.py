@@ -24,6 +24,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..compiler import tracing
+
 _LEVELS = 1 << 16
 
 
@@ -64,7 +66,7 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     if dropped == 0:
         return x
     scale = _LEVELS / (_LEVELS - dropped)
-    draw = torch.ops.sut.keep_mask if torch.compiler.is_compiling() else _keep_mask
+    draw = torch.ops.sut.keep_mask if tracing() else _keep_mask
     mask = draw(x, dropped).to(x.dtype)
     if x.dtype in (torch.float16, torch.bfloat16):
         return x * mask * scale  # the scale stays a float scalar: no rounding of 1 / (1 - p)

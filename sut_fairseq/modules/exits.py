@@ -162,9 +162,11 @@ class ExitHalting(nn.Module):
             raise ValueError("the exit rules need the output projection: use ExitHalting.bind(weight)")
         return ExitState(h0, real, weight)
 
-    def decide(self, h: torch.Tensor, running: torch.Tensor, state: ExitState, step: int) -> torch.Tensor:
+    def decide(self, h: torch.Tensor, running: torch.Tensor, state: ExitState, step: int,
+               threshold=None) -> torch.Tensor:
         """Before step ``step``: off-ramp l = step − 1 on h_l (B, T, d) of the running
-        positions; returns who computes step ``step`` (B, T) bool."""
+        positions; returns who computes step ``step`` (B, T) bool (no threshold: the
+        rules' patience and entropy bound decide)."""
         l = step - 1
         if self.training:
             state.output.hidden.append(h)
@@ -215,7 +217,7 @@ class ExitHalting(nn.Module):
 
 class BoundExitHalting:
     """An ``ExitHalting`` with the output weight of one forward (what
-    ``universal_recurrence`` receives as its halting rule)."""
+    ``SideRecurrence.run`` receives as its halting rule)."""
 
     def __init__(self, rule: ExitHalting, weight: torch.Tensor):
         self.rule, self.weight = rule, weight
@@ -223,7 +225,7 @@ class BoundExitHalting:
     def begin(self, h0, real, prefix_in=None) -> ExitState:
         return self.rule.begin(h0, real, prefix_in, self.weight)
 
-    def decide(self, h, running, state, step):
+    def decide(self, h, running, state, step, threshold=None):
         return self.rule.decide(h, running, state, step)
 
     def mix(self, h, S, running, state):

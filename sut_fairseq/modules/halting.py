@@ -129,7 +129,7 @@ class HaltingUnit(nn.Module):
 
     def forward(self, x: torch.Tensor, rows: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x (..., d') -> logits (...); ``rows`` (...) bool: only those rows' hidden layer is
-        computed (a compiled step; the other logits are then b and get masked)."""
+        computed (the other logits are then b, and the rules mask them)."""
         hidden = self.fc1(x) if rows is None else masked_linear(x, self.fc1, rows)
         return width_one_linear(self.dropout(F.gelu(hidden)), self.fc2)
 
@@ -200,13 +200,8 @@ class LearnedHalting(nn.Module):
         state.prev_h = h
         if x.size(1) != running.size(1):  # one reading per sequence (global mean)
             logit = self.unit(x).expand(running.shape)
-        elif torch.compiler.is_compiling():  # static shapes; the op skips halted rows' hidden layer
+        else:  # per position: sut::masked_linear skips the hidden layer of halted rows
             logit = self.unit(x, running)
-        else:  # eager, per-position reading: only running rows cost
-            rows = running.reshape(-1).nonzero().squeeze(1)
-            flat = x.reshape(-1, x.size(-1)).index_select(0, rows)
-            logit = running.new_zeros(running.numel(), dtype=torch.float32).index_copy(
-                0, rows, self.unit(flat)).view(running.shape)
         if self.rule == "act":
             p = torch.sigmoid(logit) * running
             halts = running & (state.c + p >= threshold)

@@ -9,6 +9,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq import utils
 
+from ..compiler import tracing
 from ..ops import routed_linear
 from ..ops.routed_linear import kernel_backend
 from .dropout import Dropout
@@ -37,7 +38,7 @@ class MoEFeedForward(nn.Module):
         x = x.reshape(-1, shape[-1])
         routing = self.router(x, active.reshape(-1))
         h = routed_linear(x, self.w1, self.b1, routing, fan_out=routing.k, grouped_out=True)
-        if kernel_backend(h) == "reference" and not torch.compiler.is_compiling():
+        if kernel_backend(h) == "reference" and not tracing():
             # (M, D) in sorted order, the no-op slots (halted and padding positions) last:
             # the reference down projection reads only the routed rows, so only they need
             # the activation (the row count is read on the host, free on an eager CPU; the

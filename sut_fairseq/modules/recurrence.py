@@ -1,62 +1,498 @@
-"""The universal recurrence: one shared block applied up to L times under a halting rule.
+"""The universal recurrence of one side: one shared block applied up to L times under a
+halting rule, as one step that runs eagerly or compiled.
 
-    h_0 = S_0 = embeddings
+    h_0 = S_0 = embeddings,  running = real
     for l = 1..L:
-        if l >= 2: running = halting.decide(h_{l-1})       # α_{l-1}, who still computes
-                   stop early when no position is running
-        h_l = Block(query = h_{l-1}, key/value = S_{l-1}) on running positions, else h_{l-1}
-        S_l = halting.mix(h_l, S_{l-1})                     # expected halted state (Eq. 3)
+        stop when no position runs        (incremental decoding caches steps l..L first)
+        z    = mixture(h_{l-1})            Hyper-UT's example embedding of step l, or None
+        X    = S_{l-1}, or h_{l-1}         ``--{encoder,decoder}-halting-kv mixture|state``
+        K, V = keys/values of X (+ E_l)    E_l: the step embedding, if any
+        K, V = [cached positions; K, V]    incremental decoding only
+        h_l  = Block(h_{l-1} (+ E_l), K, V, z)   on running positions, h_{l-1} elsewhere
+        S_l  = halting.mix(h_l, S_{l-1})                                  (Eq. 3)
+        running = halting.decide(h_l)      who computes step l + 1 (l < L)
     output S_L
 
-Queries come from the un-halted states h, keys/values from the halted states S
-(paper Fig. 3 right); with ``--*-halting-kv state`` the block step takes its keys/values
-from h_{l-1} instead (GUT's Algorithm 3; ``side_step.SideStep``). Inactive positions are passed to the block as ``running = False``
-so its expert layers route them to no expert.
+Queries come from the un-halted states h, keys/values from the halted states S (paper
+Fig. 3 right; from h with ``--*-halting-kv state``, GUT's Algorithm 3). A halted position
+keeps its h and S, so its keys and values are carried from the step before
+(``KeyValueCarry``: only the rows that ran the previous step are projected again).
+Positions that do not run are passed to the block as ``running = False``, and every
+data-dependent saving happens inside the custom ops (``sut::routed_linear`` gives them no
+expert, ``sut::masked_linear`` skips their rows of the key/value projection, the routers'
+and the halting unit's hidden layers): the step itself has shapes that never depend on
+the data, so ``torch.compile(fullgraph=True)`` traces it whole (``--compile-step``,
+``TensorStep``) and the eager loop runs the very same step.
+
+The step's variants are chosen when the model is built (``RecurrenceStep.__init__``):
+its key/value source (carried projections of X, with the per-step vector W TE(l) of a
+post-LN step embedding; every row of X + E_l under pre-LN; Hyper-UT's projections of the
+step's mixture; block l's own under ``--tlb-unshared``) and its Hyper-UT mixture (the
+encoder's example mean, the decoder's causal prefix mean). What changes from forward to
+forward is a ``StepInputs``.
 """
-from typing import Callable, Optional, Tuple
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
+import torch.nn as nn
 
+from .. import compiler
 from .halting import HaltingResult, HaltingState
+from .hyper_module import example_embedding, prefix_embedding
+from .step_embedding import add_embedding, step_kv_bias
 
-BlockStep = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, int], torch.Tensor]
+Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]  # step l -> (Σ h (B, d), count (B,))
+
+#: ``--encoder-halting-kv`` / ``--decoder-halting-kv``: the self-attention keys and values
+#: of step l are those of the halted mixture S_{l-1} (``mixture``, the default) or of the
+#: un-halted states h_{l-1} (``state``, GUT's Algorithm 3), docs/model.md#keys-and-values
+HALTING_KV = ("mixture", "state")
 
 
-def universal_recurrence(
-    block_step: BlockStep,
-    h0: torch.Tensor,
-    real: torch.Tensor,
-    halting,
-    max_steps: int,
-    on_early_exit: Optional[Callable[[torch.Tensor, torch.Tensor, int], None]] = None,
-    prefix_in=None,
-) -> Tuple[torch.Tensor, HaltingResult, HaltingState]:
-    """Run the recurrence.
+class NoKeyCache:
+    """A full forward: every key is a position of this forward."""
 
-    Args:
-        block_step: ``(h (B,T,d), S (B,T,d), running (B,T) bool, step l) -> h_new (B,T,d)``
-            (a model side's ``SideStep.bind(ctx)``, ``side_step.py``).
-        h0: (B, T, d) embeddings; real: (B, T) bool, False on padding.
-        halting: a rule from ``halting.py``; max_steps: L.
-        on_early_exit: called as ``(S, h, l)`` when every position has halted before
-            step l (the incremental decoder fills its caches for steps l..L with the
-            frozen rows).
+    @staticmethod
+    def extend(step: int, k: torch.Tensor, v: torch.Tensor):
+        return k, v
+
+
+NO_CACHE = NoKeyCache()
+
+
+@dataclass
+class StepInputs:
+    """What the steps of one recurrence read besides (h, S, running). Shapes: B batch,
+    T query positions, T_k key positions (T, or the prefix in incremental decoding), S_src
+    the encoder output, H heads of D, k memory slots, L steps.
+
+    self_padding_mask (B, T_k) bool; real (B, T) bool, the query rows that are tokens;
+    q_start: the first query's position among the keys; coords: PE (B, T, d) of the
+    coordinate embedding, or None; te_table (L, d): TE(1..L) of the step embedding, or
+    None; cross_k / cross_v (B, H, S_src, D) and cross_padding_mask (B, S_src): the
+    decoder's; memory_kv: keys and values (B, H, k, D) of the chunk's memory (a list,
+    entry l - 1 for step l, under ``--tlb-unshared``); cache: ``NO_CACHE``, or in
+    incremental decoding ``decoder_cache.BufferedKeyCache`` / ``chunk_cache.StepKeyCache``;
+    hyper_prefix_in / hyper_prefix_out: the decoder's Hyper-UT prefix sums before /
+    through the new positions."""
+
+    self_padding_mask: torch.Tensor
+    real: torch.Tensor
+    q_start: int = 0
+    coords: Optional[torch.Tensor] = None
+    te_table: Optional[torch.Tensor] = None
+    cross_k: Optional[torch.Tensor] = None
+    cross_v: Optional[torch.Tensor] = None
+    cross_padding_mask: Optional[torch.Tensor] = None
+    memory_kv: object = None
+    cache: object = NO_CACHE
+    hyper_prefix_in: Optional[Prefix] = None
+    hyper_prefix_out: Prefix = field(default_factory=dict)
+
+
+def joint_kv(attn: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The key and value projections of ``attn`` as one linear map d -> 2·H·D, the weights
+    stacked: [K | V] = x [W_k; W_v]ᵀ + [b_k; b_v] (one GEMM forward, one per gradient,
+    instead of two each). Returns (weight (2·H·D, d), bias (2·H·D,)), built from the
+    parameters at each call (their names and shapes, hence checkpoints, are unchanged)."""
+    return (torch.cat([attn.k_proj.weight, attn.v_proj.weight], 0),
+            torch.cat([attn.k_proj.bias, attn.v_proj.bias], 0))
+
+
+class KeyValueCarry:
+    """Self-attention keys and values (B, T, H·D) of X over one recurrence, carried from
+    step to step: the rows whose X changed (those that ran the previous step, ``changed``
+    (B, T) bool; every row at step 1, ``changed`` None) are projected, inside
+    ``sut::masked_linear`` which skips the others, and the rest keep theirs."""
+
+    def __init__(self, changed: Optional[torch.Tensor] = None,
+                 k_rows: Optional[torch.Tensor] = None, v_rows: Optional[torch.Tensor] = None):
+        self.changed, self.k_rows, self.v_rows = changed, k_rows, v_rows
+
+    def __call__(self, block: nn.Module, x: torch.Tensor, running: torch.Tensor):
+        """Keys and values (B, H, T, D) of x (B, T, d) (LayerNormed first in a pre-LN
+        block); ``running`` (B, T): the rows whose x changes in this step."""
+        x = block.self_attn_norm(x) if block.normalize_before else x
+        k, v = block.kv_rows(x, *joint_kv(block.self_attn), self.changed).chunk(2, -1)
+        if self.changed is not None:
+            keep = self.changed.unsqueeze(-1)
+            k, v = torch.where(keep, k, self.k_rows), torch.where(keep, v, self.v_rows)
+        self.changed, self.k_rows, self.v_rows = running, k, v
+        heads = (*x.shape[:2], block.self_attn.num_heads, block.self_attn.head_dim)
+        return k.view(heads).transpose(1, 2), v.view(heads).transpose(1, 2)
+
+
+# ---- key/value sources: (block, X (B, T, d), z, te (d,) or None, inputs, carry, running)
+# -> K, V (B, H, T, D); carry None: every row is projected (incremental decoding)
+
+def carried_kv(block, x, z, te, inputs, carry, running):
+    """``K = W_k X' + b`` (+ ``W_k TE(l)`` with a post-LN step embedding, which is affine in
+    X so the carried keys stay exact), ``X' = X`` or ``X + PE`` (coordinate); V alike."""
+    base = x if inputs.coords is None else x + inputs.coords
+    k, v = block.self_kv(base) if carry is None else carry(block, base, running)
+    if te is not None:
+        bk, bv = step_kv_bias(block, te)
+        k, v = k + bk, v + bv
+    return k, v
+
+
+def prenorm_stepped_kv(block, x, z, te, inputs, carry, running):
+    """Pre-LN with a step embedding: ``K = W_k LN(X + E_l) + b`` for every row at every step
+    (LayerNorm is not affine: no per-step vector corrects carried keys)."""
+    return block.self_kv(add_embedding(x, te, inputs.coords))
+
+
+def hyper_kv(block, x, z, te, inputs, carry, running):
+    """Hyper-UT key/value projections ``K = W_k(z_l) X + b(z_l)``: every row at every step."""
+    return block.self_kv(x, z)
+
+
+def every_row_kv(block, x, z, te, inputs, carry, running):
+    """Block l's own projections of every row (``--tlb-unshared``)."""
+    return block.self_kv(x)
+
+
+# ---- Hyper-UT mixtures: (h_{l-1} (B, T, d), step l, inputs) -> z_l
+
+def example_mixture(h, step, inputs):
+    """Encoder: z_l = masked mean of h_{l-1} over the real positions, (B, d)."""
+    return example_embedding(h, inputs.real)
+
+
+def prefix_mixture(h, step, inputs):
+    """Decoder: z_{t,l} = causal prefix mean of h_{l-1} over the real positions <= t,
+    (B, T, d), continuing the earlier positions' sums (incremental decoding); the sums
+    through the new positions go to ``inputs.hyper_prefix_out[l]``."""
+    prev = inputs.hyper_prefix_in.get(step) if inputs.hyper_prefix_in else None
+    z, inputs.hyper_prefix_out[step] = prefix_embedding(h, inputs.real, prev)
+    return z
+
+
+def no_mixture(h, step, inputs):
+    return None
+
+
+class RecurrenceStep(nn.Module):
+    """Step l of one side (module docstring). Holds no parameters of its own: the side's
+    block(s), halting rule and options, chosen when the model is built. It is kept out of
+    the side's registered modules (``SideRecurrence`` holds it), so the parameters are
+    named in checkpoints as before.
+
+    ``blocks``: the shared block, or under ``--tlb-unshared`` the L blocks of the steps;
+    ``step_embedding``: the side's (it chooses the key/value source; TE(l) itself comes
+    with each call); ``kv_from_state``: keys and values of h_{l-1} instead of S_{l-1}."""
+
+    def __init__(self, blocks: List[nn.Module], halting: nn.Module, step_embedding=None,
+                 kv_from_state: bool = False, decoder: bool = False):
+        super().__init__()
+        self.blocks = nn.ModuleList(blocks)
+        self.halting, self.kv_from_state = halting, kv_from_state
+        block = blocks[0]
+        if len(blocks) > 1:
+            self.source = every_row_kv
+        elif block.hyper_kv:
+            self.source = hyper_kv
+        elif step_embedding is not None and block.normalize_before:
+            self.source = prenorm_stepped_kv
+        else:
+            self.source = carried_kv
+        self.mixture = no_mixture if not block.hyper else prefix_mixture if decoder else example_mixture
+        #: the keys of a frozen X are the same at every step (no TE(l), no mixture)
+        self.step_invariant = self.source is carried_kv and step_embedding is None and not block.hyper
+
+    @property
+    def carries_kv(self) -> bool:
+        """Whether the keys/values of halted rows are carried (``KeyValueCarry``)."""
+        return self.source is carried_kv
+
+    def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, step: int,
+                state: HaltingState, rule, carry: Optional[KeyValueCarry], inputs: StepInputs,
+                te: Optional[torch.Tensor] = None, decide_next: bool = True,
+                threshold: Optional[torch.Tensor] = None):
+        """h = h_{l-1}, S = S_{l-1} (B, T, d), running (B, T) bool, step l; ``state`` the
+        halting state, which ``rule`` updates; ``te``: TE(l) (d,) or None; ``threshold``:
+        α_thresh as a 0-d tensor (a compiled step's input) or None (the rule's own).
+        Returns h_l, S_l and who runs step l + 1 (``running`` itself when not
+        ``decide_next``, after the last step)."""
+        block = self.blocks[step - 1] if len(self.blocks) > 1 else self.blocks[0]
+        z = self.mixture(h, step, inputs)
+        x = h if self.kv_from_state else S
+        k, v = inputs.cache.extend(step, *self.source(block, x, z, te, inputs, carry, running))
+        memory_kv = inputs.memory_kv
+        if isinstance(memory_kv, list):
+            memory_kv = memory_kv[step - 1]
+        query = h if te is None else add_embedding(h, te, inputs.coords)
+        h_new = block(query, k, v, running, self_padding_mask=inputs.self_padding_mask,
+                      q_start=inputs.q_start, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                      cross_padding_mask=inputs.cross_padding_mask, hyper_z=z, memory_kv=memory_kv)
+        return advance(h, h_new, S, running, step, state, rule, decide_next, threshold)
+
+    def memory_kv(self, M: torch.Tensor):
+        """Keys and values (B, H, k, D) of the chunk's memory M^c (B, k, d), projected once
+        per chunk by the block's memory attention (per step l, block l's, a list, under
+        ``--tlb-unshared``)."""
+        if len(self.blocks) > 1:
+            return [block.memory_attn.project_kv(M) for block in self.blocks]
+        return self.blocks[0].memory_attn.project_kv(M)
+
+    def freeze(self, S: torch.Tensor, h: torch.Tensor, first_skipped_step: int,
+               inputs: StepInputs) -> None:
+        """Incremental decoding when every new position halted before step l =
+        ``first_skipped_step``: steps l..L cache the keys/values of its frozen S (B, 1, d)
+        (of its frozen h with ``kv_from_state``; with the step's E_l, or the step-l mixture
+        of its frozen h), and the causal prefix sums (of global-mean halting, and of the
+        mixture) continue with the frozen h (B, 1, d)."""
+        cache = inputs.cache
+        x = h if self.kv_from_state else S
+        k = v = None
+        for l in range(first_skipped_step, cache.num_steps + 1):
+            z = self.mixture(h, l, inputs)
+            te = None if inputs.te_table is None else inputs.te_table[l - 1]
+            if k is None or not self.step_invariant:
+                k, v = self.source(self.blocks[0], x, z, te, inputs, None, None)
+            cache.record(l, k, v)
+        cache.frozen_prefix.update(frozen_prefix_sums(cache.prefix_in, h, inputs.real,
+                                                      first_skipped_step, cache.num_steps))
+
+
+def advance(h: torch.Tensor, h_new: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
+            step: int, state: HaltingState, rule, decide_next: bool = True,
+            threshold: Optional[torch.Tensor] = None):
+    """The halting half of step l, after the block gave h_new (B, T, d):
+
+        h_l = h_new on running positions, h_{l-1} elsewhere;  steps += running
+        S_l = rule.mix(h_l, S_{l-1})                                     (Eq. 3)
+        running = rule.decide(h_l)        who computes step l + 1 (if ``decide_next``)
+
+    Returns h_l, S_l, running."""
+    h = torch.where(running.unsqueeze(-1), h_new, h)
+    state.steps = state.steps + running.long()
+    S = rule.mix(h, S, running, state)
+    if decide_next:
+        running = rule.decide(h, running, state, step + 1, threshold)
+    return h, S, running
+
+
+def frozen_prefix_sums(prefix_in: Optional[Prefix], h: torch.Tensor, real: torch.Tensor,
+                       first_skipped_step: int, num_steps: int) -> Prefix:
+    """Incremental decoding when every new position halted before ``first_skipped_step``:
+    the causal prefix sums (Σ h, count) that the decisions of steps l + 1 (l >= that step)
+    read, continued with the new position's frozen h (B, 1, d) where ``real`` (B, 1); {}
+    without prefix sums (rules other than global-mean)."""
+    if prefix_in is None:
+        return {}
+    r = real[:, -1]  # (B,) bool: the counts stay exact integers, as the halting's own sums
+    return {l + 1: (prefix_in[l + 1][0] + h[:, -1] * r.unsqueeze(1), prefix_in[l + 1][1] + r)
+            for l in range(first_skipped_step, num_steps + 1) if l + 1 in prefix_in}
+
+
+# ---- the compiled forms: tensors in, tensors out (``compiler.CompiledStep`` compiles them)
+
+class TensorStep(nn.Module):
+    """``RecurrenceStep`` with tensor inputs and outputs only (``--compile-step``): a full
+    forward of a side without chunks, hyper-modules or early exits (``unsupported``).
+
+    Inputs: h = h_{l-1}, S, weighted_sum (B, T, d); running, real, self_padding_mask (B, T)
+    bool; c, log_remain (B, T) fp32; steps (B, T) long; threshold: α_thresh, a 0-d fp32
+    tensor (None for the rule ``none``); changed (B, T) bool, the rows whose X changed in
+    the previous step, and k_rows / v_rows (B, T, H·D) the carried keys and values
+    (``carries_kv``; else None); te: TE(l) (d,), coords PE (B, T, d); cross_k / cross_v
+    (B, H, S_src, D) and cross_padding_mask (B, S_src) on the decoder.
+
+    Returns h_l, S_l, steps, the decision for step l + 1: running (B, T), c, log_remain,
+    weighted_sum and α_l (None for the rule ``none``), and the carried k_rows / v_rows (or
+    None). (The decision after the last step is made and discarded by the caller: one
+    graph for every step.)"""
+
+    def __init__(self, step: RecurrenceStep):
+        super().__init__()
+        self.step = step
+        self.cache = NO_CACHE  # an attribute: dynamo wraps objects it can name, not defaults
+
+    def forward(self, h, S, running, real, c, log_remain, weighted_sum, steps, self_padding_mask,
+                threshold=None, changed=None, k_rows=None, v_rows=None, te=None, coords=None,
+                cross_k=None, cross_v=None, cross_padding_mask=None):
+        state = HaltingState.from_tensors(real, c, log_remain, weighted_sum, h, steps)
+        carry = KeyValueCarry(changed, k_rows, v_rows) if changed is not None else None
+        inputs = StepInputs(self_padding_mask=self_padding_mask, real=real, coords=coords,
+                            cross_k=cross_k, cross_v=cross_v, cross_padding_mask=cross_padding_mask,
+                            cache=self.cache)
+        h, S, running_next = self.step(h, S, running, 1, state, self.step.halting, carry, inputs,
+                                       te, True, threshold)
+        alpha = state.alphas[-1] if state.alphas else None
+        return (h, S, state.steps, running_next, state.c, state.log_remain, state.weighted_sum, alpha,
+                None if carry is None else carry.k_rows, None if carry is None else carry.v_rows)
+
+
+class TensorLoop(nn.Module):
+    """All L steps of a side as one function (``--compile-loop``): ``TensorStep`` L times,
+    unrolled into one graph when compiled, with no host read between steps (for a GPU: one
+    graph for the whole recurrence, the shared weights' gradients summed inside it).
+
+    Exact: once no position runs, a step changes nothing (h, S, the step counts, c, the
+    weighted sum and the carried keys/values keep their values where ``running`` is
+    false, and α = 0 there), so it returns what the early-exiting loop returns; it gives
+    up the early exit's saving. Inputs: ``TensorStep``'s for step 1, with ``te_table``
+    (L, d) for ``te``. Returns S_L, steps, c, log_remain, weighted_sum and the α of the
+    decisions for steps 2..L (a tuple; empty for the rule ``none``)."""
+
+    def __init__(self, step: TensorStep, max_steps: int):
+        super().__init__()
+        self.step, self.max_steps = step, max_steps
+
+    def forward(self, h, S, running, real, c, log_remain, weighted_sum, steps, self_padding_mask,
+                threshold=None, changed=None, k_rows=None, v_rows=None, te_table=None,
+                **block_inputs):
+        alphas = []
+        for l in range(1, self.max_steps + 1):
+            te = None if te_table is None else te_table[l - 1]
+            (h, S, steps, running_next, c_next, log_remain_next, weighted_sum_next, alpha,
+             k_rows, v_rows) = self.step(h, S, running, real, c, log_remain, weighted_sum, steps,
+                                         self_padding_mask, threshold, changed, k_rows, v_rows,
+                                         te, **block_inputs)
+            changed = running if changed is not None else None  # the rows whose X changed
+            if l < self.max_steps:  # the decision for step l + 1
+                running, c, log_remain, weighted_sum = (running_next, c_next, log_remain_next,
+                                                        weighted_sum_next)
+                if alpha is not None:
+                    alphas.append(alpha)
+        return S, steps, c, log_remain, weighted_sum, tuple(alphas)
+
+
+def unsupported(args, prefix: str) -> List[str]:
+    """Why ``--compile-step`` cannot compile this side's step (empty: it can)."""
+    reasons = []
+    if getattr(args, f"{prefix}_chunk_size"):
+        reasons.append(f"--{prefix}-chunk-size (chunk-wise recurrence)")
+    if args.hyper_modules:
+        reasons.append("--hyper-modules")
+    if prefix == "decoder" and args.decoder_halting in ("pabee", "entropy"):
+        reasons.append(f"--decoder-halting {args.decoder_halting} (early exits)")
+    return reasons
+
+
+def step_module(compiled: compiler.CompiledStep) -> RecurrenceStep:
+    """The ``RecurrenceStep`` inside a compiled ``TensorStep`` or ``TensorLoop``."""
+    body = compiled.step
+    return (body.step if isinstance(body, TensorLoop) else body).step
+
+
+class SideRecurrence:
+    """A side's recurrence: its ``RecurrenceStep`` (``step``) and the loop over it, eager or
+    through the side's compiled step. A plain object, so that the step's modules stay
+    registered under the side's own names only."""
+
+    def __init__(self, step: RecurrenceStep, num_steps: int):
+        self.step, self.num_steps = step, num_steps
+
+    def run(self, h0: torch.Tensor, inputs: StepInputs, rule=None,
+            compiled: Optional[compiler.CompiledStep] = None,
+            on_early_exit: Optional[Callable] = None,
+            prefix_in: Optional[Prefix] = None) -> Tuple[torch.Tensor, HaltingResult, HaltingState]:
+        """The recurrence over h_0 = h0 (B, T, d) with queries ``inputs.real`` (B, T).
+
+        rule: the halting rule it runs (the step's own by default; exits bound to the output
+        projection, a chunk's step cap); compiled: the side's compiled step, used in a full
+        forward (no cache) until compiling fails; on_early_exit: called as ``(S, h, l)``
+        when every position has halted before step l (``RecurrenceStep.freeze``);
         prefix_in: causal prefix sums of earlier positions (incremental decoding with
-            ``global-mean`` halting), see ``HaltingState``.
-    Returns:
-        S_L (B, T, d), the HaltingResult and the final HaltingState.
-    """
-    state = halting.begin(h0, real, prefix_in)
-    h, S, running = h0, h0, real
-    for step in range(1, max_steps + 1):
-        if step > 1:
-            running = halting.decide(h, running, state, step)
-            if not bool(running.any()):
+        global-mean halting). Returns S_L (B, T, d), the HaltingResult and the final
+        HaltingState."""
+        rule = self.step.halting if rule is None else rule
+        max_steps = self.num_steps
+        state = rule.begin(h0, inputs.real, prefix_in)
+        full = inputs.cache is NO_CACHE
+        carry = KeyValueCarry() if full and self.step.carries_kv else None
+        call = self.step
+        if full and rule is self.step.halting and compiled is not None and compiled.usable(h0.device):
+            if not isinstance(compiled.step, TensorLoop):
+                call = CompiledCall(compiled, rule)
+            else:
+                try:
+                    return self._run_loop(compiled, h0, state, carry, inputs, rule, max_steps)
+                except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
+                    if not compiler.is_compiler_error(error):
+                        raise
+                    compiled.disable(error)
+        h, S, running = h0, h0, inputs.real
+        for l in range(1, max_steps + 1):
+            if l > 1 and not bool(running.any()):  # the one host read of a step
                 if on_early_exit is not None:
-                    on_early_exit(S, h, step)
+                    on_early_exit(S, h, l)
                 break
-        h_new = block_step(h, S, running, step)
-        h = torch.where(running.unsqueeze(-1), h_new, h)
-        state.steps = state.steps + running.long()
-        S = halting.mix(h, S, running, state)
-    return S, halting.finish(state, max_steps), state
+            te = None if inputs.te_table is None else inputs.te_table[l - 1]
+            args = (h, S, running, l, state, rule, carry, inputs, te, l < max_steps)
+            try:
+                h, S, running = call(*args)
+            except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
+                if call is self.step or not compiler.is_compiler_error(error):
+                    raise
+                compiled.disable(error)
+                call = self.step
+                h, S, running = call(*args)
+        return S, rule.finish(state, max_steps), state
+
+    def _run_loop(self, compiled, h0, state, carry, inputs, rule, max_steps):
+        """``--compile-loop``: all steps in one call, no host read."""
+        if compiled.step.max_steps != max_steps:
+            raise ValueError(f"the compiled loop runs {compiled.step.max_steps} steps, not {max_steps}")
+        tensors = CompiledCall(compiled, rule).tensors(h0, h0, inputs.real, state, carry, inputs)
+        del tensors["te"]
+        S, state.steps, state.c, state.log_remain, state.weighted_sum, alphas = compiled(
+            **tensors, te_table=inputs.te_table)
+        state.alphas.extend(alphas)
+        return S, rule.finish(state, max_steps), state
+
+
+class CompiledCall:
+    """``RecurrenceStep``'s call signature over a compiled ``TensorStep``: the halting state,
+    the carried keys/values and the inputs as tensors in, the results written back. The
+    decision made after the last step is discarded (the eager step does not make it)."""
+
+    def __init__(self, compiled: compiler.CompiledStep, rule):
+        self.compiled = compiled
+        threshold = getattr(rule, "threshold", None)
+        self.threshold = threshold  # a 0-d tensor at the first call (an input, not a constant)
+
+    def tensors(self, h, S, running, state, carry, inputs, te=None) -> dict:
+        if self.threshold is not None and not torch.is_tensor(self.threshold):
+            self.threshold = torch.tensor(float(self.threshold), device=h.device)
+        kv = {}
+        if carry is not None:
+            if carry.changed is None:  # step 1 projects every row
+                H, D = self._heads()
+                rows = h.new_zeros(*h.shape[:2], H * D)
+                kv = dict(changed=torch.ones_like(inputs.real), k_rows=rows, v_rows=rows.clone())
+            else:
+                kv = dict(changed=carry.changed, k_rows=carry.k_rows, v_rows=carry.v_rows)
+        return dict(h=h, S=S, running=running, real=state.real, c=state.c,
+                    log_remain=state.log_remain, weighted_sum=state.weighted_sum, steps=state.steps,
+                    self_padding_mask=inputs.self_padding_mask, threshold=self.threshold, **kv,
+                    te=te, coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                    cross_padding_mask=inputs.cross_padding_mask)
+
+    def _heads(self):
+        attn = step_module(self.compiled).blocks[0].self_attn
+        return attn.num_heads, attn.head_dim
+
+    def __call__(self, h, S, running, step, state, rule, carry, inputs, te=None, decide_next=True):
+        (h_new, S, state.steps, running_next, c, log_remain, weighted_sum, alpha, k_rows,
+         v_rows) = self.compiled(**self.tensors(h, S, running, state, carry, inputs, te))
+        if carry is not None:
+            carry.changed, carry.k_rows, carry.v_rows = running, k_rows, v_rows
+        state.prev_h = h_new
+        if not decide_next:
+            return h_new, S, running
+        state.c, state.log_remain, state.weighted_sum = c, log_remain, weighted_sum
+        if alpha is not None:
+            state.alphas.append(alpha)
+        return h_new, S, running_next
+
+
+def build_compiled(step: RecurrenceStep, side: str, max_steps: Optional[int] = None
+                   ) -> compiler.CompiledStep:
+    """A side's compiled step (``--compile-step``), or with ``max_steps`` its whole loop of
+    that many steps (``--compile-loop``)."""
+    body = TensorStep(step)
+    return compiler.CompiledStep(body if max_steps is None else TensorLoop(body, max_steps), side)

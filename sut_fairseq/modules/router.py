@@ -16,6 +16,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..ops import Routing, make_routing
+from ..compiler import tracing
 from ..ops.masked_linear_op import masked_linear
 from .dropout import Dropout
 
@@ -92,40 +93,25 @@ class Router(nn.Module):
 
     def forward(self, x: torch.Tensor, active: torch.Tensor) -> Routing:
         """x: (N, d); active: (N,) bool. Returns the Routing of the N rows."""
-        E, k = self.num_experts, self.top_k
+        E = self.num_experts
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        if x.device.type != "cpu" or torch.compiler.is_compiling():
-            return self.route_every_row(x, active)
-        # eager CPU: the router runs on the active rows only (halted and padding rows cost
-        # nothing); finding them reads the mask on the host, which is free here (an
-        # accelerator and a compiled step route every row instead: no host read, and shapes
-        # that do not depend on the data)
-        rows = active.nonzero().squeeze(1)
-        probs, top_idx, top_gates = self._route(x.index_select(0, rows))
-        idx = torch.full((x.size(0), k), E, dtype=torch.long, device=x.device).index_copy(0, rows, top_idx)
-        gates = x.new_zeros(x.size(0), k, dtype=top_gates.dtype).index_copy(0, rows, top_gates)
-        if self.stats is not None:
-            self.stats.add(probs, top_idx)
-        return make_routing(idx, gates.to(x.dtype), E)
-
-    def route_every_row(self, x: torch.Tensor, active: torch.Tensor) -> Routing:
-        """The same Routing without reading ``active`` on the host (any device but the CPU,
-        and a compiled step): every row goes through the router MLP, inactive rows are sent
-        to the no-op expert E with gate 0 and left out of the statistics."""
-        probs, top_idx, top_gates = self._route(x, active if torch.compiler.is_compiling() else None)
+        # shapes that never depend on the data: the hidden layer of inactive rows is skipped
+        # inside sut::masked_linear (on a CPU), their picks go to the no-op expert E with
+        # gate 0, and they are left out of the statistics
+        probs, top_idx, top_gates = self._route(x, active)
         keep = active.unsqueeze(1)
-        idx = top_idx.masked_fill(~keep, self.num_experts)
+        idx = top_idx.masked_fill(~keep, E)
         gates = top_gates * keep
         if self.stats is not None:
             self.stats.add(probs, top_idx, active)
-        return make_routing(idx, gates.to(x.dtype), self.num_experts)
+        return make_routing(idx, gates.to(x.dtype), E)
 
     def _route(self, x: torch.Tensor, active: Optional[torch.Tensor] = None):
         """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates.
-        ``active`` (n,) bool (a compiled step): the hidden layer of the other rows is not
-        computed (0; their picks are discarded by the caller)."""
+        ``active`` (n,) bool: the hidden layer of the other rows is not computed (0; their
+        picks are discarded by the caller)."""
         hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
         logits = self.fc2(self.dropout(torch.tanh(hidden)))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
@@ -152,7 +138,7 @@ def _argmax_top_k(probs: torch.Tensor) -> bool:
     """Whether ``_select`` picks by ``top_k_by_argmax`` (a compiled step on CUDA: fusible
     reductions instead of ``topk``'s kernels) rather than ``topk`` (eager, where one
     ``topk`` is fewer launches than 2k unfused ones, and the CPU)."""
-    return probs.is_cuda and torch.compiler.is_compiling()
+    return probs.is_cuda and tracing()
 
 
 def top_k_by_argmax(scores: torch.Tensor, k: int) -> torch.Tensor:

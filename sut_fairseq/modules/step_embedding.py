@@ -29,8 +29,9 @@ and only the per-step vector ``W_k TE(l)`` (and ``W_v TE(l)``) is added: exact, 
 rows still cost no projection. With pre-LayerNorm blocks the keys are ``W_k LN(S + E_l) +
 b``, which no per-step vector corrects, so every row is projected again at every step.
 
-The step's parts (``side_step.py``): ``SteppedQuery`` (``h_{l-1} + E_l``), and the
-key/value sources ``SteppedKV`` (post-LN) and ``SteppedPreNormKV`` (pre-LN).
+The step (``recurrence.py``) reads ``h_{l-1} + E_l`` as its queries and takes its keys
+and values from the source ``carried_kv`` (post-LN: carried keys + W TE(l)) or
+``prenorm_stepped_kv`` (pre-LN).
 """
 from typing import Optional, Tuple
 
@@ -88,6 +89,11 @@ class StepEmbedding(nn.Module):
         """TE(step) as a (d,) tensor of ``like``'s dtype and device."""
         return sinusoid(torch.tensor(float(step), device=like.device), self.embed_dim).to(like.dtype)
 
+    def table(self, num_steps: int, like: torch.Tensor) -> torch.Tensor:
+        """TE(1..L) as an (L, d) tensor of ``like``'s dtype and device (one row per step)."""
+        steps = torch.arange(1, num_steps + 1, device=like.device)
+        return sinusoid(steps, self.embed_dim).to(like.dtype)
+
     def add(self, x: torch.Tensor, step: int, positions: Optional[torch.Tensor]) -> torch.Tensor:
         """x (B, T, d) + E_step: ``x + TE(step)``, or ``x + PE(i) + TE(step)`` (coordinate)."""
         return add_embedding(x, self.timestep(step, x), positions)
@@ -101,22 +107,6 @@ def add_embedding(x: torch.Tensor, te: torch.Tensor, positions: Optional[torch.T
     return x + te
 
 
-class SteppedQuery:
-    """The queries of step l with a step embedding: ``h_{l-1} + E_l`` (B, T, d)."""
-
-    def __init__(self, emb: StepEmbedding):
-        self.emb = emb
-
-    def __call__(self, h: torch.Tensor, step: int, ctx) -> torch.Tensor:
-        """h (B, T, d) at step l; ``ctx.coords``: PE (B, T, d) or None (timestep)."""
-        return self.emb.add(h, step, ctx.coords)
-
-    @staticmethod
-    def apply(x: torch.Tensor, te: torch.Tensor, coords: Optional[torch.Tensor]) -> torch.Tensor:
-        """``x + E_l`` with TE(l) as a tensor ``te`` (d,) (the compiled step's form)."""
-        return add_embedding(x, te, coords)
-
-
 def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """``W_k TE(l)`` and ``W_v TE(l)`` of the block's self-attention (no bias), each shaped
     (1, H, 1, D) to add to keys/values (B, H, T, D)."""
@@ -125,51 +115,6 @@ def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     k = F.linear(te, attn.k_proj.weight).view(1, H, 1, D)
     v = F.linear(te, attn.v_proj.weight).view(1, H, 1, D)
     return k, v
-
-
-class SteppedKV:
-    """Post-LN self-attention keys/values (B, H, T, D) of ``S_{l-1} + E_l``:
-    ``K = W_k S' + b + W_k TE(l)`` (V alike), ``S' = S`` (timestep) or ``S + PE`` (coordinate).
-
-    The projection of S' goes through ``ctx.rows`` (``HaltedStateKV`` in a full forward:
-    only the rows whose S changed are projected again; ``EveryRowKV`` in incremental
-    decoding); the per-step vector ``W TE(l)`` is added to every row."""
-
-    step_invariant = False  # TE(l) changes the keys of the same S from step to step
-
-    def __init__(self, block, emb: StepEmbedding):
-        self.block, self.emb = block, emb
-
-    def __call__(self, S: torch.Tensor, running: Optional[torch.Tensor], step: int,
-                 z: Optional[torch.Tensor], ctx):
-        """S (B, T, d), running (B, T) bool (the carried rows' next changed rows), step l;
-        z unused; ``ctx.rows``, ``ctx.coords`` (PE (B, T, d) or None)."""
-        base = S if ctx.coords is None else S + ctx.coords
-        k, v = ctx.rows(base, running)
-        bk, bv = step_kv_bias(self.block, self.emb.timestep(step, S))
-        return k + bk, v + bv
-
-
-class SteppedPreNormKV:
-    """Pre-LN self-attention keys/values (B, H, T, D) of ``S_{l-1} + E_l``:
-    ``K = W_k LN(S' + TE(l)) + b`` for every row at every step (LayerNorm is not affine in
-    S, so no per-step vector corrects carried keys)."""
-
-    step_invariant = False
-
-    def __init__(self, block, emb: StepEmbedding):
-        self.block, self.emb = block, emb
-
-    def __call__(self, S: torch.Tensor, running: Optional[torch.Tensor], step: int,
-                 z: Optional[torch.Tensor], ctx):
-        """As ``SteppedKV``; running and z unused."""
-        base = S if ctx.coords is None else S + ctx.coords
-        return self.block.self_kv(base + self.emb.timestep(step, S))
-
-
-def stepped_kv(block, emb: StepEmbedding):
-    """The key/value source of ``S_{l-1} + E_l`` for the block's LayerNorm placement."""
-    return SteppedPreNormKV(block, emb) if block.normalize_before else SteppedKV(block, emb)
 
 
 def build_step_embedding(mode: str, embed_dim: int) -> Optional[StepEmbedding]:

@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from fairseq.modules import LayerNorm
 
+from ..ops.masked_linear_op import MaskedAffine
 from .dropout import Dropout
 from .hyper_block import HyperConfig, HyperFeedForward, HyperSelfAttention
 from .memory import MemoryAttention
@@ -50,6 +51,9 @@ class SUTBlock(nn.Module):
         else:
             self.self_attn = attention(d, relative, causal=decoder)
         self.self_attn_norm = LayerNorm(d)
+        #: the carried self-attention keys/values' projection of the rows that changed
+        #: (``recurrence.KeyValueCarry``; no parameters: the K and V weights are passed)
+        self.kv_rows = MaskedAffine()
         prefix = "decoder" if decoder else "encoder"
         if getattr(args, f"{prefix}_chunk_size") > 0 and getattr(args, f"{prefix}_memory_slots") > 0:
             self.memory_attn = MemoryAttention(d, args.att_heads, args.att_head_dim,
@@ -120,49 +124,6 @@ class SUTBlock(nn.Module):
             g = self.gate(x)
             out = g * out + (1.0 - g) * h
         return out
-
-
-class HaltedStateKV:
-    """Self-attention keys/values of the halted states S over one recurrence, recomputed
-    only for the rows whose S changed (the rows that executed the previous step): frozen
-    rows keep their keys and values at no cost.
-
-    Call once per step with that step's ``running`` mask; returns (B, H, T, D) each.
-    """
-
-    def __init__(self, block: SUTBlock):
-        self.block = block
-        self.k_rows = self.v_rows = None  # (B*T, H, D)
-        self.changed: Optional[torch.Tensor] = None
-
-    def __call__(self, S: torch.Tensor, running: torch.Tensor):
-        B, T, d = S.shape
-        if self.k_rows is None:
-            k, v = self.block.self_kv(S)
-            H, D = k.size(1), k.size(3)
-            self.k_rows = k.transpose(1, 2).reshape(B * T, H, D)
-            self.v_rows = v.transpose(1, 2).reshape(B * T, H, D)
-        else:
-            rows = self.changed.reshape(-1).nonzero().squeeze(1)
-            k, v = self.block.self_kv(S.reshape(1, B * T, d).index_select(1, rows))
-            self.k_rows = self.k_rows.index_copy(0, rows, k[0].transpose(0, 1))
-            self.v_rows = self.v_rows.index_copy(0, rows, v[0].transpose(0, 1))
-        self.changed = running
-        H, D = self.k_rows.shape[1:]
-        return (self.k_rows.view(B, T, H, D).transpose(1, 2),
-                self.v_rows.view(B, T, H, D).transpose(1, 2))
-
-
-class EveryRowKV:
-    """Self-attention keys/values (B, H, T, D) of every row of S (B, T, d), nothing carried:
-    what incremental decoding uses for its new positions (``HaltedStateKV``'s interface;
-    ``running`` is not read)."""
-
-    def __init__(self, block: SUTBlock):
-        self.block = block
-
-    def __call__(self, S: torch.Tensor, running: Optional[torch.Tensor] = None):
-        return self.block.self_kv(S)
 
 
 class FeedForwardGate(nn.Module):

@@ -114,3 +114,18 @@ def masked_affine(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tenso
     op = dense_masked_linear if _dense(x) else torch.ops.sut.masked_linear
     y = op(x.reshape(-1, x.size(-1)).to(dtype), weight, bias, mask.reshape(-1))
     return y.view(*shape, y.size(-1))
+
+
+class MaskedAffine(nn.Module):
+    """``masked_affine`` as a module without parameters of its own (the weights are
+    passed), so that counting MACs by module hooks sees the rows it computed:
+
+        y_r = x_r Wᵀ + b   where mask_r (every row when mask is None),   0 elsewhere
+
+    x (..., in), W (out, in), b (out,) or None, mask (...) bool or None -> (..., out)."""
+
+    def forward(self, x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                mask: Optional[Tensor] = None) -> Tensor:
+        if mask is None:
+            return F.linear(x, weight, bias)
+        return masked_affine(x, weight, bias, mask)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ..compiler import tracing
+
 
 @dataclass
 class Routing:
@@ -58,7 +60,7 @@ def make_routing(expert_idxs: torch.Tensor, gates: torch.Tensor, num_experts: in
             f"and {tuple(gates.shape)}"
         )
     flat = expert_idxs.reshape(-1)
-    if not torch.compiler.is_compiling():  # eager: one stable sort of the M keys
+    if not tracing():  # eager: one stable sort of the M keys
         sorted_expert_idxs, sorted_scattered_idxs = torch.sort(flat, stable=True)
         # scatter_add, not bincount: bincount reads the largest index on the host
         counts = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device).scatter_add_(

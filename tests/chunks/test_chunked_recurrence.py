@@ -10,6 +10,7 @@ import torch
 
 from sut_fairseq.modules.chunked_recurrence import ChunkLayout, chunked_recurrence
 from sut_fairseq.modules.halting import NoHalting
+from toy_recurrence import run_toy
 
 D, K, L, G = 4, 2, 4, 3
 # rows of 8, 5, 1 and 4 real tokens (left, right and inner padding): N = 3 chunks of 3;
@@ -41,16 +42,17 @@ class ToyMemory:
 
 
 def toy_factory(W):
-    """(real_c (B, w), M (B, K, D) or None) -> a block step: every position reads the mean
-    of its chunk's real rows of S and the mean of the memory's slots."""
-    def factory(real_c, M):
+    """(C_0, real_c (B, w), M (B, K, D) or None, rule) -> the recurrence over the chunk with
+    a toy block: every position reads the mean of its chunk's real rows of S and the mean of
+    the memory's slots."""
+    def run_chunk(x, real_c, M, rule):
         def step(h, S, running, l):
             r = real_c.unsqueeze(-1).to(S.dtype)
             ctx = (S * r).sum(1, keepdim=True) / r.sum(1, keepdim=True).clamp_min(1)
             mem = 0 if M is None else M.mean(1, keepdim=True)
             return torch.tanh(h @ W + 0.1 * l + ctx + mem)
-        return step
-    return factory
+        return run_toy(step, x, real_c, rule, L)
+    return run_chunk
 
 
 def reference(W, h0, M0, memory=True, write_last=False, reset=False, cap=None):

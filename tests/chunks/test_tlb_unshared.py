@@ -73,7 +73,8 @@ def test_step_l_runs_block_l_as_a_per_step_loop(arch, options):
         token_out, memory_out = token_rows(enc, model)
         expected = reference_unshared_encoder(model, src)
         # the same loop with the blocks in another order gives another result
-        model.encoder.step.blocks.reverse()
+        step = model.encoder.recurrence.step
+        step.blocks = torch.nn.ModuleList(list(step.blocks)[::-1])
         swapped, _ = token_rows(model.encoder(src), model)
     for b, (rows, M) in enumerate(expected):
         real = src[b].ne(PAD)
@@ -108,7 +109,7 @@ def test_halting_under_unshared_steps_runs_block_l_at_step_l():
     with torch.no_grad():
         out = model.encoder(src)
         steps = out["halting"][0].steps
-        blocks = model.encoder.step.blocks
+        blocks = model.encoder.recurrence.step.blocks
         last = blocks[-1]
         blocks[-1] = blocks[0]  # step L runs block 1
         changed = model.encoder(src)

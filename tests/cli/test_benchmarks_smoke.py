@@ -266,12 +266,12 @@ def test_train_step_builds_the_loop_variant_and_checks_what_compile_names(capsys
     ``--compile`` naming a model that is not timed stops before any timing."""
     sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
     import train_step
-    from sut_fairseq.modules.compiled_step import RecurrenceLoop, RecurrenceStep
+    from sut_fairseq.modules.recurrence import TensorLoop, TensorStep
 
     model, _ = train_step.build("sut_logic+loop", 64, 0.5, compiled=True)
-    assert all(isinstance(side.compiled_step.step, RecurrenceLoop) for side in (model.encoder, model.decoder))
+    assert all(isinstance(side.compiled_step.step, TensorLoop) for side in (model.encoder, model.decoder))
     model, _ = train_step.build("sut_logic", 64, 0.5, compiled=True)
-    assert all(isinstance(side.compiled_step.step, RecurrenceStep) for side in (model.encoder, model.decoder))
+    assert all(isinstance(side.compiled_step.step, TensorStep) for side in (model.encoder, model.decoder))
     model, _ = train_step.build("sut_logic+loop", 64, 0.5)
     assert model.encoder.compiled_step is None
     with pytest.raises(SystemExit, match="--compile ut_base: not among the timed models"):

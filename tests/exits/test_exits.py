@@ -14,7 +14,7 @@ from conftest import make_model, randomise_halting, run_incremental
 from sut_fairseq.criterions.sut_label_smoothed_cross_entropy import SUTLabelSmoothedCrossEntropyCriterion
 from sut_fairseq.models.validation import validate_args
 from sut_fairseq.modules.exits import ExitHalting
-from sut_fairseq.modules.recurrence import universal_recurrence
+from toy_recurrence import run_toy
 from sut_fairseq.models.standalone import model_args
 
 V = 40  # make_model's dictionary
@@ -43,8 +43,8 @@ def run_scripted(exits, n_rows, max_steps):
     h0 = torch.zeros(1, n_rows, 4)
     h0[0, :, 0] = torch.arange(n_rows).float()
     real = torch.ones(1, n_rows, dtype=torch.bool)
-    _, result, state = universal_recurrence(lambda h, S, running, l: h, h0, real,
-                                            exits.bind(torch.zeros(3, 4)), max_steps)
+    _, result, state = run_toy(lambda h, S, running, l: h, h0, real,
+                               exits.bind(torch.zeros(3, 4)), max_steps)
     return result.steps[0].tolist(), state.output.exit_step[0].tolist()
 
 

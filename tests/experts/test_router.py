@@ -102,9 +102,8 @@ def test_stats_start_at_zero_float32_on_the_given_device(device):
 # ---------------------------------------------------------------- greedy routing
 
 
-@pytest.mark.parametrize("route", ["forward", "route_every_row"])
 @pytest.mark.parametrize("E,k", [(2, 1), (5, 2), (6, 3), (4, 4)])
-def test_eval_routing_matches_per_row_loop(route, E, k):
+def test_eval_routing_matches_per_row_loop(E, k):
     """In eval mode both paths give, per active row, the k experts of largest g(e|x) in
     descending order with gates g renormalised over them; inactive rows get the no-op
     expert E with gate 0; the statistics are those of the active rows only."""
@@ -114,7 +113,7 @@ def test_eval_routing_matches_per_row_loop(route, E, k):
     active = torch.tensor([True, False, True, True, False, True, True,
                            True, False, True, True, True, False])
     router.stats = RouterStats(E)
-    routing = getattr(router, route)(x, active)
+    routing = router(x, active)
     idx, gates, stats = _reference(router, x, active)
     assert torch.equal(routing.expert_idxs, idx)
     assert routing.gates.dtype == torch.float32
@@ -123,8 +122,7 @@ def test_eval_routing_matches_per_row_loop(route, E, k):
     _check_stats(router.stats, stats, E)
 
 
-@pytest.mark.parametrize("route", ["forward", "route_every_row"])
-def test_hand_worked_top2_of_three(route):
+def test_hand_worked_top2_of_three():
     """g = (0.5, 0.3, 0.2) for every row, k = 2, rows (active, inactive, active): the picks
     are (0, 1) with gates (0.625, 0.375), the inactive row gets (3, 3) with gates 0; the
     statistics: |X| = 2, Σ g = (1, 0.6, 0.4), Σ Σ g log g = 2 (0.5 ln 0.5 + 0.3 ln 0.3 +
@@ -133,7 +131,7 @@ def test_hand_worked_top2_of_three(route):
     x = torch.randn(3, 3)
     active = torch.tensor([True, False, True])
     router.stats = RouterStats(3)
-    routing = getattr(router, route)(x, active)
+    routing = router(x, active)
     assert routing.expert_idxs.tolist() == [[0, 1], [3, 3], [0, 1]]
     torch.testing.assert_close(routing.gates, torch.tensor([[0.625, 0.375], [0.0, 0.0], [0.625, 0.375]]))
     s = router.stats
@@ -146,32 +144,13 @@ def test_hand_worked_top2_of_three(route):
     # k = 1: gate 1 on the best expert; k = E: the gates are g itself, best first
     for k, gates in ((1, [[1.0]]), (3, [[0.5, 0.3, 0.2]])):
         r = _fixed_router([0.2, 0.5, 0.3], top_k=k).eval()
-        out = getattr(r, route)(x[:1], torch.tensor([True]))
+        out = r(x[:1], torch.tensor([True]))
         assert out.expert_idxs.tolist() == [[1, 2, 0][:k]]
         torch.testing.assert_close(out.gates, torch.tensor(gates))
 
 
-def test_cpu_path_runs_the_mlp_on_active_rows_only_every_row_path_on_all():
-    """Eager CPU ``forward`` feeds only the active rows through the router MLP (halted and
-    padding rows cost nothing); ``route_every_row`` (the CUDA path, no host read of the
-    mask) feeds every row through the MLP's first layer, as an ordinary ``nn.Linear``."""
-    torch.manual_seed(3)
-    router = Router(4, 3, 2, 5).eval()
-    seen = []
-    router.fc1.register_forward_hook(lambda mod, inp, out: seen.append(tuple(inp[0].shape)))
-    x = torch.randn(6, 4)
-    active = torch.tensor([True, False, False, True, True, False])
-    router(x, active)
-    assert seen == [(3, 4)]
-    seen.clear()
-    router.route_every_row(x, active)
-    assert seen == [(6, 4)]
-
-
-def test_compiled_step_skips_the_hidden_layer_of_inactive_rows(compiling_branch):
-    """The branch a compiled step takes (``torch.compiler.is_compiling()`` is True; patched
-    here, so the test runs eagerly and also under mutmut's trampolines, which dynamo's
-    ``fullgraph`` cannot trace): the router routes every row (static shapes) but computes
+def test_the_router_skips_the_hidden_layer_of_inactive_rows():
+    """The router routes every row (static shapes, eager and compiled alike) but computes
     the hidden layer of the active rows only (``masked_linear``), so NaN garbage in
     inactive rows reaches neither the gates, nor the picks, nor the statistics, and the
     active rows get the per-row reference."""
@@ -193,8 +172,7 @@ def test_compiled_step_skips_the_hidden_layer_of_inactive_rows(compiling_branch)
     _check_stats(router.stats, stats, 5)
 
 
-@pytest.mark.parametrize("route", ["forward", "route_every_row"])
-def test_low_precision_router_computes_gates_in_fp32_and_returns_the_input_dtype(route):
+def test_low_precision_router_computes_gates_in_fp32_and_returns_the_input_dtype():
     """A bfloat16 router: g(·|x) is the float32 softmax of its bfloat16 logits (the
     statistics carry it at fp32 accuracy), and the Routing's gates come back in the
     input's dtype."""
@@ -211,7 +189,7 @@ def test_low_precision_router_computes_gates_in_fp32_and_returns_the_input_dtype
     want = torch.softmax(logits.float(), -1)
     torch.testing.assert_close(probs, want, atol=1e-6, rtol=1e-6)
     router.stats = RouterStats(6)
-    routing = getattr(router, route)(x, active)
+    routing = router(x, active)
     assert routing.gates.dtype == torch.bfloat16
     torch.testing.assert_close(router.stats.sum_probs, want[active].sum(0), atol=1e-6, rtol=1e-6)
     top = want.topk(2, dim=1)
@@ -351,11 +329,3 @@ def test_one_expert_needs_no_parameters_and_sends_inactive_rows_to_the_no_op_exp
     assert r.expert_offsets.tolist() == [2]
 
 
-def test_any_device_but_the_cpu_routes_every_row(monkeypatch):
-    """No host read of the mask off the CPU (the meta device stands in for an accelerator)."""
-    router = Router(4, 3, 2, 5).to("meta")
-    calls = []
-    monkeypatch.setattr(router, "route_every_row", lambda x, active: calls.append(x.device) or "every row")
-    x = torch.empty(6, 4, device="meta")
-    assert router(x, torch.ones(6, dtype=torch.bool, device="meta")) == "every row"
-    assert calls == [torch.device("meta")]

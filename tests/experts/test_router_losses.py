@@ -220,30 +220,3 @@ def test_router_statistics_exclude_padding_and_halted_rows_in_a_real_forward():
         assert a.count.item() == b.count.item()
         torch.testing.assert_close(a.sum_probs, b.sum_probs, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(a.sum_neg_entropy, b.sum_neg_entropy, atol=1e-5, rtol=1e-5)
-
-
-def test_router_on_every_row_equals_router_on_active_rows():
-    """The CUDA router (every row through the MLP, inactive rows masked: no host sync)
-    gives the CPU router's routing and statistics (which runs on the active rows only)."""
-    from sut_fairseq.modules.router import Router
-
-    torch.manual_seed(0)
-    router = Router(8, 6, 3, 8).eval()
-    x = torch.randn(20, 8)
-    active = torch.rand(20) > 0.4
-    active[0] = False
-    outs = []
-    for route in (router.forward, router.route_every_row):
-        router.stats = RouterStats(6)
-        routing = route(x, active)
-        outs.append((routing, router.stats))
-    router.stats = None
-    (a, sa), (b, sb) = outs
-    assert torch.equal(a.expert_idxs, b.expert_idxs) and torch.equal(a.expert_offsets, b.expert_offsets)
-    assert torch.equal(a.sorted_scattered_idxs, b.sorted_scattered_idxs)
-    torch.testing.assert_close(a.gates, b.gates)
-    assert (b.expert_idxs[~active] == 6).all() and (b.gates[~active] == 0).all()
-    assert sa.count.item() == sb.count.item() == active.sum().item()
-    torch.testing.assert_close(sa.sum_probs, sb.sum_probs)
-    torch.testing.assert_close(sa.sum_neg_entropy, sb.sum_neg_entropy)
-    torch.testing.assert_close(sa.assignments, sb.assignments)

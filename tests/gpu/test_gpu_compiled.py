@@ -52,7 +52,7 @@ def test_compiled_step_makes_no_host_sync(monkeypatch):
     loop's ``bool(running.any())`` between steps (outside the step). Inductor generates
     the step's code at the first call (which synchronises), so a first batch compiles it and
     a second batch of other B and T is checked (dynamic shapes: no new compilation either)."""
-    from sut_fairseq.modules.compiled_step import CompiledStep
+    from sut_fairseq.compiler import CompiledStep
 
     model = _compiled_tiny_model()
     src, lengths, prev = _tiny_batch(0)

@@ -17,7 +17,7 @@ import torch
 from conftest import make_model, randomise_halting, randomise_parameters, run_incremental
 from sut_fairseq.models.standalone import _Task, model_args, synthetic_dictionary
 from sut_fairseq.models.sut_transformer import SUTTransformerModel
-from sut_fairseq.modules.compiled_step import build_compiled, step_module
+from sut_fairseq.modules.recurrence import build_compiled, step_module
 
 THRESHOLD = 0.6
 L = 4
@@ -126,7 +126,7 @@ def decoder_reference(model, enc_out, prev, kv, rule):
 @pytest.mark.parametrize("kv", ["mixture", "state"])
 def test_both_sides_equal_the_per_step_reference(kv, rule):
     model = build(kv, rule)
-    assert model.encoder.step.kv_from_state == model.decoder.step.kv_from_state == (kv == "state")
+    assert model.encoder.recurrence.step.kv_from_state == model.decoder.recurrence.step.kv_from_state == (kv == "state")
     src, prev = inputs()
     with torch.no_grad():
         enc_out = model.encoder(src)
@@ -165,11 +165,11 @@ def test_state_and_mixture_differ_once_a_position_holds_halted_mass(rule):
 
 
 def test_the_options_are_per_side_and_the_decoder_follows_the_encoder():
-    assert make_model(encoder_halting_kv="state").decoder.step.kv_from_state
+    assert make_model(encoder_halting_kv="state").decoder.recurrence.step.kv_from_state
     model = make_model(encoder_halting_kv="state", decoder_halting_kv="mixture")
-    assert model.encoder.step.kv_from_state and not model.decoder.step.kv_from_state
+    assert model.encoder.recurrence.step.kv_from_state and not model.decoder.recurrence.step.kv_from_state
     model = make_model(decoder_halting_kv="state")
-    assert not model.encoder.step.kv_from_state and model.decoder.step.kv_from_state
+    assert not model.encoder.recurrence.step.kv_from_state and model.decoder.recurrence.step.kv_from_state
 
 
 def test_the_default_is_mixture_and_an_old_checkpoints_arguments_still_build():
@@ -182,7 +182,7 @@ def test_the_default_is_mixture_and_an_old_checkpoints_arguments_still_build():
     torch.manual_seed(0)
     old = SUTTransformerModel.build_model(args, _Task(dictionary, dictionary)).eval()
     assert args.encoder_halting_kv == args.decoder_halting_kv == "mixture"
-    assert not old.encoder.step.kv_from_state and not old.decoder.step.kv_from_state
+    assert not old.encoder.recurrence.step.kv_from_state and not old.decoder.recurrence.step.kv_from_state
     default = make_model(halting_threshold=THRESHOLD)
     explicit = make_model(halting_threshold=THRESHOLD, encoder_halting_kv="mixture")
     assert old.state_dict().keys() == default.state_dict().keys()
@@ -222,7 +222,7 @@ def test_incremental_decoding_equals_the_full_forward_under_state(rule, threshol
         alone = [run_incremental(model, model.encoder.reorder_encoder_out(enc, torch.tensor([b])),
                                  prev[b:b + 1])[0] for b in range(prev.size(0))]
         mixture = copy.deepcopy(model)
-        mixture.decoder.step.kv_from_state = False
+        mixture.decoder.recurrence.step.kv_from_state = False
         other, _ = mixture.decoder(prev, enc)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat(alone), full, atol=1e-5, rtol=1e-5)
@@ -238,15 +238,14 @@ def test_incremental_decoding_equals_the_full_forward_under_state(rule, threshol
 @pytest.mark.parametrize("rule", ["stick-breaking", "global-mean"])
 @pytest.mark.parametrize("step_embedding", ["none", "timestep"])
 def test_the_compiled_steps_modules_read_h_under_state(rule, step_embedding):
-    """``RecurrenceStep`` under ``run_compiled`` (run as a module, without torch.compile):
+    """The compiled form of the step (``TensorStep``, run as a module, without torch.compile):
     the keys/values of h_{l-1}, carried for the rows that did not run (no step embedding)
     or projected every step (with one), equal the eager step's."""
     model = build("state", rule, decoder_halting_kv="state", encoder_step_embedding=step_embedding)
     compiled = copy.deepcopy(model)
     for side, name in ((compiled.encoder, "encoder"), (compiled.decoder, "decoder")):
-        side.compiled_step = build_compiled(side.block, side.halting, side.step_embedding, name,
-                                            kv_from_state=side.kv_from_state)
-        assert side.compiled_step.step.kv_from_state
+        side.compiled_step = build_compiled(side.recurrence.step, name)
+        assert step_module(side.compiled_step).kv_from_state
         side.compiled_step.compiled = side.compiled_step.step  # the module itself
     src, prev = inputs()
     with torch.no_grad():
@@ -331,7 +330,7 @@ def test_step_embeddings_and_hyper_modules_read_h_under_state_in_incremental_dec
         alone = [run_incremental(model, model.encoder.reorder_encoder_out(enc, torch.tensor([b])),
                                  prev[b:b + 1]) for b in range(prev.size(0))]
         mixture = copy.deepcopy(model)
-        mixture.decoder.step.kv_from_state = False
+        mixture.decoder.recurrence.step.kv_from_state = False
         other, _ = mixture.decoder(prev, enc)
     steps = extra["halting_decoder"].steps
     torch.testing.assert_close(torch.cat([a[0] for a in alone]), full, atol=1e-5, rtol=1e-5)

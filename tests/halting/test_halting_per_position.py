@@ -169,7 +169,7 @@ class _ScriptedUnit(torch.nn.Module):
         super().__init__()
         self.logits, self.norm, self.calls = logits, None, 0
 
-    def forward(self, x):
+    def forward(self, x, rows=None):
         logit = self.logits[self.calls]
         self.calls += 1
         return torch.full(x.shape[:-1], logit, dtype=torch.float32)
@@ -297,37 +297,26 @@ def test_a_threshold_tensor_overrides_the_rule_threshold():
     assert not halts_all.any()
 
 
-def test_eager_per_position_reading_runs_the_unit_on_running_rows_only():
-    """The eager per-position rule feeds only the running rows to the halting unit; the
-    others' α is 0, and the running rows' α is what the unit gives on every row."""
+def test_the_per_position_reading_computes_the_hidden_layer_of_running_rows_only(monkeypatch):
+    """The per-position rule computes the halting unit's hidden layer through
+    ``sut::masked_linear`` with the running rows as its mask (the op computes only those
+    rows: tests/experts/test_custom_ops.py); the others' α is 0, and the running rows'
+    α is what the unit gives on every row."""
+    from sut_fairseq.modules import halting as halting_module
+
     halting = _randomised("stick-breaking", False)
     h = torch.randn(2, 5, 6)
     real = torch.ones(2, 5, dtype=torch.bool)
     running = torch.tensor([[True, False, True, False, False], [True, True, False, False, True]])
-    seen = []
-    handle = halting.unit.fc1.register_forward_hook(lambda m, i, o: seen.append(i[0].shape[0]))
+    masks = []
+    real_masked_linear = halting_module.masked_linear
+    monkeypatch.setattr(halting_module, "masked_linear",
+                        lambda x, linear, mask: masks.append(mask) or real_masked_linear(x, linear, mask))
     state = halting.begin(h, real)
     halting.decide(h, running, state, 1)
-    handle.remove()
-    assert seen == [int(running.sum())]
+    assert len(masks) == 1 and torch.equal(masks[0], running)
     every = torch.sigmoid(_unit_logit64(halting, halting.unit.norm(h).double()))
     torch.testing.assert_close(state.alphas[0].double(), every * running, rtol=1e-5, atol=1e-6)
-
-
-def test_the_compiled_branch_of_decide_gives_the_eager_decision(request):
-    """What ``decide`` runs while compiling (every row through ``sut::masked_linear``,
-    static shapes) gives the eager branch's α, c and decision."""
-    halting = _randomised("stick-breaking", False)
-    h = torch.randn(2, 5, 6)
-    real = torch.ones(2, 5, dtype=torch.bool)
-    running = torch.tensor([[True, False, True, True, False], [True, True, False, True, True]])
-    eager_state = halting.begin(h, real)
-    eager = halting.decide(h, running, eager_state, 1)
-    request.getfixturevalue("compiling_branch")  # from here on
-    state = halting.begin(h, real)
-    assert torch.equal(halting.decide(h, running, state, 1), eager)
-    torch.testing.assert_close(state.alphas[0], eager_state.alphas[0])
-    torch.testing.assert_close(state.c, eager_state.c)
 
 
 def test_mix_keeps_the_states_dtype():
@@ -443,11 +432,11 @@ def test_halting_state_starts_in_fp32_on_the_states_device():
 
 
 def test_the_recurrence_loop_hands_each_rule_call_its_arguments():
-    """``universal_recurrence`` with a recording rule and block: ``begin`` gets the
+    """The recurrence's loop with a recording rule and block: ``begin`` gets the
     prefix sums, ``decide`` the step number l >= 2, and when every position has halted
     before step l the early-exit hook gets (S, h, l) with the last h."""
     from sut_fairseq.modules.halting import HaltingState, NoHalting
-    from sut_fairseq.modules.recurrence import universal_recurrence
+    from toy_recurrence import run_toy
 
     calls = []
 
@@ -464,9 +453,9 @@ def test_the_recurrence_loop_hands_each_rule_call_its_arguments():
     real = torch.ones(1, 2, dtype=torch.bool)
     exits = []
     prefix = {2: (torch.zeros(1, 4), torch.zeros(1))}
-    S, result, state = universal_recurrence(lambda h, S, running, l: h + l, h0, real, Recording(), 5,
-                                            on_early_exit=lambda S, h, l: exits.append((S, h, l)),
-                                            prefix_in=prefix)
+    S, result, state = run_toy(lambda h, S, running, l: h + l, h0, real, Recording(), 5,
+                               on_early_exit=lambda S, h, l: exits.append((S, h, l)),
+                               prefix_in=prefix)
     assert calls == [("begin", prefix), ("decide", 2), ("decide", 3)]
     assert len(exits) == 1 and exits[0][2] == 3
     torch.testing.assert_close(exits[0][1], h0 + 1 + 2)  # h after steps 1 and 2
@@ -517,18 +506,18 @@ def test_halted_rows_keep_h_and_s_bit_for_bit(monkeypatch, rule):
     would change): once a row stops running, its h and S enter every later step unchanged,
     bit for bit, on both sides."""
     from conftest import randomise_parameters
-    from sut_fairseq.modules import side_step
+    from sut_fairseq.modules.recurrence import RecurrenceStep
 
     model = randomise_parameters(make_model(halting_threshold=0.6, encoder_layers=5,
                                             decoder_layers=5, encoder_halting=rule), seed=3)
     calls = []
-    real_call = side_step.SideStep.__call__
+    real_call = RecurrenceStep.forward
 
-    def recording(self, h, S, running, step, ctx):
+    def recording(self, h, S, running, step, *args, **kwargs):
         calls.append((id(self), step, h.clone(), S.clone(), running.clone()))
-        return real_call(self, h, S, running, step, ctx)
+        return real_call(self, h, S, running, step, *args, **kwargs)
 
-    monkeypatch.setattr(side_step.SideStep, "__call__", recording)
+    monkeypatch.setattr(RecurrenceStep, "forward", recording)
     g = torch.Generator().manual_seed(0)
     src = torch.randint(4, 40, (4, 7), generator=g)
     prev = torch.randint(4, 40, (4, 6), generator=g)

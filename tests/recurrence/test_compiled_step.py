@@ -23,9 +23,10 @@ import torch
 
 from conftest import make_model, randomise_halting
 from sut_fairseq.criterions.losses import record_routing
-from sut_fairseq.modules import compiled_step
-from sut_fairseq.modules.compiled_step import (CompiledStep, RecurrenceLoop, RecurrenceStep,
-                                               build_compiled, count_graph_breaks)
+from sut_fairseq import compiler
+from sut_fairseq.compiler import CompiledStep, count_graph_breaks
+from sut_fairseq.modules import recurrence
+from sut_fairseq.modules.recurrence import KeyValueCarry, TensorLoop, TensorStep, build_compiled
 
 VARIANTS = {
     "sut_tiny": {},
@@ -54,13 +55,13 @@ def _batch(seed=0, B=3, S=9, T=7):
 def _models(overrides, loop=False, compile=True):
     """(eager model, the same weights with --compile-step, or with ``loop`` --compile-loop),
     halting units randomised so that positions halt at different steps. ``compile=False``:
-    the compiled path's modules (``RecurrenceStep`` / ``RecurrenceLoop`` under
-    ``run_compiled``) run as they are, without torch.compile."""
+    the compiled path's modules (``TensorStep`` / ``TensorLoop`` under ``CompiledCall``)
+    run as they are, without torch.compile."""
     eager = make_model(**overrides)
     randomise_halting(eager)
     compiled = copy.deepcopy(eager)
     for side, name in ((compiled.encoder, "encoder"), (compiled.decoder, "decoder")):
-        side.compiled_step = build_compiled(side.block, side.halting, side.step_embedding, name,
+        side.compiled_step = build_compiled(side.recurrence.step, name,
                                             max_steps=side.num_steps if loop else None)
         if not compile:  # what CompiledStep calls once compiled: here the module itself
             side.compiled_step.compiled = side.compiled_step.step
@@ -98,10 +99,11 @@ def _assert_same(eager, compiled, batch):
 @pytest.mark.parametrize("loop", [False, True], ids=["step", "loop"])
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_the_compiled_paths_modules_uncompiled_equal_the_eager_recurrence(variant, loop):
-    """The math of the compiled path apart from the compiler: ``RecurrenceStep`` called
-    once per step by ``run_compiled`` (or ``RecurrenceLoop``, all L steps in one call),
-    run without torch.compile, against the eager recurrence (``SideStep``), for every
-    variant. The compiled tests below then check what the compiler does to them. (Also
+    """The math of the compiled path apart from the compiler: the step's tensor form
+    (``TensorStep``, called once per step through ``CompiledCall``, or ``TensorLoop``, all
+    L steps in one call), run without torch.compile, against the eager recurrence (the
+    same ``RecurrenceStep`` called directly), for every variant. The compiled tests below
+    then check what the compiler does to them. (Also
     the eager calls through which ``make mutation`` maps these tests to the modules.)"""
     eager, uncompiled = _models(VARIANTS[variant], loop, compile=False)
     eager.train(), uncompiled.train()
@@ -160,15 +162,15 @@ def test_the_step_decides_with_its_threshold_input(rule, loop):
 
 
 def test_the_step_projects_keys_and_values_only_for_the_rows_whose_state_changed():
-    """Without a step embedding the keys/values of S are carried between steps (the
-    eager ``HaltedStateKV``'s saving): a row whose S changed is projected again (whatever
+    """Without a step embedding the keys/values of S are carried between steps
+    (``KeyValueCarry``): a row whose S changed is projected again (whatever
     was carried for it), a row whose S did not keeps what was carried. Garbage carried
     for the changed rows leaves the step's output as it is; garbage carried for the
     others reaches it."""
     _, model = _models({}, compile=False)
     side = model.encoder
     step = side.compiled_step.step
-    assert step.carries_kv
+    assert step.step.carries_kv
     h0, real, state, zeros = _first_step_inputs(side, seed=3)
     changed = torch.zeros_like(real)
     changed[:, ::2] = True
@@ -181,7 +183,9 @@ def test_the_step_projects_keys_and_values_only_for_the_rows_whose_state_changed
                         state.steps, ~real, changed=rows, k_rows=k_rows, v_rows=v_rows)[0]
 
     with torch.no_grad():
-        k_true, v_true = step.changed_kv(h0, everything, zeros, zeros)
+        carry = KeyValueCarry(everything, zeros, zeros)
+        carry(side.block, h0, real)
+        k_true, v_true = carry.k_rows, carry.v_rows
     expected = run(k_true, v_true, everything)
     mask = changed.unsqueeze(-1)
     torch.testing.assert_close(run(torch.where(mask, garbage, k_true),
@@ -197,13 +201,13 @@ def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, ca
     monkeypatch.setenv("CXX", "no-such-c++")
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "inductor")
     message = "inductor's CPU backend needs a C++ compiler and 'no-such-c++' is not on PATH (set CXX)"
-    assert compiled_step.compiler_missing(torch.device("cpu")) == message
-    assert compiled_step.compiler_missing(torch.device("cuda")) is None
+    assert compiler.compiler_missing(torch.device("cpu")) == message
+    assert compiler.compiler_missing(torch.device("cuda")) is None
     compiled, batch = _run_beside_eager(caplog)
     src, lengths, prev = batch
     for side in (compiled.encoder, compiled.decoder):
         assert side.compiled_step.failed and side.compiled_step.compiled is None
-    assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
+    assert [r.getMessage() for r in caplog.records if r.name == compiler.__name__] == [
         f"--compile-step: compiling the {side} step failed (RuntimeError: {message}); running the "
         "eager step from now on" for side in ("encoder", "decoder")]
     caplog.clear()
@@ -234,7 +238,7 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     eager, compiled = _models(VARIANTS[variant], loop=True)
-    assert isinstance(compiled.encoder.compiled_step.step, RecurrenceLoop)
+    assert isinstance(compiled.encoder.compiled_step.step, TensorLoop)
     eager.train(), compiled.train()
     _assert_same(eager, compiled, _batch())
 
@@ -255,7 +259,7 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkey
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
+    monkeypatch.setattr(compiler, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     overrides = dict(halting_threshold=0.999, encoder_layers=3, decoder_layers=3)
     eager, compiled = _models(overrides, loop=loop, compile=compile)
@@ -286,7 +290,7 @@ def test_every_step_of_a_training_forward_runs_one_graph(rule, monkeypatch):
     from torch._dynamo.testing import CompileCounterWithBackend
 
     counter = CompileCounterWithBackend("aot_eager")
-    monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
+    monkeypatch.setattr(compiler, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     _, model = _models(dict(encoder_halting=rule, decoder_halting=rule, encoder_layers=3,
                             decoder_layers=3))
@@ -299,9 +303,9 @@ def test_every_step_of_a_training_forward_runs_one_graph(rule, monkeypatch):
 
 def test_the_default_backend_is_inductor(monkeypatch):
     monkeypatch.delenv("SUT_COMPILE_BACKEND", raising=False)
-    assert compiled_step.compile_backend() == "inductor"
+    assert compiler.compile_backend() == "inductor"
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
-    assert compiled_step.compile_backend() == "aot_eager"
+    assert compiler.compile_backend() == "aot_eager"
 
 
 def test_the_step_compiles_once_whole_with_the_backend_and_mode_it_was_given(monkeypatch):
@@ -329,30 +333,32 @@ def test_the_step_compiles_once_whole_with_the_backend_and_mode_it_was_given(mon
                      dict(fullgraph=True, backend="aot_eager", mode="reduce-overhead")]
 
 
-def test_step_module_finds_the_step_in_every_form():
-    side = make_model().encoder
-    step = RecurrenceStep(side.block, side.halting, side.step_embedding)
-    loop = RecurrenceLoop(step, 3)
-    for form in (step, loop, CompiledStep(step, "encoder"), CompiledStep(loop, "encoder")):
-        assert compiled_step.step_module(form) is step
+def test_the_compiled_step_is_the_eager_step_in_tensor_form():
+    """One step: the compiled step and the compiled loop wrap the side's own
+    ``RecurrenceStep`` (``step_module`` finds it in either form)."""
+    for option in ("compile_step", "compile_loop"):
+        model = make_model(**{option: True})
+        for side in (model.encoder, model.decoder):
+            assert recurrence.step_module(side.compiled_step) is side.recurrence.step
 
 
 def test_the_loop_runs_the_steps_it_was_built_for():
     model = make_model(compile_loop=True)
     for side in (model.encoder, model.decoder):
-        assert isinstance(side.compiled_step.step, RecurrenceLoop)
+        assert isinstance(side.compiled_step.step, TensorLoop)
         assert side.compiled_step.step.max_steps == side.num_steps
     side = model.encoder
+    real = torch.ones(1, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match=f"runs {side.num_steps} steps, not 2"):
-        compiled_step.run_compiled(side.compiled_step.step, torch.zeros(1, 3, 8),
-                                   torch.ones(1, 3, dtype=torch.bool), side.halting, 2,
-                                   torch.zeros(1, 3, dtype=torch.bool))
+        recurrence.SideRecurrence(side.recurrence.step, 2).run(
+            torch.zeros(1, 3, 64), recurrence.StepInputs(self_padding_mask=~real, real=real),
+            compiled=side.compiled_step)
 
 
 def test_inductor_compiled_step_equals_eager(monkeypatch):
     """sut_tiny through inductor's generated C++, as --compile-step runs on a CPU."""
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "inductor")
-    if compiled_step.compiler_missing(torch.device("cpu")):
+    if compiler.compiler_missing(torch.device("cpu")):
         pytest.skip("no C++ compiler for inductor")
     torch._dynamo.reset()
     eager, compiled = _models({})
@@ -381,8 +387,8 @@ def test_no_graph_break_in_the_step(variant, loop):
 
 
 def test_halted_rows_cost_nothing_in_the_compiled_step(monkeypatch):
-    """The expert op computes exactly the routed rows of the running positions, as in the
-    eager step (which skips halted rows on the host)."""
+    """The expert op computes exactly the routed rows of the running positions, compiled
+    as eagerly."""
     rl = importlib.import_module("sut_fairseq.ops.routed_linear")
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
@@ -469,7 +475,7 @@ def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
     from torch._dynamo.testing import CompileCounter
 
     counter = CompileCounter()
-    monkeypatch.setattr(compiled_step, "compile_backend", lambda: counter)
+    monkeypatch.setattr(compiler, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     _, model = _models({})
     for i, (src, lengths, prev) in enumerate(batches(50)):
@@ -538,7 +544,7 @@ def test_an_error_of_the_model_is_not_taken_for_a_compiler_failure(monkeypatch):
     def wrong(*args, **kwargs):
         raise ValueError("a shape is wrong")
 
-    monkeypatch.setattr(compiled_step, "run_compiled", wrong)
+    monkeypatch.setattr(recurrence.CompiledCall, "__call__", wrong)
     _, compiled = _models({})
     src, lengths, prev = _batch()
     with pytest.raises(ValueError, match="a shape is wrong"), torch.no_grad():
@@ -559,13 +565,13 @@ def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
     def broken(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
-    monkeypatch.setattr(compiled_step, "compile_backend", lambda: broken)
+    monkeypatch.setattr(compiler, "compile_backend", lambda: broken)
     torch._dynamo.reset()
     compiled, batch = _run_beside_eager(caplog)
     src, lengths, prev = batch
     assert compiled.encoder.compiled_step.failed and compiled.decoder.compiled_step.failed
     # one line per side, naming the compiler's own error (not dynamo's wrapper around it)
-    assert [r.getMessage() for r in caplog.records if r.name == compiled_step.__name__] == [
+    assert [r.getMessage() for r in caplog.records if r.name == compiler.__name__] == [
         f"--compile-step: compiling the {side} step failed (RuntimeError: no compiler here); "
         "running the eager step from now on" for side in ("encoder", "decoder")]
     with caplog.at_level(logging.WARNING), torch.no_grad():  # and not again
@@ -590,7 +596,7 @@ def test_a_graph_break_in_the_step_is_a_compiler_failure(monkeypatch):
     step = CompiledStep(Breaking(), "encoder")
     with pytest.raises(Exception) as raised:
         step(x=torch.ones(3))
-    assert compiled_step.is_compiler_error(raised.value), raised.value
+    assert compiler.is_compiler_error(raised.value), raised.value
 
 
 def test_the_failure_message_is_the_errors_first_line_cut_to_300_characters(caplog):

@@ -9,7 +9,7 @@ import torch
 
 from conftest import make_model, randomise_halting, run_incremental
 from sut_fairseq.models.validation import validate_args
-from sut_fairseq.modules.side_step import build_side_step
+from sut_fairseq.modules.recurrence import KeyValueCarry, RecurrenceStep, StepInputs
 from sut_fairseq.modules.step_embedding import StepEmbedding, sinusoid
 from sut_fairseq.models.standalone import model_args
 
@@ -62,15 +62,17 @@ def test_cached_kv_with_step_embedding_equals_recomputation(mode, pre_ln):
     tokens = torch.randint(4, 40, (B, T), generator=g)
     tokens[0, :2] = 1
     positions = emb.positions(tokens, 1, torch.zeros((), dtype=torch.float64))
-    # the key/value source of the side's step over one full-forward context (the rows of S
-    # that did not change keep their keys: HaltedStateKV)
-    side_step = build_side_step(block, emb, decoder=False)
-    ctx = side_step.context(self_padding_mask=tokens.eq(1), real=tokens.ne(1), coords=positions)
+    # the key/value source of the side's step over one full forward (the rows of S that did
+    # not change keep their keys: KeyValueCarry)
+    side_step = RecurrenceStep([block], model.encoder.halting, emb)
+    inputs = StepInputs(self_padding_mask=tokens.eq(1), real=tokens.ne(1), coords=positions)
+    carry = KeyValueCarry()
     S = torch.randn(B, T, d, generator=g, dtype=torch.float64)
     running = torch.ones(B, T, dtype=torch.bool)
     with torch.no_grad():
         for step in range(1, 6):
-            k, v = side_step.source(S, running, step, None, ctx)
+            te = emb.table(5, S)[step - 1]
+            k, v = side_step.source(block, S, None, te, inputs, carry, running)
             base = S if positions is None else S + positions
             ref_k, ref_v = block.self_kv(base + reference_sinusoid(step, d))
             torch.testing.assert_close(k, ref_k, atol=1e-6, rtol=1e-6)

@@ -1,45 +1,48 @@
-"""A side's eager step (``modules/side_step.py``): its variants are objects chosen when
-the model is built, one step object serves every forward, halted rows are not projected
-again in a full forward (counted against the halting rule's own decisions), the
-incremental cache puts the earlier positions' keys first, and the early-exit hook fills
-the skipped steps with the keys/values of the frozen state (against an independent
-projection of ``S + E_l``)."""
+"""A side's recurrence step (``modules/recurrence.py``): one ``RecurrenceStep`` per side,
+its variants chosen when the model is built, run by every forward (full, incremental,
+compiled); halted rows are not projected again in a full forward (counted against the
+halting rule's own decisions), the incremental cache puts the earlier positions' keys
+first, and the early-exit hook fills the skipped steps with the keys/values of the frozen
+state (against an independent projection of ``S + E_l``)."""
 import pytest
 import torch
 
 from conftest import make_model, randomise_halting, run_incremental
-from sut_fairseq.modules.side_step import (
-    ExampleMixture,
-    HyperKV,
-    NoMixture,
-    PlainQuery,
-    PrefixMixture,
-    SideStep,
-    StateKV,
-    StepKeyCache,
+from sut_fairseq.modules import recurrence
+from sut_fairseq.modules.chunk_cache import StepKeyCache
+from sut_fairseq.modules.halting import NoHalting
+from sut_fairseq.modules.recurrence import (
+    KeyValueCarry,
+    RecurrenceStep,
+    StepInputs,
+    carried_kv,
+    example_mixture,
+    frozen_prefix_sums,
+    hyper_kv,
+    no_mixture,
+    prefix_mixture,
+    prenorm_stepped_kv,
 )
-from sut_fairseq.modules.step_embedding import SteppedKV, SteppedPreNormKV, SteppedQuery, sinusoid
-from sut_fairseq.modules.sut_block import EveryRowKV, HaltedStateKV
+from sut_fairseq.modules.step_embedding import sinusoid
 
 HYPER = dict(encoder_embed_dim=32, decoder_embed_dim=32, att_heads=2, att_head_dim=8,
              ffd_hidden_dim=48, encoder_layers=3, decoder_layers=3, hyper_modules=4,
              hyper_embed_dim=6, hyper_key_dim=12)
 
-# name -> (preset, options, encoder (source, query, mixture), decoder (source, query, mixture))
+# name -> (preset, options, encoder (source, mixture), decoder (source, mixture))
 VARIANTS = {
-    "plain": ("sut_tiny", {}, (StateKV, PlainQuery, NoMixture), (StateKV, PlainQuery, NoMixture)),
+    "plain": ("sut_tiny", {}, (carried_kv, no_mixture), (carried_kv, no_mixture)),
     "step-embedding": ("sut_tiny", dict(encoder_step_embedding="timestep",
                                         decoder_step_embedding="coordinate",
                                         decoder_normalize_before=True),
-                       (SteppedKV, SteppedQuery, NoMixture),
-                       (SteppedPreNormKV, SteppedQuery, NoMixture)),
+                       (carried_kv, no_mixture), (prenorm_stepped_kv, no_mixture)),
     "hyper-qkv": ("hyper_ut_cpvr", dict(HYPER, hyper_components="qkv,out,ffn"),
-                  (HyperKV, PlainQuery, ExampleMixture), (HyperKV, PlainQuery, PrefixMixture)),
+                  (hyper_kv, example_mixture), (hyper_kv, prefix_mixture)),
     "hyper-ffn": ("hyper_ut_cpvr", dict(HYPER, hyper_components="ffn"),
-                  (StateKV, PlainQuery, ExampleMixture), (StateKV, PlainQuery, PrefixMixture)),
+                  (carried_kv, example_mixture), (carried_kv, prefix_mixture)),
     "chunked": ("sut_tiny", dict(encoder_chunk_size=3, encoder_memory_slots=2,
                                  decoder_chunk_size=2, decoder_memory_slots=2),
-                (StateKV, PlainQuery, NoMixture), (StateKV, PlainQuery, NoMixture)),
+                (carried_kv, no_mixture), (carried_kv, no_mixture)),
 }
 
 
@@ -55,33 +58,45 @@ def batch(seed=0, B=3, S=7, T=6):
 
 @pytest.mark.parametrize("name", sorted(VARIANTS))
 def test_the_variants_are_objects_chosen_at_build_time(name):
-    """Each side's step is built once with the model, from the objects its options call
-    for, and every forward (full or incremental) runs that same object."""
+    """Each side's step is built once with the model, from the parts its options call for,
+    and every forward (full or incremental) runs that same object; the step's modules are
+    registered under the side's own names only (the checkpoint's keys)."""
     arch, options, enc_parts, dec_parts = VARIANTS[name]
     model = make_model(arch, **options)
     steps = []
     for side, parts in ((model.encoder, enc_parts), (model.decoder, dec_parts)):
-        assert isinstance(side.step, SideStep) and side.step.block is side.block
-        assert tuple(type(p) for p in (side.step.source, side.step.query, side.step.mixture)) == parts
-        steps.append(side.step)
+        step = side.recurrence.step
+        assert isinstance(step, RecurrenceStep) and step.blocks[0] is side.block
+        assert step.halting is side.halting
+        assert (step.source, step.mixture) == parts
+        steps.append(step)
+    assert not any(".recurrence." in key or key.startswith("recurrence") for key in model.state_dict())
+    ran = []
+    forward = RecurrenceStep.forward
+
+    def recording(self, *args, **kwargs):
+        ran.append(self)
+        return forward(self, *args, **kwargs)
+
     src, prev = batch()
-    with torch.no_grad():
-        enc = model.encoder(src)
-        model.decoder(prev, enc)
-        run_incremental(model, enc, prev)
-    assert model.encoder.step is steps[0] and model.decoder.step is steps[1]
+    RecurrenceStep.forward = recording
+    try:
+        with torch.no_grad():
+            enc = model.encoder(src)
+            model.decoder(prev, enc)
+            run_incremental(model, enc, prev)
+    finally:
+        RecurrenceStep.forward = forward
+    assert set(map(id, ran)) == set(map(id, steps))
 
 
-def test_the_compiled_step_builds_its_queries_with_the_eager_query_object():
+def test_the_compiled_step_is_the_eager_step():
+    """``--compile-step`` wraps the side's own step (its tensor form), so the eager and the
+    compiled recurrence cannot compute different things."""
     model = make_model(compile_step=True, encoder_step_embedding="coordinate",
                        decoder_step_embedding="none")
     for side in (model.encoder, model.decoder):
-        assert type(side.compiled_step.step.query) is type(side.step.query)
-    h, te = torch.randn(2, 3, 64), torch.randn(64)
-    coords = torch.randn(2, 3, 64)
-    query = model.encoder.compiled_step.step.query
-    assert torch.equal(query.apply(h, te, coords), (h + coords) + te)
-    assert model.decoder.compiled_step.step.query.apply(h, None, None) is h
+        assert recurrence.step_module(side.compiled_step) is side.recurrence.step
 
 
 def test_a_full_forward_projects_only_the_rows_whose_state_changed():
@@ -91,18 +106,19 @@ def test_a_full_forward_projects_only_the_rows_whose_state_changed():
     randomise_halting(model)
     enc = model.encoder
     projected, decided = [], []
-    self_kv, decide = enc.block.self_kv, enc.halting.decide
+    decide = enc.halting.decide
 
-    def counting_kv(S, *z):
-        projected.append(S.shape[0] * S.shape[1])
-        return self_kv(S, *z)
+    def counting(module, inputs, output):  # the rows the projection computes
+        x, mask = inputs[0], inputs[3]
+        projected.append(x.shape[0] * x.shape[1] if mask is None else int(mask.sum()))
 
-    def recording_decide(h, running, state, step):
-        out = decide(h, running, state, step)
+    def recording_decide(h, running, state, step, threshold=None):
+        out = decide(h, running, state, step, threshold)
         decided.append(out)
         return out
 
-    enc.block.self_kv, enc.halting.decide = counting_kv, recording_decide
+    enc.halting.decide = recording_decide
+    enc.block.kv_rows.register_forward_hook(counting)
     src, _ = batch()
     with torch.no_grad():
         out = enc(src)
@@ -159,14 +175,31 @@ def test_the_early_exit_hook_caches_the_frozen_state_for_the_skipped_steps(mode)
 
 
 def test_incremental_decoding_projects_every_new_row_and_carries_nothing():
+    """A full forward carries keys/values (``KeyValueCarry``); incremental decoding projects
+    its new rows (no carry), which is the block's own projection of them."""
     model = make_model()
-    step = model.decoder.step
-    assert isinstance(step.context(self_padding_mask=None, real=None).rows, HaltedStateKV)
-    ctx = step.context(StepKeyCache(2), self_padding_mask=None, real=None)
-    assert isinstance(ctx.rows, EveryRowKV)
+    carries = []
+    forward = RecurrenceStep.forward
+
+    def recording(self, h, S, running, step, state, rule, carry, *args, **kwargs):
+        carries.append(carry)
+        return forward(self, h, S, running, step, state, rule, carry, *args, **kwargs)
+
+    src, prev = batch()
+    RecurrenceStep.forward = recording
+    try:
+        with torch.no_grad():
+            enc = model.encoder(src)
+            full = len(carries)
+            run_incremental(model, enc, prev)
+    finally:
+        RecurrenceStep.forward = forward
+    assert full > 0 and all(isinstance(c, KeyValueCarry) for c in carries[:full])
+    assert len(carries) > full and all(c is None for c in carries[full:])
     S = torch.randn(2, 1, 64)
+    inputs = StepInputs(self_padding_mask=None, real=None)
     with torch.no_grad():
-        k, v = ctx.rows(S, None)
+        k, v = carried_kv(model.decoder.block, S, None, None, inputs, None, None)
         ref_k, ref_v = model.decoder.block.self_kv(S)
     assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
 
@@ -176,8 +209,6 @@ def test_frozen_prefix_sums_continue_the_sums_of_the_steps_still_to_decide():
     (l + 1 for l = 3, 4) read prefix sums continued with the frozen h where the position is
     a token (row 0), unchanged for padding (row 1); the keys before step 4 and after
     L + 1 = 5 are not touched, nor a step missing from the sums; the counts keep their dtype."""
-    from sut_fairseq.modules.side_step import frozen_prefix_sums
-
     g = torch.Generator().manual_seed(0)
     B, d = 2, 3
     h = torch.randn(B, 1, d, generator=g, dtype=torch.float64)
@@ -216,27 +247,40 @@ def test_global_mean_decoding_continues_the_prefix_through_frozen_positions():
 
 
 def test_the_step_hands_the_block_every_field_it_reads():
-    """``SideStep.__call__`` gives the block the query, the source's keys/values (through
-    the cache), the running mask and each context field the block reads: the padding
-    masks, the query offset, the cross-attention keys/values and the chunk memory's."""
-    from sut_fairseq.modules.side_step import StepContext
-
+    """``RecurrenceStep.forward`` gives the block the query, the source's keys/values
+    (through the cache), the running mask and each input field the block reads: the
+    padding masks, the query offset, the cross-attention keys/values and the chunk
+    memory's; the block's output becomes h_l on the running rows only."""
     seen = {}
+    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
 
-    def block(q, k, v, running, **kw):
-        seen.update(kw, q=q, k=k, v=v, running=running)
-        return q
+    class Block(torch.nn.Module):
+        hyper = hyper_kv = normalize_before = False
+
+        def self_kv(self, x):
+            seen["kv_in"] = x
+            return keys, values
+
+        def forward(self, q, k, v, running, **kw):
+            seen.update(kw, q=q, k=k, v=v, running=running)
+            return q + 1
 
     h, S = torch.randn(2, 3, 4), torch.randn(2, 3, 4)
-    keys, values = torch.randn(2, 1, 3, 4), torch.randn(2, 1, 3, 4)
     fields = dict(self_padding_mask=torch.zeros(2, 3, dtype=torch.bool), q_start=5,
                   cross_k=torch.randn(2, 1, 6, 4), cross_v=torch.randn(2, 1, 6, 4),
                   cross_padding_mask=torch.zeros(2, 6, dtype=torch.bool),
                   memory_kv=(torch.randn(2, 1, 2, 4), torch.randn(2, 1, 2, 4)))
-    ctx = StepContext(rows=lambda S_, running_: (keys, values), real=torch.ones(2, 3, dtype=torch.bool),
-                      **fields)
+    real = torch.ones(2, 3, dtype=torch.bool)
+    inputs = StepInputs(real=real, **fields)
     running = torch.tensor([[True, False, True], [True, True, True]])
-    assert SideStep(block, PlainQuery(), StateKV(), NoMixture())(h, S, running, 2, ctx) is h
-    assert seen.pop("q") is h and seen.pop("k") is keys and seen.pop("v") is values
+    rule = NoHalting()
+    state = rule.begin(h, real)
+    h_l, S_l, running_l = RecurrenceStep([Block()], rule)(h, S, running, 2, state, rule, None, inputs,
+                                                         decide_next=False)
+    assert seen.pop("kv_in") is S and seen.pop("q") is h
+    assert seen.pop("k") is keys and seen.pop("v") is values
     assert seen.pop("running") is running and seen.pop("hyper_z") is None
     assert seen == fields
+    torch.testing.assert_close(h_l, torch.where(running.unsqueeze(-1), h + 1, h), rtol=0, atol=0)
+    assert S_l is h_l and running_l is running and state.steps.tolist() == running.long().tolist()
+

@@ -1,0 +1,162 @@
+"""Everything ``torch.compile`` needs from this package, in one place.
+
+The model's maths never asks whether it is being compiled. Three kinds of code do, and
+they live here or call ``tracing()`` from here:
+
+* implementation choices with equal results (a counting sort instead of ``torch.sort``,
+  an argmax top-k, the dropout mask as an op, a down projection that reads every row):
+  ``tracing()``, called by the ops that choose (``ops/routing.py``, ``modules/router.py``,
+  ``modules/dropout.py``, ``modules/moe_ffd.py``);
+* the workarounds a compiled step needs from its caller (``CompiledStep``): inputs that
+  alias each other are cloned (aliased inputs would compile a graph of their own), the
+  carried tensors that start as zeros without a gradient are marked as requiring one (a
+  graph is specialised on ``requires_grad``), and batch and length are marked dynamic
+  (fairseq's batches change both at every update);
+* where compilation cannot run (no C++ compiler for inductor's CPU backend) and what its
+  failure looks like, after which the eager step takes over (``is_compiler_error``).
+"""
+import logging
+import os
+import shutil
+from typing import Callable, Optional
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+
+def tracing() -> bool:
+    """Whether the code runs under ``torch.compile`` (dynamo tracing it) rather than eagerly."""
+    return torch.compiler.is_compiling()
+
+
+def compile_backend() -> str:
+    """``torch.compile``'s backend: ``SUT_COMPILE_BACKEND`` (default ``inductor``; e.g.
+    ``aot_eager`` traces and differentiates the same graph without generating code, which
+    the tests use to check many model variants quickly)."""
+    return os.environ.get("SUT_COMPILE_BACKEND", "inductor")
+
+
+def compiler_missing(device: torch.device) -> Optional[str]:
+    """Why inductor cannot compile for ``device`` here, or None."""
+    if device.type == "cpu":
+        cxx = os.environ.get("CXX", "g++")
+        if shutil.which(cxx) is None:
+            return f"inductor's CPU backend needs a C++ compiler and {cxx!r} is not on PATH (set CXX)"
+    return None
+
+
+def is_compiler_error(error: BaseException) -> bool:
+    """Whether ``error`` is torch.compile's own failure (the backend's, an unsupported
+    construct, dynamo's internal error), after which the eager step takes over. torch._dynamo
+    is imported here, not with the package: it adds about a second to every process start."""
+    import torch._dynamo.exc as exc
+
+    return isinstance(error, (exc.BackendCompilerFailed, exc.Unsupported, exc.InternalTorchDynamoError))
+
+
+#: inputs that one step hands the next and that start as zeros without a gradient
+CARRIED = ("c", "log_remain", "weighted_sum", "k_rows", "v_rows")
+
+#: the dimensions of a step's inputs that change from batch to batch (B, T, S_src); the
+#: others' dimensions 0 and 1 are (B, T)
+_DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": (), "te_table": (), "threshold": ()}
+
+
+def prepare_inputs(inputs: dict) -> dict:
+    """The compiled step's keyword inputs made such that every call runs the same graph:
+    a tensor that is the same object as an earlier input is cloned (S_0 = h_0, running =
+    real at step 1; S_l = h_l under the rule ``none``), the carried zeros are marked as
+    requiring a gradient when autograd records (leaves whose gradient is computed and
+    dropped), and batch and length are dynamic from the first call on
+    (``maybe_mark_dynamic``: sizes 0 and 1 stay special)."""
+    seen, out = set(), {}
+    for name, tensor in inputs.items():
+        if tensor is not None:
+            if id(tensor) in seen:
+                tensor = tensor.clone()
+            seen.add(id(tensor))
+            if (name in CARRIED and torch.is_grad_enabled() and tensor.is_floating_point()
+                    and not tensor.requires_grad and tensor.grad_fn is None):
+                tensor.requires_grad_()
+            for dim in _DYNAMIC_DIMS.get(name, (0, 1)):
+                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+        out[name] = tensor
+    return out
+
+
+class CompiledStep:
+    """A step module (``modules/recurrence.py``'s ``TensorStep`` or ``TensorLoop``: tensors
+    in, tensors out) compiled on first use with ``torch.compile(fullgraph=True)``.
+
+    A failure to compile is reported once, in one line, and the side falls back to the
+    eager step for the rest of the process (``failed``). ``mode``, set before the first
+    call, is ``torch.compile``'s (None: its default); ``"reduce-overhead"`` replays the
+    compiled graphs as CUDA graphs on a GPU (``benchmarks/train_step.py``'s ``+graphs``
+    models, over the compiled loop)."""
+
+    def __init__(self, step: torch.nn.Module, side: str):
+        self.step, self.side = step, side
+        self.mode: Optional[str] = None
+        self.compiled: Optional[Callable] = None
+        self.failed = False
+
+    def usable(self, device: torch.device) -> bool:
+        """Whether this step runs compiled on ``device``: not failed before, and inductor
+        has what it needs there (checked at the first call; a one-line warning, then the
+        eager step, where it has not)."""
+        if self.compiled is None and not self.failed and compile_backend() == "inductor":
+            missing = compiler_missing(device)
+            if missing is not None:
+                self.disable(RuntimeError(missing))
+        return not self.failed
+
+    def __call__(self, **inputs):
+        if self.compiled is None:
+            self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend(),
+                                          mode=self.mode)
+        return self.compiled(**prepare_inputs(inputs))
+
+    def disable(self, error: BaseException) -> None:
+        # the compiler's own error, not dynamo's wrapper around it
+        error = getattr(error, "inner_exception", None) or error
+        first = str(error).strip().splitlines()
+        logger.warning("--compile-step: compiling the %s step failed (%s: %s); running the "
+                       "eager step from now on", self.side, type(error).__name__,
+                       first[0][:300] if first else "")
+        self.failed = True
+
+
+def count_graph_breaks(model: torch.nn.Module, net_input: dict) -> int:
+    """Graph breaks ``torch._dynamo.explain`` finds in the compiled steps of one forward of
+    ``model`` (built with ``--compile-step``) on ``net_input``: every call of each side's
+    step is traced by ``explain`` instead of being compiled; the forward runs eagerly.
+
+    Raises RuntimeError when a side's step could not be traced at all (the forward then
+    fell back to the eager step, and no count would mean anything)."""
+    sides = [side for side in (model.encoder, model.decoder) if side.compiled_step is not None]
+    if not sides:
+        raise ValueError("count_graph_breaks: the model has no compiled step (--compile-step)")
+    breaks = []
+
+    class Explained(CompiledStep):
+        def __call__(self, **inputs):
+            inputs = prepare_inputs(inputs)
+            breaks.append(torch._dynamo.explain(self.step)(**inputs).graph_break_count)
+            return self.step(**inputs)
+
+    saved = [side.compiled_step for side in sides]
+    explained = [Explained(step.step, step.side) for step in saved]
+    try:
+        for side, step in zip(sides, explained):
+            side.compiled_step = step
+        with torch.no_grad():
+            model(**net_input)
+    finally:
+        for side, step in zip(sides, saved):
+            side.compiled_step = step
+    failed = [step.side for step in explained if step.failed]
+    if failed:
+        raise RuntimeError(f"count_graph_breaks: the {' and '.join(failed)} step could not be "
+                           "traced (the warning above says why)")
+    return sum(breaks)
