@@ -77,7 +77,7 @@ def prepare_inputs(inputs: dict) -> dict:
                 tensor = tensor.clone()
             seen.add(id(tensor))
             if (name in CARRIED and torch.is_grad_enabled() and tensor.is_floating_point()
-                    and not tensor.requires_grad and tensor.grad_fn is None):
+                    and not tensor.requires_grad):
                 tensor.requires_grad_()
             for dim in _DYNAMIC_DIMS.get(name, (0, 1)):
                 torch._dynamo.maybe_mark_dynamic(tensor, dim)

@@ -452,8 +452,8 @@ class CompiledCall:
 
     def __init__(self, compiled: compiler.CompiledStep, rule):
         self.compiled = compiled
-        threshold = getattr(rule, "threshold", None)
-        self.threshold = threshold  # a 0-d tensor at the first call (an input, not a constant)
+        # α_thresh: a 0-d tensor at the first call (an input of the graph, not a constant)
+        self.threshold = getattr(rule, "threshold", None)
 
     def tensors(self, h, S, running, state, carry, inputs, te=None) -> dict:
         if self.threshold is not None and not torch.is_tensor(self.threshold):
