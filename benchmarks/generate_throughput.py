@@ -178,7 +178,7 @@ def entries(archs, thresholds):
 
 def use_meter(model, meter) -> None:
     """Route the SUT/UT's executed-step accounting to ``meter`` (one per timed row)."""
-    model.step_meter = model.encoder.step_meter = model.decoder.step_meter = meter
+    model.step_meter = model.encoder.side.step_meter = model.decoder.side.step_meter = meter
 
 
 def time_models(archs, d, batches, args, device, dtype, compiled: str = "") -> dict:

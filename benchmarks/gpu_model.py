@@ -424,8 +424,8 @@ def meta_sample(sample: dict) -> dict:
 def step_modules(model) -> Dict[str, torch.nn.Module]:
     """Label prefix -> the module run once per recurrence step (SUT/UT: each side's block)
     or the layers of fairseq's transformer (``enc0``, ``dec5``, ...)."""
-    if hasattr(model.encoder, "block"):
-        return {"enc": model.encoder.block, "dec": model.decoder.block}
+    if hasattr(model.encoder, "side"):
+        return {"enc": model.encoder.side.block, "dec": model.decoder.side.block}
     return {**{f"enc{i}": m for i, m in enumerate(model.encoder.layers)},
             **{f"dec{i}": m for i, m in enumerate(model.decoder.layers)}}
 
@@ -448,7 +448,7 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
     """The compiled regions, run eagerly as scopes: a SUT/UT's ``CompiledStep`` calls (its
     step or loop module uncompiled), fairseq's transformer's whole forward."""
     if train_step.is_recurrent(arch.split("+")[0]):
-        for side in (model.encoder, model.decoder):
+        for side in (model.encoder.side, model.decoder.side):
             compiled = side.compiled_step
             if compiled is None:
                 raise SystemExit(f"gpu_model.py: {arch}: the model has no compiled step")

@@ -40,7 +40,7 @@ def main():
     torch.manual_seed(args.seed)
     model = build_model(args.arch, dict_size=32768, share_all_embeddings=True,
                         compile_step=args.compile_step).eval()
-    unit = model.encoder.halting.unit
+    unit = model.encoder.side.halting.unit
     with torch.no_grad():  # spread the halting logits: positions halt at different steps
         unit.fc2.weight.normal_(0.0, 3.0 / unit.fc2.weight.size(1) ** 0.5)
         unit.fc2.bias.fill_(0.0)

@@ -270,7 +270,7 @@ def force_halting(model, bias: float, seed: int = 0) -> None:
     """Halting units with random last layers (std 1 logits) and the given bias: positions
     halt at different, token-dependent steps."""
     g = torch.Generator().manual_seed(seed)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         unit = side.halting.unit
         with torch.no_grad():
             unit.fc2.weight.copy_(torch.randn(unit.fc2.weight.shape, generator=g)
@@ -313,7 +313,7 @@ def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
     if compiled and not is_recurrent(arch):
         model = torch.compile(model, mode=mode)  # the criterion reaches the model's methods through it
     elif compiled:
-        for side in (model.encoder, model.decoder):
+        for side in (model.encoder.side, model.decoder.side):
             if side.compiled_step is not None:
                 side.compiled_step.mode = mode
     task = SimpleNamespace(target_dictionary=model.decoder.dictionary)

@@ -134,7 +134,7 @@ def count_graph_breaks(model: torch.nn.Module, net_input: dict) -> int:
 
     Raises RuntimeError when a side's step could not be traced at all (the forward then
     fell back to the eager step, and no count would mean anything)."""
-    sides = [side for side in (model.encoder, model.decoder) if side.compiled_step is not None]
+    sides = [side for side in (model.encoder.side, model.decoder.side) if side.compiled_step is not None]
     if not sides:
         raise ValueError("count_graph_breaks: the model has no compiled step (--compile-step)")
     breaks = []

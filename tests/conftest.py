@@ -80,7 +80,7 @@ class ScriptedRng:
 def randomise_halting(model, std=2.0, seed=1):
     """Give the halting units a non-zero last layer so positions halt at different steps."""
     g = torch.Generator().manual_seed(seed)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         unit = getattr(side.halting, "unit", None)
         if unit is not None:
             with torch.no_grad():

@@ -102,7 +102,8 @@ def _outputs(name, compiled):
     loss.backward()
     out["train_logits"] = logits.detach().clone()
     for pname, p in model.named_parameters():
-        if p.grad is not None:
+        if p.grad is not None:  # named as when the fixture was recorded (before the sides
+            pname = pname.replace(".side.", ".", 1)  # were modules: encoder.block, ...)
             out[f"grad/{pname}"] = project(pname, p.grad)
     return out
 

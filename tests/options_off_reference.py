@@ -14,6 +14,7 @@ import torch
 from conftest import make_model, randomise_halting
 
 FIXTURE = os.path.join(os.path.dirname(__file__), "fixtures", "sut_tiny_options_off.pt")
+#: as the fixture names them (before the sides were modules: ``current_name`` gives today's)
 GRAD_PARAMS = ("encoder.embed_tokens.weight", "encoder.block.self_attn.k_proj.weight",
                "decoder.block.cross_attn.q_weight", "decoder.block.ffd.w1",
                "decoder.halting.unit.fc1.weight", "decoder.block.self_attn_norm.weight")
@@ -74,8 +75,20 @@ def _outputs(options):
     out["train_logits"] = logits.detach().clone()
     params = dict(train_model.named_parameters())
     for name in GRAD_PARAMS:
-        out[f"grad/{name}"] = params[name].grad.clone()
+        out[f"grad/{name}"] = params[current_name(name)].grad.clone()
     return out
+
+
+def current_name(name: str) -> str:
+    """A parameter's name in a checkpoint written before the sides were modules
+    (``encoder.block...``) -> its name now (``encoder.side.block...``): what fairseq's
+    loader does to old checkpoints (``upgrade_state_dict_named``)."""
+    from sut_fairseq.models.recurrent_side import upgrade_names
+
+    state = {name: None}
+    for side in ("encoder", "decoder"):
+        upgrade_names(state, side)
+    return next(iter(state))
 
 
 def compare(got, expected, keys):

@@ -258,12 +258,12 @@ def analyse_run(args, model: str, seed: int, split: str) -> Dict:
     net, dictionary = load_checkpoint(checkpoint, os.path.join(args.data_dir, "bin"), args.threshold)
     records = example_depths(net, dictionary, sources, args.batch_size, args.max_tokens,
                              args.progress, prefix="   ")
-    max_steps = net.encoder.num_steps
+    max_steps = net.encoder.side.num_steps
     result = {"model": model, "label": recipe.GRID.label(model), "seed": seed, "split": split,
               "checkpoint": os.path.abspath(checkpoint), "source": os.path.abspath(source),
               "examples": len(records), "whole_split": whole, "max_steps": max_steps,
-              "chunk_size": getattr(net.encoder, "chunk_size", 0) or None,
-              "threshold": getattr(net.encoder.halting, "threshold", None),
+              "chunk_size": getattr(getattr(net.encoder, "side", None), "chunk_size", 0) or None,
+              "threshold": getattr(net.encoder.side.halting, "threshold", None),
               "threshold_option": args.threshold,
               "depth_unit": "chunk" if "chunks" in records[0] else "position",
               "check": (pooled_check(records, max_steps, os.path.join(run_dir, "result.json"), split)

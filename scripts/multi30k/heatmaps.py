@@ -31,7 +31,7 @@ def main(argv=None) -> int:
     from sut_fairseq.analysis.sweep import heatmap_panels
 
     model, task = load(args.data, args.path, args.threshold, args.subset)
-    if not hasattr(model.encoder, "halting"):
+    if not hasattr(model.encoder, "side"):
         raise SystemExit(f"error: {args.path} is not a sut_transformer checkpoint (no halting to draw)")
     size = len(task.dataset(args.subset))
     bad = [i for i in args.ids if not 0 <= i < size]

@@ -69,7 +69,7 @@ def with_overrides(command: List[str], overrides: str) -> List[str]:
 def require_offramps(model, path: str) -> None:
     from ..modules.exits import ExitHalting
 
-    if not isinstance(getattr(model.decoder, "halting", None), ExitHalting):
+    if not isinstance(getattr(getattr(model.decoder, "side", None), "halting", None), ExitHalting):
         raise SystemExit(f"error: --patience / --entropy need a checkpoint with off-ramps "
                          f"(trained with --decoder-halting pabee or entropy); {path} has none "
                          "(pass one with --exit-path)")

@@ -36,7 +36,7 @@ def routers(model) -> Dict[str, object]:
     """name -> Router for every routed layer with more than one expert (a hyper-module
     sub-layer of Hyper-UT routes no tokens and has none)."""
     found = {}
-    for side_name, side in (("encoder", model.encoder), ("decoder", model.decoder)):
+    for side_name, side in (("encoder", model.encoder.side), ("decoder", model.decoder.side)):
         block = side.block
         for layer_name, layer in (("self-attn", block.self_attn), ("cross-attn", block.cross_attn),
                                   ("FFD", block.ffd)):
@@ -203,7 +203,7 @@ def main(argv=None) -> int:
     from .halting_analysis import load
 
     model, task = load(args.data, args.path, args.threshold, args.gen_subset)
-    if not hasattr(model.encoder, "block"):
+    if not hasattr(model.encoder, "side"):
         raise SystemExit("error: the expert report needs a sut_transformer checkpoint")
     if not routers(model):
         raise SystemExit(f"error: {args.path} has no layer with more than one expert (a dense "
@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     report = build_report(co, task.source_dictionary, task.target_dictionary, args.top, args.score,
                           args.min_count)
     print(f"{args.path}: {co.sentences} sentence pairs of {args.gen_subset}, teacher-forced, "
-          f"α_thresh {model.encoder.halting.threshold}\n")
+          f"α_thresh {model.encoder.side.halting.threshold}\n")
     print(format_markdown(report, args.score, args.min_count))
     if args.json:
         from ..data.atomic import write_json_atomic

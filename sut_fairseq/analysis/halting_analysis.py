@@ -69,9 +69,9 @@ def analyse(model, task, subset: str, threshold: Optional[float] = None,
     sentences.sort(key=lambda s: s["id"])
     return {
         "subset": subset,
-        "threshold": model.encoder.halting.threshold,
-        "encoder": _side_summary([s["encoder_steps"] for s in sentences], model.encoder.num_steps),
-        "decoder": _side_summary([s["decoder_steps"] for s in sentences], model.decoder.num_steps),
+        "threshold": model.encoder.side.halting.threshold,
+        "encoder": _side_summary([s["encoder_steps"] for s in sentences], model.encoder.side.num_steps),
+        "decoder": _side_summary([s["decoder_steps"] for s in sentences], model.decoder.side.num_steps),
         "sentences": sentences,
     }
 

@@ -59,7 +59,7 @@ def split_depths(data: str, path: str, subsets: List[str], keys: List[str],
 
     start = time.time()
     model, task = load(data, path, threshold, subsets[0])
-    max_steps = {"encoder": model.encoder.num_steps, "decoder": model.decoder.num_steps}
+    max_steps = {"encoder": model.encoder.side.num_steps, "decoder": model.decoder.side.num_steps}
     result = {"checkpoint": os.path.abspath(path), "data": os.path.abspath(data), "splits": {}}
     for key, subset in zip(keys, subsets):
         task.load_dataset(subset)

@@ -476,14 +476,14 @@ def count_call(model: nn.Module, fn: Callable[[], object]) -> MacsCount:
 
 
 def is_sut(model: nn.Module) -> bool:
-    return hasattr(getattr(model, "encoder", None), "halting")
+    return hasattr(getattr(model, "encoder", None), "side")
 
 
 @contextlib.contextmanager
 def halting_threshold(model: nn.Module, threshold: Optional[float]):
     """Temporarily set α_thresh of both sides; ``math.inf`` = never halt (static count:
     early exits off too); None = leave it."""
-    sides = [s.halting for s in (model.encoder, model.decoder)] if is_sut(model) else []
+    sides = [s.halting for s in (model.encoder.side, model.decoder.side)] if is_sut(model) else []
     saved = [getattr(h, "threshold", None) for h in sides]
     saved_exits = [getattr(h, "exits_enabled", None) for h in sides]
     try:
@@ -680,7 +680,7 @@ def _checkpoint_main(args) -> Dict:
     model, task = load(args.data, args.path, args.threshold, args.gen_subset)
     threshold = args.threshold
     if threshold is None and is_sut(model):
-        threshold = getattr(model.encoder.halting, "threshold", None)
+        threshold = getattr(model.encoder.side.halting, "threshold", None)
     r = count_dataset(model, task, args.gen_subset, args.threshold, args.max_sentences)
     n = r["sentences"]
     if n == 0:

@@ -29,10 +29,10 @@ def offramp_accuracy(model, task, subset: str, batch_size: int = 256) -> List[Di
     from ..modules.exits import ExitHalting
 
     decoder = model.decoder
-    if not isinstance(decoder.halting, ExitHalting):
+    if not isinstance(decoder.side.halting, ExitHalting):
         raise SystemExit("error: the checkpoint has no off-ramps (train with --decoder-halting "
                          "pabee or entropy)")
-    L = decoder.num_steps
+    L = decoder.side.num_steps
     right = [0] * L
     sentence_right = [0] * L
     tokens = sentences = 0
@@ -41,7 +41,7 @@ def offramp_accuracy(model, task, subset: str, batch_size: int = 256) -> List[Di
                                   ignore_invalid_inputs=False).next_epoch_itr(shuffle=False)
     was_training = model.training
     model.eval()
-    decoder.halting.train()  # the exit rule alone in training mode: all L steps, states kept
+    decoder.side.halting.train()  # the exit rule alone in training mode: all L steps, states kept
     pad = task.target_dictionary.pad()
     try:
         with torch.no_grad():
@@ -53,7 +53,7 @@ def offramp_accuracy(model, task, subset: str, batch_size: int = 256) -> List[Di
                 target = sample["target"]
                 mask = target.ne(pad)
                 W = decoder.output_projection.weight
-                per_step = [decoder.halting.offramp(h, l, W) for l, h in
+                per_step = [decoder.side.halting.offramp(h, l, W) for l, h in
                             enumerate(extra["decoder_exits"].hidden, start=1)] + [logits]
                 for l, step_logits in enumerate(per_step):
                     correct = step_logits.argmax(-1).eq(target) & mask

@@ -157,7 +157,7 @@ def run_generate(command: List[str], out_path: str) -> Dict[str, float]:
 
 def _skipped(analysis: Dict, model) -> Dict[str, float]:
     enc, dec = analysis["encoder"], analysis["decoder"]
-    L_e, L_d = model.encoder.num_steps, model.decoder.num_steps
+    L_e, L_d = model.encoder.side.num_steps, model.decoder.side.num_steps
     max_e, max_d = enc["positions"] * L_e, dec["positions"] * L_d
     executed = enc["executed_fraction"] * max_e + dec["executed_fraction"] * max_d
     return {"skipped": 1.0 - executed / max(1, max_e + max_d),
@@ -210,9 +210,9 @@ def sweep(path: str, data: str, subset: str = "test", metric: str = "exact_match
         raise ValueError(f"unknown metric {metric!r}; choose from {METRICS}")
     os.makedirs(output_dir, exist_ok=True)
     model, task, task_name = load_checkpoint(data, path, subset)
-    if not hasattr(model.encoder, "halting"):
+    if not hasattr(model.encoder, "side"):
         raise SystemExit("error: the sweep needs a sut_transformer checkpoint (halting threshold)")
-    own_threshold = getattr(model.encoder.halting, "threshold", None) or 1.0
+    own_threshold = getattr(model.encoder.side.halting, "threshold", None) or 1.0
     heatmap_threshold = own_threshold if heatmap_threshold is None else heatmap_threshold
     src_lang, tgt_lang = getattr(task.cfg, "source_lang", None), getattr(task.cfg, "target_lang", None)
     exit_path = exit_path or path

@@ -157,7 +157,7 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
             weight = weight.detach()
         step_losses = []
         for l, h in enumerate(exits.hidden, start=1):
-            logits = decoder.halting.offramp(h.detach() if frozen else h, l, weight)
+            logits = decoder.side.halting.offramp(h.detach() if frozen else h, l, weight)
             flat_logits, target = self._logits_and_target(model, (logits, None), sample)
             step_losses.append(label_smoothed_cross_entropy(flat_logits, target, self.eps,
                                                             self.padding_idx)[0])

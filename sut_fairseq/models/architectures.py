@@ -29,12 +29,13 @@ paper's base models stand to ``transformer_wmt_en_de``.
 The UT widths are not published; see README "Presets" for how they were chosen (parameter
 count and static MAC ratio to ``transformer_wmt_en_de`` both close to the paper).
 
-This module holds the presets as plain functions of the argument Namespace and imports
-nothing of the model: ``models/sut_transformer.py`` registers the model and then every
-entry of ``PRESETS`` as an ``--arch`` (fairseq needs the model registered before its
+This module holds the presets as plain functions of the flat options (an argparse
+Namespace, or hydra's ``DictConfig``); the defaults they fall back on are ``SUTConfig``'s
+(``config.py``). ``models/sut_transformer.py`` registers the model and then every entry of
+``PRESETS`` as an ``--arch`` (fairseq needs the model registered before its
 architectures), so the dependency goes one way only, model -> presets.
 """
-DEFAULT_MAX_POSITIONS = 1024
+from .config import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER
 
 
 def _default(args, name, value):
@@ -47,36 +48,9 @@ def _set(args, **values):
         _default(args, name, value)
 
 
-# Defaults of every option (``--arch sut_transformer``); the decoder options default to
-# the encoder's. ``fairseq-train --help`` shows them next to each option.
-BASE_DEFAULTS = dict(
-    encoder_embed_dim=512, encoder_layers=6, encoder_normalize_before=False,
-    share_all_embeddings=False, share_decoder_input_output_embed=False, activation_fn="gelu",
-    att_experts=24, att_topk=4, att_heads=4, att_head_dim=64, rel_pos="clipped", rel_window=64,
-    ffd_experts=24, ffd_topk=4, ffd_hidden_dim=512,
-    router_hidden_dim=0, gating_dropout=0.0, sample_topk=0,
-    encoder_halting="stick-breaking", encoder_halting_kv="mixture", halting_threshold=0.999,
-    halting_dropout=0.0,
-    halting_bias_init=0.0, halting_transition=False, gated_ffn=False,
-    encoder_step_embedding="none", exit_patience=3, exit_entropy=0.1,
-    hyper_modules=0, hyper_embed_dim=128, hyper_key_dim=0, hyper_router_temp=1.0,
-    hyper_components="qkv,out,ffn",
-    encoder_chunk_size=0, encoder_memory_slots=10, encoder_memory_update_layers=1,
-    encoder_chunk_positions="local", decoder_chunk_size=0, decoder_memory_slots=10,
-    decoder_memory_update_layers=1, decoder_chunk_positions="local",
-    tlb_encoder_out="both", tlb_memory_reset=False, tlb_unshared=False, compile_step=False, compile_loop=False,
-    dropout=0.1, attention_dropout=0.0, activation_dropout=0.0,
-    max_source_positions=DEFAULT_MAX_POSITIONS, max_target_positions=DEFAULT_MAX_POSITIONS,
-)
-DECODER_FOLLOWS_ENCODER = dict(decoder_embed_dim="encoder_embed_dim", decoder_layers="encoder_layers",
-                               decoder_normalize_before="encoder_normalize_before",
-                               decoder_halting="encoder_halting",
-                               decoder_halting_kv="encoder_halting_kv",
-                               decoder_step_embedding="encoder_step_embedding")
-
-
 def base_architecture(args):
-    """Fills every option still unset with ``BASE_DEFAULTS`` (``sut_base``'s sizes)."""
+    """Fills every option still unset with ``SUTConfig``'s defaults (``sut_base``'s sizes);
+    the decoder options of ``DECODER_FOLLOWS_ENCODER`` with the encoder's values."""
     _set(args, **BASE_DEFAULTS)
     _set(args, **{dec: getattr(args, enc) for dec, enc in DECODER_FOLLOWS_ENCODER.items()})
 

@@ -18,15 +18,15 @@ classifies from LN(M)), with ``both`` the real tokens followed by the slots.
 
 Every encoder option of ``sut_transformer`` applies (its presets' sizes through the
 ``sut_classifier*`` presets below, the GUT / TLB / GUTLB settings by option); the decoder
-options exist on the command line (the option table is ``SUTTransformerModel.add_args``)
+options exist on the command line (the option table is ``SUTConfig``, ``config.py``)
 but a classifier has no decoder: one set away from its default is refused.
 """
 import torch
 import torch.nn as nn
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 
-from .architectures import (BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, _default, base_architecture,
-                            sut_logic, sut_tiny)
+from .architectures import _default, base_architecture, sut_logic, sut_tiny
+from .config import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, SUTConfig
 from .sut_transformer import SUTEncoder, SUTTransformerModel, build_embedding
 from .validation import validate_args
 
@@ -108,7 +108,8 @@ class SUTClassifierModel(BaseFairseqModel):
             raise ValueError(f"--classifier-hidden-dim={args.classifier_hidden_dim!r} is "
                              "invalid: must be a positive integer")
         dictionary = task.source_dictionary
-        encoder = SUTEncoder(args, dictionary, build_embedding(dictionary, args.encoder_embed_dim))
+        cfg = SUTConfig.from_namespace(args)
+        encoder = SUTEncoder(cfg, dictionary, build_embedding(dictionary, cfg.encoder.embed_dim))
         d = args.encoder_embed_dim
         head = ClassificationHead(4 * d if task.pair else d, args.classifier_hidden_dim,
                                   task.num_classes, args.dropout)

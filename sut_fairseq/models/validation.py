@@ -21,7 +21,7 @@ trained or evaluated.
 """
 import numbers
 
-from .architectures import BASE_DEFAULTS
+from .config import BASE_DEFAULTS, CHUNK_POSITIONS, REL_POS, TLB_ENCODER_OUT
 from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
 from ..modules.hyper_module import HYPER_COMPONENTS, parse_components
@@ -33,10 +33,7 @@ POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers",
                      "max_source_positions", "max_target_positions")
 PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout", "gating_dropout",
                  "halting_dropout")
-REL_POS = ("clipped", "t5", "none")
 TRANSITION_RULES = ("stick-breaking", "global-mean", "none")
-CHUNK_POSITIONS = ("local", "global")
-TLB_ENCODER_OUT = ("tokens", "memory", "both")
 
 
 def _flag(name: str) -> str:

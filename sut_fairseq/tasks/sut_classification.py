@@ -39,7 +39,7 @@ from fairseq.dataclass import FairseqDataclass
 from fairseq.tasks import FairseqTask, register_task
 from omegaconf import II, MISSING
 
-from ..models.architectures import DEFAULT_MAX_POSITIONS
+from ..models.config import DEFAULT_MAX_POSITIONS
 
 logger = logging.getLogger(__name__)
 

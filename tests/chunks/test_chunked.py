@@ -42,7 +42,7 @@ def build(name, seed=0, **overrides):
 def randomise_memory(model, seed):
     """A non-zero M^0 (it starts at zero), so that reading it is not trivially constant."""
     g = torch.Generator().manual_seed(seed)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         if side.memory is not None:
             with torch.no_grad():
                 side.memory.initial.copy_(torch.randn(side.memory.initial.shape, generator=g))
@@ -68,7 +68,7 @@ def tokens(*lengths, seed=0, left=True, start=None):
 def token_rows(enc, model):
     """The encoder's token rows (B, S, d) of ``encoder_out`` (the memory rows come last)."""
     out = enc["encoder_out"][0].transpose(0, 1)
-    memory = model.encoder.memory
+    memory = model.encoder.side.memory
     k = memory.slots if memory is not None and model.encoder.tlb_encoder_out == "both" else 0
     return out[:, : out.size(1) - k], out[:, out.size(1) - k:]
 
@@ -166,13 +166,13 @@ def test_one_chunk_without_memory_is_the_unchunked_model():
 
 
 def test_explicit_off_values_give_the_fixture_of_the_model_before_chunks():
-    from options_off_reference import FIXTURE, compare, reference_outputs
+    from options_off_reference import FIXTURE, compare, current_name, reference_outputs
 
     expected = torch.load(FIXTURE, weights_only=True)
     got = reference_outputs(encoder_chunk_size=0, decoder_chunk_size=0, encoder_memory_slots=10,
                             encoder_memory_update_layers=1, encoder_chunk_positions="local",
                             tlb_encoder_out="both")
-    assert got["param_names"] == expected["param_names"]
+    assert got["param_names"] == [current_name(n) for n in expected["param_names"]]
     compare(got, expected, ["encoder_out", "encoder_steps", "decoder_logits", "decoder_steps",
                              "incremental_logits", "train_logits"])
 
@@ -203,7 +203,7 @@ def test_incremental_equals_teacher_forced_across_chunk_boundaries_with_beam_reo
     assert torch.equal(inc_steps, extra["halting_decoder"].steps)
     assert extra["halting_decoder"].chunk_real.sum() == 4 + 3
     if name != "tlb":
-        assert (inc_steps < model.decoder.num_steps).any(), "the test needs early halting"
+        assert (inc_steps < model.decoder.side.num_steps).any(), "the test needs early halting"
 
 
 # ---- (5) GUTLB ----------------------------------------------------------------------------
@@ -222,7 +222,7 @@ def _chunk_of_each_token(src, g):
 
 def test_gutlb_decides_once_per_chunk_caps_steps_and_follows_the_threshold():
     model = make_model("gutlb_flipflop", encoder_chunk_size=4, encoder_layers=5, seed=0)
-    assert model.encoder.halting.rule == "global-mean" and model.encoder.cap_steps
+    assert model.encoder.side.halting.rule == "global-mean" and model.encoder.side.cap_steps
     src = tokens(9, 6, seed=7)  # chunks of 4, 4, 1 and 4, 2 real tokens
     L = 5
     with torch.no_grad():
@@ -258,8 +258,8 @@ def test_the_step_cap_applies_to_every_chunked_global_mean_side_and_only_to_thos
     for halting, capped in (("global-mean", True), ("stick-breaking", False)):
         model = make_model("sut_tiny", encoder_halting=halting, encoder_layers=L,
                            encoder_chunk_size=4, encoder_memory_slots=2, halting_threshold=1.0)
-        assert not model.encoder.block.gate and not getattr(model.encoder.halting, "transition", False)
-        assert model.encoder.cap_steps is capped
+        assert not model.encoder.side.block.gate and not getattr(model.encoder.side.halting, "transition", False)
+        assert model.encoder.side.cap_steps is capped
         with torch.no_grad():
             h = model.encoder(src)["halting"][0]
         for row, chunks in enumerate(_chunk_of_each_token(src, 4)):
@@ -340,17 +340,17 @@ def reference_chunked_encoder(model, src):
     then M^{c+1} = ``reference_write``. Returns per example the token rows (n, d) and
     LN_out(M^N) (k, d)."""
     enc = model.encoder
-    block, memory, L = enc.block, enc.memory, enc.num_steps
+    block, memory, L = enc.side.block, enc.side.memory, enc.side.num_steps
     out = []
     for row in src:
         real_tokens = row[row.ne(PAD)]
         M = memory.initial
         rows = []
-        for start in range(0, real_tokens.numel(), enc.chunk_size):
-            chunk = real_tokens[start:start + enc.chunk_size].unsqueeze(0)  # (1, n_c)
+        for start in range(0, real_tokens.numel(), enc.side.chunk_size):
+            chunk = real_tokens[start:start + enc.side.chunk_size].unsqueeze(0)  # (1, n_c)
             n = chunk.size(1)
-            slots = enc.embed_positions(torch.full((1, n), 4))  # positions 0 .. n_c-1
-            h = enc.embed_scale * enc.embed_tokens(chunk) + slots
+            slots = enc.side.embed_positions(torch.full((1, n), 4))  # positions 0 .. n_c-1
+            h = enc.side.embed_scale * enc.side.embed_tokens(chunk) + slots
             running = torch.ones(1, n, dtype=torch.bool)
             for _ in range(L):
                 k, v = block.self_kv(h)
@@ -359,7 +359,7 @@ def reference_chunked_encoder(model, src):
                 a = a + reference_memory_attention(block.memory_attn, a[0], M)
                 h = block._sublayer(a, block.ffd_norm, lambda q: block.ffd(q, running))
             M = reference_write(memory, M, h[0])
-            rows.append(h[0] if enc.final_norm is None else enc.final_norm(h[0]))
+            rows.append(h[0] if enc.side.final_norm is None else enc.side.final_norm(h[0]))
         out.append((torch.cat(rows), _layer_norm(M, memory.out_norm)))
     return out
 
@@ -376,8 +376,8 @@ def test_memory_read_and_write_in_the_encoder_equal_a_per_chunk_loop(arch, optio
     model = make_model(arch, encoder_chunk_size=4, encoder_memory_slots=3,
                        encoder_memory_update_layers=2, encoder_layers=2, tlb_encoder_out="both",
                        **options).double()
-    _perturb(model.encoder.memory, seed=3)
-    _perturb(model.encoder.block.memory_attn, seed=4)
+    _perturb(model.encoder.side.memory, seed=3)
+    _perturb(model.encoder.side.block.memory_attn, seed=4)
     src = tokens(11, 6, seed=9)  # chunks of 4, 4, 3 and 4, 2 real tokens
     with torch.no_grad():
         enc = model.encoder(src)
@@ -396,10 +396,10 @@ def test_memory_reset_makes_every_chunk_read_the_initial_memory():
     outs = {}
     for reset in (False, True):
         model = build("tlb", tlb_memory_reset=reset)
-        assert model.encoder.memory_reset is reset
+        assert model.encoder.side.memory_reset is reset
         with torch.no_grad():
             outs[reset] = model.encoder(src)
-    M0 = model.encoder.memory.begin(src.unsqueeze(-1).float())
+    M0 = model.encoder.side.memory.begin(src.unsqueeze(-1).float())
     read = outs[True]["halting"][0].memories
     assert len(read) == 4 and all(torch.equal(M, M0) for M in read)
     assert not torch.equal(outs[False]["halting"][0].memories[2], M0)
@@ -445,17 +445,17 @@ def _sample(src, prev):
 
 def test_experts_train_with_chunks_on_both_sides():
     model = build("sut-experts", dropout=0.1)
-    assert model.encoder.block.self_attn.router.top_k == 2 and model.encoder.block.ffd.router.num_experts == 4
+    assert model.encoder.side.block.self_attn.router.top_k == 2 and model.encoder.side.block.ffd.router.num_experts == 4
     sample = _sample(tokens(13, 9, seed=9), tokens(8, 8, seed=10, left=False, start=2))
     model.train()
     loss, _, log = _criterion(model)(model, sample)
     loss.backward()
     params = dict(model.named_parameters())
-    for name in ("encoder.memory.initial", "encoder.memory.write_attn.0.q_proj.weight",
-                 "encoder.memory.write_ffn.0.fc1.weight", "encoder.block.memory_attn.k_proj.weight",
-                 "encoder.block.ffd.w1", "encoder.block.self_attn.q_weight",
-                 "decoder.memory.initial", "decoder.memory.write_attn.0.v_proj.weight",
-                 "decoder.block.memory_attn.out_proj.weight", "decoder.block.cross_attn.q_weight"):
+    for name in ("encoder.side.memory.initial", "encoder.side.memory.write_attn.0.q_proj.weight",
+                 "encoder.side.memory.write_ffn.0.fc1.weight", "encoder.side.block.memory_attn.k_proj.weight",
+                 "encoder.side.block.ffd.w1", "encoder.side.block.self_attn.q_weight",
+                 "decoder.side.memory.initial", "decoder.side.memory.write_attn.0.v_proj.weight",
+                 "decoder.side.block.memory_attn.out_proj.weight", "decoder.side.block.cross_attn.q_weight"):
         grad = params[name].grad
         assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
     assert log["mim"] != 0 and log["chunks_enc"] == 4 + 3 and log["chunks_dec"] == 3 + 3
@@ -661,7 +661,7 @@ def test_tlb_flipflop_trains_end_to_end(tmp_path):
     from fairseq import checkpoint_utils
 
     models, _ = checkpoint_utils.load_model_ensemble([ckpt], arg_overrides={"tlb_memory_reset": True})
-    assert models[0].encoder.memory_reset is True
+    assert models[0].encoder.side.memory_reset is True
 
 
 def test_chunked_scaling_benchmark_prints_the_table_and_both_ratios():

@@ -23,7 +23,7 @@ def unshared_model(arch="tlb_flipflop", **options):
     model = make_model(arch, encoder_chunk_size=4, encoder_memory_slots=3,
                        encoder_memory_update_layers=2, encoder_layers=L, tlb_encoder_out="both",
                        tlb_unshared=True, **options).double()
-    _perturb(model.encoder, seed=3)
+    _perturb(model.encoder.side, seed=3)
     return model
 
 
@@ -34,18 +34,18 @@ def reference_unshared_encoder(model, src):
     sub-layer]; M^{c+1} = ``reference_write``. No halting (S_l = h_l). Returns per example
     the token rows (n, d) and LN_out(M^N) (k, d)."""
     enc = model.encoder
-    blocks = [enc.block, *enc.later_blocks]
-    memory = enc.memory
+    blocks = [enc.side.block, *enc.side.later_blocks]
+    memory = enc.side.memory
     out = []
     for row in src:
         real_tokens = row[row.ne(PAD)]
         M = memory.initial
         rows = []
-        for start in range(0, real_tokens.numel(), enc.chunk_size):
-            chunk = real_tokens[start:start + enc.chunk_size].unsqueeze(0)  # (1, n_c)
+        for start in range(0, real_tokens.numel(), enc.side.chunk_size):
+            chunk = real_tokens[start:start + enc.side.chunk_size].unsqueeze(0)  # (1, n_c)
             n = chunk.size(1)
-            slots = enc.embed_positions(torch.full((1, n), 4))  # positions 0 .. n_c-1
-            h = enc.embed_scale * enc.embed_tokens(chunk) + slots
+            slots = enc.side.embed_positions(torch.full((1, n), 4))  # positions 0 .. n_c-1
+            h = enc.side.embed_scale * enc.side.embed_tokens(chunk) + slots
             running = torch.ones(1, n, dtype=torch.bool)
             for block in blocks:  # step l reads block l
                 k, v = block.self_kv(h)
@@ -54,7 +54,7 @@ def reference_unshared_encoder(model, src):
                 a = a + reference_memory_attention(block.memory_attn, a[0], M)
                 h = block._sublayer(a, block.ffd_norm, lambda q: block.ffd(q, running))
             M = reference_write(memory, M, h[0])
-            rows.append(h[0] if enc.final_norm is None else enc.final_norm(h[0]))
+            rows.append(h[0] if enc.side.final_norm is None else enc.side.final_norm(h[0]))
         out.append((torch.cat(rows), _layer_norm(M, memory.out_norm)))
     return out
 
@@ -65,7 +65,7 @@ def reference_unshared_encoder(model, src):
 ], ids=["tlb", "sut-experts"])
 def test_step_l_runs_block_l_as_a_per_step_loop(arch, options):
     model = unshared_model(arch, **options)
-    blocks = [model.encoder.block, *model.encoder.later_blocks]
+    blocks = [model.encoder.side.block, *model.encoder.side.later_blocks]
     assert len(blocks) == L and len({id(b) for b in blocks}) == L
     src = tokens(11, 6, seed=9)  # chunks of 4, 4, 3 and 4, 2 real tokens
     with torch.no_grad():
@@ -73,7 +73,7 @@ def test_step_l_runs_block_l_as_a_per_step_loop(arch, options):
         token_out, memory_out = token_rows(enc, model)
         expected = reference_unshared_encoder(model, src)
         # the same loop with the blocks in another order gives another result
-        step = model.encoder.recurrence.step
+        step = model.encoder.side.recurrence.step
         step.blocks = torch.nn.ModuleList(list(step.blocks)[::-1])
         swapped, _ = token_rows(model.encoder(src), model)
     for b, (rows, M) in enumerate(expected):
@@ -90,12 +90,12 @@ def test_the_parameters_grow_by_the_later_steps_blocks():
     def count(module):
         return sum(p.numel() for p in module.parameters())
 
-    assert count(unshared) - count(shared) == (L - 1) * count(shared.encoder.block)
+    assert count(unshared) - count(shared) == (L - 1) * count(shared.encoder.side.block)
     names = {n for n, _ in unshared.named_parameters()} - {n for n, _ in shared.named_parameters()}
-    assert {n.split(".")[2] for n in names} == {str(i) for i in range(L - 1)}
-    assert all(n.startswith("encoder.later_blocks.") for n in names)
-    assert not hasattr(shared.encoder, "later_blocks")  # off: the shared model as before
-    assert not hasattr(unshared.decoder, "later_blocks")  # the decoder keeps its shared block
+    assert {n.split(".")[3] for n in names} == {str(i) for i in range(L - 1)}
+    assert all(n.startswith("encoder.side.later_blocks.") for n in names)
+    assert not hasattr(shared.encoder.side, "later_blocks")  # off: the shared model as before
+    assert not hasattr(unshared.decoder.side, "later_blocks")  # the decoder keeps its shared block
 
 
 def test_halting_under_unshared_steps_runs_block_l_at_step_l():
@@ -103,13 +103,13 @@ def test_halting_under_unshared_steps_runs_block_l_at_step_l():
     block L changes a sequence exactly when one of its chunks ran step L."""
     model = unshared_model("gutlb_flipflop", halting_threshold=0.6)
     with torch.no_grad():  # â near sigmoid(-0.3) = 0.43: chunks stop after 2 or 3 steps
-        model.encoder.halting.unit.fc2.weight.mul_(0.06)
-        model.encoder.halting.unit.fc2.bias.fill_(-0.3)
+        model.encoder.side.halting.unit.fc2.weight.mul_(0.06)
+        model.encoder.side.halting.unit.fc2.bias.fill_(-0.3)
     src = tokens(11, 6, 9, 4, 3, seed=9)
     with torch.no_grad():
         out = model.encoder(src)
         steps = out["halting"][0].steps
-        blocks = model.encoder.recurrence.step.blocks
+        blocks = model.encoder.side.recurrence.step.blocks
         last = blocks[-1]
         blocks[-1] = blocks[0]  # step L runs block 1
         changed = model.encoder(src)
@@ -136,4 +136,4 @@ def test_an_old_checkpoints_arguments_build_the_shared_model():
     del args.tlb_unshared
     dictionary = synthetic_dictionary(40)
     model = SUTTransformerModel.build_model(args, _Task(dictionary, dictionary))
-    assert args.tlb_unshared is False and not hasattr(model.encoder, "later_blocks")
+    assert args.tlb_unshared is False and not hasattr(model.encoder.side, "later_blocks")

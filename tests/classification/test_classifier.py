@@ -58,7 +58,7 @@ def _model(pair, num_classes=3, seed=0, **overrides):
     task = SimpleNamespace(source_dictionary=synthetic_dictionary(40), pair=pair,
                            num_classes=num_classes)
     model = SUTClassifierModel.build_model(args, task)
-    unit = model.encoder.halting.unit
+    unit = model.encoder.side.halting.unit
     g = torch.Generator().manual_seed(seed + 1)
     with torch.no_grad():
         unit.fc2.weight.copy_(torch.randn(unit.fc2.weight.shape, generator=g) * 2.0

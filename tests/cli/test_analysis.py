@@ -91,7 +91,7 @@ def test_vanilla_transformer_equals_hand_count():
 # static and dynamic counts of whole models
 
 def _per_slot(model):
-    w1 = model.encoder.block.ffd.w1
+    w1 = model.encoder.side.block.ffd.w1
     _, d, D = w1.shape
     return d * D + D + D * d + d + d
 
@@ -102,11 +102,11 @@ def test_static_counts_every_step():
     S, T = 7, 5
     net_input = random_net_input(model, S, T)
     c = count_forward(model, net_input, "static")
-    L, k, d = model.encoder.num_steps, model.encoder.block.ffd.router.top_k, 64
+    L, k, d = model.encoder.side.num_steps, model.encoder.side.block.ffd.router.top_k, 64
     assert c.steps == {"encoder": (L * S, L * S), "decoder": (L * T, L * T)}
     assert c.parts["ffd"] == L * (S + T) * k * _per_slot(model)
     assert c.parts["halting"] == (L - 1) * (S + T) * (d * d + d + d + 1)
-    assert model.encoder.halting.threshold == 0.999  # restored after the count
+    assert model.encoder.side.halting.threshold == 0.999  # restored after the count
 
 
 def test_dynamic_macs_fall_as_the_threshold_falls():
@@ -118,7 +118,7 @@ def test_dynamic_macs_fall_as_the_threshold_falls():
     totals = [counts[t].total for t in (0.999, 0.9, 0.6, 0.3)]
     assert static.total >= totals[0]
     assert all(a > b for a, b in zip(totals, totals[1:])), totals
-    k = model.encoder.block.ffd.router.top_k
+    k = model.encoder.side.block.ffd.router.top_k
     for c in counts.values():  # the expert rows counted are exactly the executed steps
         executed = c.steps["encoder"][0] + c.steps["decoder"][0]
         assert c.parts["ffd"] == executed * k * _per_slot(model)
@@ -274,7 +274,7 @@ def test_expected_depth_is_the_halting_distribution_mean(trained):
 
     data_bin, ckpt, _ = trained
     model, task = load(data_bin, ckpt, subset="test")
-    assert model.encoder.halting.rule != "act"
+    assert model.encoder.side.halting.rule != "act"
     analysis = analyse(model, task, "test", threshold=0.999)
     for s in analysis["sentences"]:
         for side in ("encoder", "decoder"):

@@ -269,11 +269,11 @@ def test_train_step_builds_the_loop_variant_and_checks_what_compile_names(capsys
     from sut_fairseq.modules.recurrence import TensorLoop, TensorStep
 
     model, _ = train_step.build("sut_logic+loop", 64, 0.5, compiled=True)
-    assert all(isinstance(side.compiled_step.step, TensorLoop) for side in (model.encoder, model.decoder))
+    assert all(isinstance(side.compiled_step.step, TensorLoop) for side in (model.encoder.side, model.decoder.side))
     model, _ = train_step.build("sut_logic", 64, 0.5, compiled=True)
-    assert all(isinstance(side.compiled_step.step, TensorStep) for side in (model.encoder, model.decoder))
+    assert all(isinstance(side.compiled_step.step, TensorStep) for side in (model.encoder.side, model.decoder.side))
     model, _ = train_step.build("sut_logic+loop", 64, 0.5)
-    assert model.encoder.compiled_step is None
+    assert model.encoder.side.compiled_step is None
     with pytest.raises(SystemExit, match="--compile ut_base: not among the timed models"):
         train_step.main(["--batch", "2", "--len", "4", "--vocab", "64", "--arch", "sut_base",
                          "--compile", "ut_base"])
@@ -305,9 +305,9 @@ def test_train_step_graphs_suffix_compiles_in_reduce_overhead_mode(monkeypatch):
     with pytest.raises(SystemExit, match=r"sut_base\+lop: unknown suffix '\+lop'"):
         train_step.split_arch("sut_base+lop")
     model, _ = train_step.build("sut_tiny+loop+graphs", 64, 0.5, compiled=True)
-    assert [side.compiled_step.mode for side in (model.encoder, model.decoder)] == ["reduce-overhead"] * 2
+    assert [side.compiled_step.mode for side in (model.encoder.side, model.decoder.side)] == ["reduce-overhead"] * 2
     model, _ = train_step.build("sut_tiny+loop", 64, 0.5, compiled=True)
-    assert [side.compiled_step.mode for side in (model.encoder, model.decoder)] == [None, None]
+    assert [side.compiled_step.mode for side in (model.encoder.side, model.decoder.side)] == [None, None]
     modes = []
     monkeypatch.setattr(torch, "compile", lambda model, **kw: modes.append(kw.get("mode")) or model)
     train_step.build("transformer_wmt_en_de+graphs", 64, 0.5, compiled=True)

@@ -115,27 +115,27 @@ def test_post_training_threshold_is_checked():
     with pytest.raises(ValueError, match=r"halting threshold must be in \(0, 1\]; got 1.5"):
         model.set_halting_threshold(1.5)
     model.set_halting_threshold(1.0)
-    assert model.encoder.halting.threshold == 1.0
+    assert model.encoder.side.halting.threshold == 1.0
 
 
 def test_the_boundaries_of_every_range_are_accepted():
     model = _build(att_experts=2, att_topk=2, ffd_experts=1, ffd_topk=1, rel_window=0,
                    halting_threshold=1.0, sample_topk=1, gating_dropout=0.0,
                    encoder_halting="none", halting_transition=True)
-    assert model.encoder.block.self_attn.router.top_k == 2
+    assert model.encoder.side.block.self_attn.router.top_k == 2
     # widths may differ when the embeddings are not shared
     model = build_model("sut_tiny", dict_size=40, joined=False, tgt_dict_size=50,
                         encoder_embed_dim=64, decoder_embed_dim=32)
     assert model.decoder.output_projection.weight.shape == (50, 32)
-    assert model.decoder.block.cross_attn.k_proj.in_features == 64
+    assert model.decoder.side.block.cross_attn.k_proj.in_features == 64
 
 
 def test_one_step_side_builds_no_halting_unit():
     """With one step nothing is decided: the side's rule is 'none' (no parameter that
     never gets a gradient, which PyTorch DDP would reject)."""
     model = _build(encoder_layers=1, decoder_layers=2)
-    assert not hasattr(model.encoder.halting, "unit")
-    assert hasattr(model.decoder.halting, "unit")
+    assert not hasattr(model.encoder.side.halting, "unit")
+    assert hasattr(model.decoder.side.halting, "unit")
 
 
 @pytest.fixture(scope="module")

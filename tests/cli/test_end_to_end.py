@@ -116,8 +116,8 @@ def test_model_override_changes_the_threshold(data_bin, sut_run):
     save_dir, _ = sut_run
     path = os.path.join(save_dir, "checkpoint_last.pt")
     models, _ = checkpoint_utils.load_model_ensemble([path], arg_overrides={"halting_threshold": 0.3})
-    assert models[0].encoder.halting.threshold == 0.3
-    assert models[0].decoder.halting.threshold == 0.3
+    assert models[0].encoder.side.halting.threshold == 0.3
+    assert models[0].decoder.side.halting.threshold == 0.3
 
 
 def test_fairseq_train_help_lists_the_plugin_options():

@@ -49,7 +49,7 @@ def test_the_buffer_refuses_a_call_out_of_order():
 
 
 def _block():
-    return make_model(decoder_layers=2).decoder.block
+    return make_model(decoder_layers=2).decoder.side.block
 
 
 def test_cross_keys_are_projected_once_per_sentence_when_the_rows_repeat_per_beam():

@@ -120,7 +120,7 @@ def _exit_model(rule, L=5, spread=False, **kw):
     randomise_halting(model, seed=2)  # the encoder halts at different steps
     if spread:
         with torch.no_grad():
-            for l, norm in enumerate(model.decoder.halting.norms, start=1):
+            for l, norm in enumerate(model.decoder.side.halting.norms, start=1):
                 norm.weight.fill_(0.5 * l)
     return model
 
@@ -153,7 +153,7 @@ def test_entropy_above_log_vocabulary_exits_after_step_one():
         enc = model.encoder(src)
         logits, extra = model.decoder(prev, enc)
         feats, _ = model.decoder(prev, enc, features_only=True)  # the frozen h_1
-        ref = F.linear(model.decoder.halting.norms[0](feats), model.decoder.output_projection.weight)
+        ref = F.linear(model.decoder.side.halting.norms[0](feats), model.decoder.output_projection.weight)
         _, inc_steps, _ = run_incremental(model, enc, prev)
     assert (extra["halting_decoder"].steps == 1).all() and (inc_steps == 1).all()
     assert (extra["decoder_exits"].exit_step == 1).all()
@@ -172,8 +172,8 @@ def test_executed_steps_are_monotone_in_patience_and_entropy():
 
         def steps(rule, **option):
             for key, value in option.items():
-                setattr(model.decoder.halting, key, value)
-            model.decoder.halting.rule = rule
+                setattr(model.decoder.side.halting, key, value)
+            model.decoder.side.halting.rule = rule
             return model.decoder(prev, enc)[1]["halting_decoder"].steps[:, 0]
 
         by_patience = [steps("pabee", patience=p) for p in (1, 2, 3, 4)] + [steps("pabee", patience=0)]
@@ -186,10 +186,10 @@ def test_executed_steps_are_monotone_in_patience_and_entropy():
     src, prev = _batch()
     with torch.no_grad():
         enc = model.encoder(src)
-        model.decoder.halting.rule = "pabee"
+        model.decoder.side.halting.rule = "pabee"
         first = []
         for p in (1, 2, 3, 0):
-            model.decoder.halting.patience = p
+            model.decoder.side.halting.patience = p
             first.append(model.decoder(prev, enc)[1]["halting_decoder"].steps[:, 0])
     for fewer, more in zip(first, first[1:]):
         assert (fewer <= more).all()
@@ -233,7 +233,7 @@ def test_exited_positions_emit_their_offramp_and_freeze():
     W = model.decoder.output_projection.weight
     for b, t in exited.nonzero().tolist():
         l = int(out.exit_step[b, t])
-        ref = F.linear(model.decoder.halting.norms[l - 1](feats[b, t]), W)  # the frozen h_l
+        ref = F.linear(model.decoder.side.halting.norms[l - 1](feats[b, t]), W)  # the frozen h_l
         torch.testing.assert_close(logits[b, t], ref, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(logits[~exited], F.linear(feats[~exited], W), atol=1e-5, rtol=1e-5)
 
@@ -258,17 +258,17 @@ def _sample(model):
 def _reference_step_losses(model, sample):
     """CE_l by fairseq's label_smoothed_nll_loss, with h_l from the same weights run for
     exactly l steps (a model of l decoder steps without halting: S_l = h_l)."""
-    L = model.decoder.num_steps
+    L = model.decoder.side.num_steps
     target = sample["target"].reshape(-1, 1)
     losses = []
     for l in range(1, L + 1):
         short = make_model(decoder_halting="none", decoder_layers=l, halting_threshold=0.7)
-        short.load_state_dict({k: v for k, v in model.state_dict().items() if "decoder.halting" not in k})
+        short.load_state_dict({k: v for k, v in model.state_dict().items() if "decoder.side.halting" not in k})
         short.train()
         feats, _ = short.decoder(sample["net_input"]["prev_output_tokens"], short.encoder(
             sample["net_input"]["src_tokens"]), features_only=True)
         W = model.decoder.output_projection.weight
-        head = model.decoder.halting.norms[l - 1](feats) if l < L else feats
+        head = model.decoder.side.halting.norms[l - 1](feats) if l < L else feats
         lprobs = F.log_softmax(F.linear(head, W), -1).reshape(-1, W.size(0))
         losses.append(label_smoothed_nll_loss(lprobs, target, 0.1, ignore_index=1)[0])
     return losses
@@ -278,7 +278,7 @@ def _train_model(rule="pabee"):
     model = _exit_model(rule, L=4)
     with torch.no_grad():  # off-ramp LayerNorms away from their identity initialisation
         g = torch.Generator().manual_seed(8)
-        for norm in model.decoder.halting.norms:
+        for norm in model.decoder.side.halting.norms:
             norm.weight.copy_(1 + 0.3 * torch.randn(norm.weight.shape, generator=g))
             norm.bias.copy_(0.1 * torch.randn(norm.bias.shape, generator=g))
     return model.train()
@@ -295,8 +295,8 @@ def test_weighted_exit_loss_is_the_pabee_average():
     for l in range(1, L + 1):
         torch.testing.assert_close(log[f"exit_loss_{l}"], ce[l - 1].detach(), atol=1e-4, rtol=1e-5)
     loss.backward()
-    assert model.decoder.halting.norms[0].weight.grad is not None
-    assert model.decoder.block.ffd.w1.grad.abs().sum() > 0
+    assert model.decoder.side.halting.norms[0].weight.grad is not None
+    assert model.decoder.side.block.ffd.w1.grad.abs().sum() > 0
 
 
 def test_offramps_exit_loss_trains_the_offramps_only():
@@ -307,7 +307,7 @@ def test_offramps_exit_loss_trains_the_offramps_only():
     torch.testing.assert_close(loss, sum(ce[:-1]), atol=1e-4, rtol=1e-5)
     loss.backward()
     trained = {n for n, p in model.named_parameters() if p.grad is not None}
-    assert trained == {n for n, _ in model.decoder.halting.norms.named_parameters(prefix="decoder.halting.norms")}
+    assert trained == {n for n, _ in model.decoder.side.halting.norms.named_parameters(prefix="decoder.side.halting.norms")}
     assert all(model.get_parameter(n).grad.abs().sum() > 0 for n in trained)
 
 
@@ -328,7 +328,7 @@ def test_exit_loss_none_keeps_the_plain_objective():
     sample = _sample(model)
     loss, _, log = _criterion(model, "none")(model, sample)
     plain = make_model(decoder_halting="none", decoder_layers=4, halting_threshold=0.7).train()
-    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "decoder.halting" not in k})
+    plain.load_state_dict({k: v for k, v in model.state_dict().items() if "decoder.side.halting" not in k})
     net = sample["net_input"]
     logits, extra = plain(net["src_tokens"], net["src_lengths"], net["prev_output_tokens"])
     assert "decoder_exits" not in extra and (extra["halting_decoder"].steps[net["prev_output_tokens"].ne(1)] == 4).all()
@@ -355,7 +355,7 @@ def test_macs_count_the_offramps_per_running_position_and_step():
     assert dynamic.steps["decoder"][0] == int(steps.sum())
     static = count_forward(model, net_input, "static")
     assert static.parts["offramp"] == 0 and static.steps["decoder"][0] == L * prev.numel()
-    assert model.decoder.halting.exits_enabled  # restored after the static count
+    assert model.decoder.side.halting.exits_enabled  # restored after the static count
 
 
 @pytest.mark.parametrize("option,value,message", [
@@ -400,9 +400,9 @@ def test_the_other_exit_rules_option_is_kept_for_the_sweep():
     checkpoint leaves the checkpoint's patience in its arguments; the value is then read
     after the switch."""
     model = make_model(decoder_halting="pabee", decoder_layers=3, exit_patience=2, exit_entropy=0.7)
-    assert (model.decoder.halting.patience, model.decoder.halting.entropy) == (2, 0.7)
+    assert (model.decoder.side.halting.patience, model.decoder.side.halting.entropy) == (2, 0.7)
     model = make_model(decoder_halting="entropy", decoder_layers=3, exit_patience=1, exit_entropy=0.5)
-    assert (model.decoder.halting.rule, model.decoder.halting.patience) == ("entropy", 1)
+    assert (model.decoder.side.halting.rule, model.decoder.side.halting.patience) == ("entropy", 1)
 
 
 def test_exit_module_checks_its_own_arguments():
@@ -418,7 +418,7 @@ def test_rules_share_the_offramps_so_either_loads_the_other():
     entropy = _exit_model("entropy")
     entropy.load_state_dict(pabee.state_dict())
     extra = set(pabee.state_dict()) - set(_exit_model("none").state_dict())
-    assert extra == {f"decoder.halting.norms.{i}.{p}" for i in range(4) for p in ("weight", "bias")}
+    assert extra == {f"decoder.side.halting.norms.{i}.{p}" for i in range(4) for p in ("weight", "bias")}
 
 
 def test_training_runs_every_step_and_hands_over_the_states():

@@ -70,7 +70,7 @@ def test_compiled_step_makes_no_host_sync(monkeypatch):
     model.zero_grad()
     out, _ = model(src, src.ne(1).sum(1), prev)
     assert {"encoder", "decoder"} <= set(calls), calls
-    assert all(not side.compiled_step.failed for side in (model.encoder, model.decoder))
+    assert all(not side.compiled_step.failed for side in (model.encoder.side, model.decoder.side))
     out.float().logsumexp(-1).sum().backward()
     grads = [p.grad for p in model.parameters() if p.grad is not None]
     assert grads and all(torch.isfinite(t).all() for t in grads)
@@ -109,7 +109,7 @@ def test_compiled_loop_as_cuda_graphs_equals_eager():
     randomise_halting(eager)
     graphs = make_model(compile_loop=True)
     graphs.load_state_dict(eager.state_dict())
-    for side in (graphs.encoder, graphs.decoder):
+    for side in (graphs.encoder.side, graphs.decoder.side):
         side.compiled_step.mode = "reduce-overhead"
     eager, graphs = eager.to(DEV).train(), graphs.to(DEV).train()
     small = tuple(t[:3, :8] if t.dim() == 2 else t[:3] for t in _tiny_batch(1))
@@ -128,5 +128,5 @@ def test_compiled_loop_as_cuda_graphs_equals_eager():
         assert grads_g.keys() == grads_e.keys()
         for name in grads_e:
             torch.testing.assert_close(grads_g[name], grads_e[name], rtol=1e-4, atol=1e-4, msg=name)
-    assert not any(side.compiled_step.failed for side in (graphs.encoder, graphs.decoder))
+    assert not any(side.compiled_step.failed for side in (graphs.encoder.side, graphs.decoder.side))
     assert counters["inductor"]["cudagraph_skips"] == skips

@@ -34,7 +34,7 @@ def build(kv, rule="stick-breaking", seed=0, threshold=THRESHOLD, **overrides):
                        encoder_halting=rule, encoder_halting_kv=kv, seed=seed, **overrides)
     randomise_parameters(model, seed=seed + 7)
     with torch.no_grad():
-        for side in (model.encoder, model.decoder):
+        for side in (model.encoder.side, model.decoder.side):
             side.halting.unit.fc2.weight.mul_(HALTING_SCALE)
             side.halting.unit.fc2.bias.fill_(HALTING_BIAS)
     return model
@@ -100,33 +100,33 @@ def reference(side, x0, real, rule, kv, attend):
 def encoder_reference(model, src, kv, rule):
     enc = model.encoder
     pad = src.eq(enc.padding_idx)
-    x0 = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
+    x0 = enc.side.embed_scale * enc.side.embed_tokens(src) + enc.side.embed_positions(src)
 
     def attend(h, k, v, running):
-        return enc.block(h, k, v, running, self_padding_mask=pad)
+        return enc.side.block(h, k, v, running, self_padding_mask=pad)
 
-    return reference(enc, x0, ~pad, rule, kv, attend)
+    return reference(enc.side, x0, ~pad, rule, kv, attend)
 
 
 def decoder_reference(model, enc_out, prev, kv, rule):
     dec = model.decoder
-    x0 = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)
-    cross_k, cross_v = dec.block.cross_kv(enc_out["encoder_out"][0].transpose(0, 1))
+    x0 = dec.side.embed_scale * dec.side.embed_tokens(prev) + dec.side.embed_positions(prev)
+    cross_k, cross_v = dec.side.block.cross_kv(enc_out["encoder_out"][0].transpose(0, 1))
     enc_pad = enc_out["encoder_padding_mask"][0]
     pad = prev.eq(dec.padding_idx)
 
     def attend(h, k, v, running):
-        return dec.block(h, k, v, running, self_padding_mask=pad, cross_k=cross_k,
+        return dec.side.block(h, k, v, running, self_padding_mask=pad, cross_k=cross_k,
                          cross_v=cross_v, cross_padding_mask=enc_pad)
 
-    return reference(dec, x0, ~pad, rule, kv, attend)
+    return reference(dec.side, x0, ~pad, rule, kv, attend)
 
 
 @pytest.mark.parametrize("rule", ["stick-breaking", "global-mean"])
 @pytest.mark.parametrize("kv", ["mixture", "state"])
 def test_both_sides_equal_the_per_step_reference(kv, rule):
     model = build(kv, rule)
-    assert model.encoder.recurrence.step.kv_from_state == model.decoder.recurrence.step.kv_from_state == (kv == "state")
+    assert model.encoder.side.recurrence.step.kv_from_state == model.decoder.side.recurrence.step.kv_from_state == (kv == "state")
     src, prev = inputs()
     with torch.no_grad():
         enc_out = model.encoder(src)
@@ -165,11 +165,11 @@ def test_state_and_mixture_differ_once_a_position_holds_halted_mass(rule):
 
 
 def test_the_options_are_per_side_and_the_decoder_follows_the_encoder():
-    assert make_model(encoder_halting_kv="state").decoder.recurrence.step.kv_from_state
+    assert make_model(encoder_halting_kv="state").decoder.side.recurrence.step.kv_from_state
     model = make_model(encoder_halting_kv="state", decoder_halting_kv="mixture")
-    assert model.encoder.recurrence.step.kv_from_state and not model.decoder.recurrence.step.kv_from_state
+    assert model.encoder.side.recurrence.step.kv_from_state and not model.decoder.side.recurrence.step.kv_from_state
     model = make_model(decoder_halting_kv="state")
-    assert not model.encoder.recurrence.step.kv_from_state and model.decoder.recurrence.step.kv_from_state
+    assert not model.encoder.side.recurrence.step.kv_from_state and model.decoder.side.recurrence.step.kv_from_state
 
 
 def test_the_default_is_mixture_and_an_old_checkpoints_arguments_still_build():
@@ -182,7 +182,7 @@ def test_the_default_is_mixture_and_an_old_checkpoints_arguments_still_build():
     torch.manual_seed(0)
     old = SUTTransformerModel.build_model(args, _Task(dictionary, dictionary)).eval()
     assert args.encoder_halting_kv == args.decoder_halting_kv == "mixture"
-    assert not old.encoder.recurrence.step.kv_from_state and not old.decoder.recurrence.step.kv_from_state
+    assert not old.encoder.side.recurrence.step.kv_from_state and not old.decoder.side.recurrence.step.kv_from_state
     default = make_model(halting_threshold=THRESHOLD)
     explicit = make_model(halting_threshold=THRESHOLD, encoder_halting_kv="mixture")
     assert old.state_dict().keys() == default.state_dict().keys()
@@ -222,7 +222,7 @@ def test_incremental_decoding_equals_the_full_forward_under_state(rule, threshol
         alone = [run_incremental(model, model.encoder.reorder_encoder_out(enc, torch.tensor([b])),
                                  prev[b:b + 1])[0] for b in range(prev.size(0))]
         mixture = copy.deepcopy(model)
-        mixture.decoder.recurrence.step.kv_from_state = False
+        mixture.decoder.side.recurrence.step.kv_from_state = False
         other, _ = mixture.decoder(prev, enc)
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(torch.cat(alone), full, atol=1e-5, rtol=1e-5)
@@ -243,7 +243,7 @@ def test_the_compiled_steps_modules_read_h_under_state(rule, step_embedding):
     or projected every step (with one), equal the eager step's."""
     model = build("state", rule, decoder_halting_kv="state", encoder_step_embedding=step_embedding)
     compiled = copy.deepcopy(model)
-    for side, name in ((compiled.encoder, "encoder"), (compiled.decoder, "decoder")):
+    for side, name in ((compiled.encoder.side, "encoder"), (compiled.decoder.side, "decoder")):
         side.compiled_step = build_compiled(side.recurrence.step, name)
         assert step_module(side.compiled_step).kv_from_state
         side.compiled_step.compiled = side.compiled_step.step  # the module itself
@@ -272,13 +272,13 @@ def test_compile_step_builds_and_traces_the_state_step(loop, monkeypatch):
     compiled = make_model(halting_threshold=THRESHOLD, encoder_layers=3, decoder_layers=3,
                           encoder_halting_kv="state", decoder_halting_kv="mixture", **option)
     compiled.load_state_dict(eager.state_dict())
-    assert step_module(compiled.encoder.compiled_step).kv_from_state
-    assert not step_module(compiled.decoder.compiled_step).kv_from_state
+    assert step_module(compiled.encoder.side.compiled_step).kv_from_state
+    assert not step_module(compiled.decoder.side.compiled_step).kv_from_state
     src, prev = inputs()
     with torch.no_grad():
         want, want_extra = eager(src, src.ne(1).sum(1), prev)
         got, got_extra = compiled(src, src.ne(1).sum(1), prev)
-    for side in (compiled.encoder, compiled.decoder):
+    for side in (compiled.encoder.side, compiled.decoder.side):
         assert side.compiled_step.compiled is not None and not side.compiled_step.failed
     for key in ("halting_encoder", "halting_decoder"):
         assert torch.equal(got_extra[key].steps, want_extra[key].steps)
@@ -330,7 +330,7 @@ def test_step_embeddings_and_hyper_modules_read_h_under_state_in_incremental_dec
         alone = [run_incremental(model, model.encoder.reorder_encoder_out(enc, torch.tensor([b])),
                                  prev[b:b + 1]) for b in range(prev.size(0))]
         mixture = copy.deepcopy(model)
-        mixture.decoder.recurrence.step.kv_from_state = False
+        mixture.decoder.side.recurrence.step.kv_from_state = False
         other, _ = mixture.decoder(prev, enc)
     steps = extra["halting_decoder"].steps
     torch.testing.assert_close(torch.cat([a[0] for a in alone]), full, atol=1e-5, rtol=1e-5)

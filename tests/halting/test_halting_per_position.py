@@ -69,14 +69,14 @@ def test_encoder_matches_scalar_reference(threshold):
     pad = src.eq(enc.padding_idx)
     with torch.no_grad():
         out = enc(src)
-        x0 = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
+        x0 = enc.side.embed_scale * enc.side.embed_tokens(src) + enc.side.embed_positions(src)
 
         def block_call(h_row, S_b, b, t):
-            k, v = enc.block.self_kv(S_b)
-            return enc.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool),
+            k, v = enc.side.block.self_kv(S_b)
+            return enc.side.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool),
                              self_padding_mask=pad[b:b + 1], q_start=t)
 
-        S_ref, w_ref, steps_ref = scalar_recurrence(enc, x0, ~pad, block_call)
+        S_ref, w_ref, steps_ref = scalar_recurrence(enc.side, x0, ~pad, block_call)
     res = out["halting"][0]
     real = ~pad
     torch.testing.assert_close(out["encoder_out"][0].transpose(0, 1)[real], S_ref[real], atol=2e-5, rtol=1e-4)
@@ -85,11 +85,11 @@ def test_encoder_matches_scalar_reference(threshold):
     # the halting distribution sums to 1 on real positions, 0 on padding
     torch.testing.assert_close(res.weights.sum(-1), real.float())
     # L_ACT summand: Σ_l l·w_l with the remainder on the last executed step
-    depth = (w_ref * torch.arange(1, enc.num_steps + 1, dtype=torch.float64)).sum(-1)
+    depth = (w_ref * torch.arange(1, enc.side.num_steps + 1, dtype=torch.float64)).sum(-1)
     torch.testing.assert_close(res.expected_depth.double(), depth, atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(res.act_loss().double(), depth[real].mean(), atol=1e-6, rtol=1e-5)
     if threshold < 0.5:
-        assert (steps_ref[real] < enc.num_steps).all(), "lowered threshold must halt early"
+        assert (steps_ref[real] < enc.side.num_steps).all(), "lowered threshold must halt early"
     if threshold == 0.7:
         assert len(set(steps_ref[real].tolist())) > 1, "want positions halting at different steps"
 
@@ -105,19 +105,19 @@ def test_decoder_matches_scalar_reference(threshold):
     with torch.no_grad():
         enc_out = model.encoder(src)
         feats, extra = dec(prev, enc_out, features_only=True)
-        x0 = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev)
+        x0 = dec.side.embed_scale * dec.side.embed_tokens(prev) + dec.side.embed_positions(prev)
         enc_states = enc_out["encoder_out"][0].transpose(0, 1)
-        cross_k, cross_v = dec.block.cross_kv(enc_states)
+        cross_k, cross_v = dec.side.block.cross_kv(enc_states)
         enc_pad = enc_out["encoder_padding_mask"][0]
         real = prev.ne(dec.padding_idx)
 
         def block_call(h_row, S_b, b, t):
-            k, v = dec.block.self_kv(S_b[:, : t + 1])
-            return dec.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool), q_start=t,
+            k, v = dec.side.block.self_kv(S_b[:, : t + 1])
+            return dec.side.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool), q_start=t,
                              cross_k=cross_k[b:b + 1], cross_v=cross_v[b:b + 1],
                              cross_padding_mask=enc_pad[b:b + 1])
 
-        S_ref, w_ref, steps_ref = scalar_recurrence(dec, x0, real, block_call)
+        S_ref, w_ref, steps_ref = scalar_recurrence(dec.side, x0, real, block_call)
     res = extra["halting_decoder"]
     torch.testing.assert_close(feats[real], S_ref[real], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(res.weights.double(), w_ref, atol=1e-6, rtol=1e-5)
@@ -129,7 +129,7 @@ def test_no_halting_runs_all_steps_and_outputs_last_state():
     src = _inputs(model)
     res = model.encoder(src)["halting"][0]
     real = res.real
-    assert (res.steps[real] == model.encoder.num_steps).all()
+    assert (res.steps[real] == model.encoder.side.num_steps).all()
     assert (res.steps[~real] == 0).all()
     torch.testing.assert_close(res.expected_depth[real], torch.full_like(res.expected_depth[real], 3.0))
 
@@ -137,7 +137,7 @@ def test_no_halting_runs_all_steps_and_outputs_last_state():
 def test_halting_unit_starts_at_one_half():
     model = make_model()
     h = torch.randn(2, 5, 64)
-    torch.testing.assert_close(torch.sigmoid(model.encoder.halting.unit(h)), torch.full((2, 5), 0.5))
+    torch.testing.assert_close(torch.sigmoid(model.encoder.side.halting.unit(h)), torch.full((2, 5), 0.5))
 
 
 def test_log_space_products_do_not_underflow():

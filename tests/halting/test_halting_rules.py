@@ -143,21 +143,21 @@ def test_act_matches_scalar_graves_loop(threshold):
     pad = src.eq(enc.padding_idx)
     with torch.no_grad():
         out = enc(src)
-        x0 = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src)
+        x0 = enc.side.embed_scale * enc.side.embed_tokens(src) + enc.side.embed_positions(src)
 
         def block_call(h_row, S_b, b, t):
-            k, v = enc.block.self_kv(S_b)
-            return enc.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool),
+            k, v = enc.side.block.self_kv(S_b)
+            return enc.side.block(h_row, k, v, torch.ones(1, 1, dtype=torch.bool),
                              self_padding_mask=pad[b:b + 1], q_start=t)
 
-        S_ref, w_ref, steps_ref, ponder_ref = scalar_act(enc, x0, ~pad, block_call, threshold)
+        S_ref, w_ref, steps_ref, ponder_ref = scalar_act(enc.side, x0, ~pad, block_call, threshold)
     res, real = out["halting"][0], ~pad
     torch.testing.assert_close(out["encoder_out"][0].transpose(0, 1)[real], S_ref[real], atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(res.weights.double(), w_ref, atol=1e-6, rtol=1e-5)
     assert torch.equal(res.steps, steps_ref)
     torch.testing.assert_close(res.expected_depth.double(), ponder_ref, atol=1e-6, rtol=1e-5)
     if threshold < 0.9:
-        assert (steps_ref[real] < enc.num_steps).any()
+        assert (steps_ref[real] < enc.side.num_steps).any()
 
 
 @pytest.mark.parametrize("rule", ["stick-breaking", "global-mean", "act"])
@@ -176,11 +176,11 @@ def test_lowering_the_threshold_never_increases_executed_steps(rule):
 def test_gated_ffn_closed_gate_keeps_the_state():
     model = make_model(gated_ffn=True, encoder_halting="none", decoder_halting="none")
     with torch.no_grad():
-        model.encoder.block.gate.fc2.bias.fill_(-1e4)  # G = 0: h_l = h_{l-1}
+        model.encoder.side.block.gate.fc2.bias.fill_(-1e4)  # G = 0: h_l = h_{l-1}
     src, _ = _batch()
     with torch.no_grad():
         out = model.encoder(src)["encoder_out"][0].transpose(0, 1)
-        x0 = model.encoder.embed_scale * model.encoder.embed_tokens(src) + model.encoder.embed_positions(src)
+        x0 = model.encoder.side.embed_scale * model.encoder.side.embed_tokens(src) + model.encoder.side.embed_positions(src)
     torch.testing.assert_close(out, x0)
 
 

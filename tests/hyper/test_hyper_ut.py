@@ -136,7 +136,7 @@ def test_encoder_weights_are_one_set_per_sentence():
     real = src.ne(1)
     calls, handles = _record_hyper_calls(model)
     block_inputs = []
-    handles.append(model.encoder.block.register_forward_pre_hook(
+    handles.append(model.encoder.side.block.register_forward_pre_hook(
         lambda mod, args, kwargs: block_inputs.append((args[0], kwargs["hyper_z"])), with_kwargs=True))
     with torch.no_grad():
         model.encoder(src)
@@ -165,12 +165,12 @@ def reference_hyper_encoder(model, src):
     enc = model.encoder
     pad = src.eq(enc.padding_idx)
     w = (~pad).unsqueeze(-1).to(torch.float64)
-    h = enc.embed_scale * enc.embed_tokens(src) + enc.embed_positions(src).to(torch.float64)
-    for _ in range(enc.num_steps):
+    h = enc.side.embed_scale * enc.side.embed_tokens(src) + enc.side.embed_positions(src).to(torch.float64)
+    for _ in range(enc.side.num_steps):
         z = (h * w).sum(1) / w.sum(1)
-        k, v = enc.block.self_kv(h, z)
-        h = enc.block(h, k, v, ~pad, self_padding_mask=pad, hyper_z=z)
-    return h if enc.final_norm is None else enc.final_norm(h)
+        k, v = enc.side.block.self_kv(h, z)
+        h = enc.side.block(h, k, v, ~pad, self_padding_mask=pad, hyper_z=z)
+    return h if enc.side.final_norm is None else enc.side.final_norm(h)
 
 
 def reference_hyper_decoder(model, prev, enc_out):
@@ -180,15 +180,15 @@ def reference_hyper_decoder(model, prev, enc_out):
     dec = model.decoder
     pad = prev.eq(dec.padding_idx)
     w = (~pad).unsqueeze(-1).to(torch.float64)
-    h = dec.embed_scale * dec.embed_tokens(prev) + dec.embed_positions(prev).to(torch.float64)
-    cross_k, cross_v = dec.block.cross_kv(enc_out["encoder_out"][0].transpose(0, 1))
-    for _ in range(dec.num_steps):
+    h = dec.side.embed_scale * dec.side.embed_tokens(prev) + dec.side.embed_positions(prev).to(torch.float64)
+    cross_k, cross_v = dec.side.block.cross_kv(enc_out["encoder_out"][0].transpose(0, 1))
+    for _ in range(dec.side.num_steps):
         z = torch.stack([(h[:, : t + 1] * w[:, : t + 1]).sum(1) / w[:, : t + 1].sum(1).clamp_min(1)
                          for t in range(prev.size(1))], 1)
-        k, v = dec.block.self_kv(h, z)
-        h = dec.block(h, k, v, ~pad, self_padding_mask=pad, cross_k=cross_k, cross_v=cross_v,
+        k, v = dec.side.block.self_kv(h, z)
+        h = dec.side.block(h, k, v, ~pad, self_padding_mask=pad, cross_k=cross_k, cross_v=cross_v,
                       cross_padding_mask=enc_out["encoder_padding_mask"][0], hyper_z=z)
-    return dec.output_layer(h if dec.final_norm is None else dec.final_norm(h))
+    return dec.output_layer(h if dec.side.final_norm is None else dec.side.final_norm(h))
 
 
 @pytest.mark.parametrize("components", ["qkv,out,ffn", "ffn"])
@@ -328,7 +328,7 @@ def test_component_subsets(components):
     names = {n.rsplit(".", 1)[-1] for n, m in model.named_modules() if isinstance(m, HyperLinear)}
     expected = {"qkv": {"q_proj", "k_proj", "v_proj"}, "out": {"out_proj"}, "ffn": {"fc1", "fc2"}}
     assert names == set().union(*(expected[c] for c in components.split(",")))
-    assert not any(isinstance(m, HyperLinear) for m in model.decoder.block.cross_attn.modules())
+    assert not any(isinstance(m, HyperLinear) for m in model.decoder.side.block.cross_attn.modules())
     src, prev = _decoder_inputs(seed=5)
     with torch.no_grad():
         enc = model.encoder(src)
@@ -445,9 +445,9 @@ def test_hyper_ut_cpvr_trains_one_step_with_gradients_on_every_hyper_parameter()
     model = build_model("hyper_ut_cpvr", dict_size=40, share_all_embeddings=True,
                         encoder_layers=3, decoder_layers=3, hyper_embed_dim=4, hyper_modules=3,
                         ffd_hidden_dim=32)
-    assert model.encoder.block.hyper and model.decoder.block.hyper
-    assert model.encoder.num_steps == model.decoder.num_steps == 3
-    assert model.encoder.halting.rule == model.decoder.halting.rule == "act"
+    assert model.encoder.side.block.hyper and model.decoder.side.block.hyper
+    assert model.encoder.side.num_steps == model.decoder.side.num_steps == 3
+    assert model.encoder.side.halting.rule == model.decoder.side.halting.rule == "act"
     criterion = SUTLabelSmoothedCrossEntropyCriterion(
         SimpleNamespace(target_dictionary=model.decoder.dictionary), False, 0.1,
         mim_weight=0.0, act_weight=0.1)
@@ -478,7 +478,7 @@ def test_hyper_ut_cpvr_trains_one_step_with_gradients_on_every_hyper_parameter()
 def test_gated_ffn_combines_with_hyper_modules():
     model = small_model(seed=6, dtype=torch.float32, gated_ffn=True, decoder_halting="act",
                         halting_threshold=0.6)
-    assert model.decoder.block.gate is not None
+    assert model.decoder.side.block.gate is not None
     src, prev = _decoder_inputs(seed=6)
     with torch.no_grad():
         enc = model.encoder(src)

@@ -142,12 +142,12 @@ def test_the_classify_config_builds_its_model(path):
     task = type("Task", (), {"source_dictionary": dictionary, "pair": pair, "num_classes": 3})()
     model = SUTClassifierModel.build_model(args, task).eval()
     assert model.pooling == spec["pooling"] and model.pair == pair
-    assert model.encoder.kv_from_state == (spec["halting_kv"] == "state")
-    assert hasattr(model.encoder, "later_blocks") == ("--tlb-unshared" in spec["model_flags"])
+    assert model.encoder.side.kv_from_state == (spec["halting_kv"] == "state")
+    assert hasattr(model.encoder.side, "later_blocks") == ("--tlb-unshared" in spec["model_flags"])
     tokens = torch.tensor([[4, 5, 6, 2], [7, 8, 2, 1]])
     lengths = torch.tensor([4, 3])
     extra = {"pair_tokens": tokens.flip(0), "pair_lengths": lengths.flip(0)} if pair else {}
     logits, out = model(tokens, lengths, **extra)
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()
-    built_rule = getattr(model.encoder.halting, "rule", "none")  # NoHalting has no rule
+    built_rule = getattr(model.encoder.side.halting, "rule", "none")  # NoHalting has no rule
     assert built_rule == spec["halting_rules"]["encoder"]

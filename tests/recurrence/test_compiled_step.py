@@ -60,7 +60,7 @@ def _models(overrides, loop=False, compile=True):
     eager = make_model(**overrides)
     randomise_halting(eager)
     compiled = copy.deepcopy(eager)
-    for side, name in ((compiled.encoder, "encoder"), (compiled.decoder, "decoder")):
+    for side, name in ((compiled.encoder.side, "encoder"), (compiled.decoder.side, "decoder")):
         side.compiled_step = build_compiled(side.recurrence.step, name,
                                             max_steps=side.num_steps if loop else None)
         if not compile:  # what CompiledStep calls once compiled: here the module itself
@@ -82,7 +82,7 @@ def _loss_and_grads(model, batch):
 def _assert_same(eager, compiled, batch):
     out_e, extra_e, grads_e = _loss_and_grads(eager, batch)
     out_c, extra_c, grads_c = _loss_and_grads(compiled, batch)
-    for side in (compiled.encoder, compiled.decoder):
+    for side in (compiled.encoder.side, compiled.decoder.side):
         assert side.compiled_step.compiled is not None and not side.compiled_step.failed
     torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
     for key in ("halting_encoder", "halting_decoder"):
@@ -141,7 +141,7 @@ def test_the_step_decides_with_its_threshold_input(rule, loop):
     input, not the halting unit's attribute. The loop runs 2 steps: a position runs the
     second step exactly when the decision after the first let it (c_1 < α_thresh)."""
     _, model = _models(dict(encoder_halting=rule, encoder_layers=2), loop, compile=False)
-    side = model.encoder
+    side = model.encoder.side
     step = side.compiled_step.step
     decisions = {}
     for given in (0.3, 0.999):
@@ -168,7 +168,7 @@ def test_the_step_projects_keys_and_values_only_for_the_rows_whose_state_changed
     for the changed rows leaves the step's output as it is; garbage carried for the
     others reaches it."""
     _, model = _models({}, compile=False)
-    side = model.encoder
+    side = model.encoder.side
     step = side.compiled_step.step
     assert step.step.carries_kv
     h0, real, state, zeros = _first_step_inputs(side, seed=3)
@@ -205,7 +205,7 @@ def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, ca
     assert compiler.compiler_missing(torch.device("cuda")) is None
     compiled, batch = _run_beside_eager(caplog)
     src, lengths, prev = batch
-    for side in (compiled.encoder, compiled.decoder):
+    for side in (compiled.encoder.side, compiled.decoder.side):
         assert side.compiled_step.failed and side.compiled_step.compiled is None
     assert [r.getMessage() for r in caplog.records if r.name == compiler.__name__] == [
         f"--compile-step: compiling the {side} step failed (RuntimeError: {message}); running the "
@@ -238,7 +238,7 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
     monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
     torch._dynamo.reset()
     eager, compiled = _models(VARIANTS[variant], loop=True)
-    assert isinstance(compiled.encoder.compiled_step.step, TensorLoop)
+    assert isinstance(compiled.encoder.side.compiled_step.step, TensorLoop)
     eager.train(), compiled.train()
     _assert_same(eager, compiled, _batch())
 
@@ -272,7 +272,7 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkey
     compilations = counter.frame_count
     assert compilations == (2 if compile else 0)  # one per side
     for model in (eager, compiled):
-        for side in (model.encoder, model.decoder):
+        for side in (model.encoder.side, model.decoder.side):
             side.halting.threshold = 0.3
     with torch.no_grad():
         _, extra = eager(*batch)
@@ -338,16 +338,16 @@ def test_the_compiled_step_is_the_eager_step_in_tensor_form():
     ``RecurrenceStep`` (``step_module`` finds it in either form)."""
     for option in ("compile_step", "compile_loop"):
         model = make_model(**{option: True})
-        for side in (model.encoder, model.decoder):
+        for side in (model.encoder.side, model.decoder.side):
             assert recurrence.step_module(side.compiled_step) is side.recurrence.step
 
 
 def test_the_loop_runs_the_steps_it_was_built_for():
     model = make_model(compile_loop=True)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         assert isinstance(side.compiled_step.step, TensorLoop)
         assert side.compiled_step.step.max_steps == side.num_steps
-    side = model.encoder
+    side = model.encoder.side
     real = torch.ones(1, 3, dtype=torch.bool)
     with pytest.raises(ValueError, match=f"runs {side.num_steps} steps, not 2"):
         recurrence.SideRecurrence(side.recurrence.step, 2).run(
@@ -487,7 +487,7 @@ def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
             model.eval()
             with torch.no_grad(), record_routing(model):
                 model(src, lengths, prev)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         assert not side.compiled_step.failed
     assert 1 <= counter.frame_count <= 4, f"{counter.frame_count} compilations"
 
@@ -516,7 +516,7 @@ def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, reasons, cap
         f"--compile-step: the {side} keeps the eager step (not covered: {', '.join(reasons[side])})"
         for side in ("encoder", "decoder") if side in reasons]
     for side in ("encoder", "decoder"):
-        assert (getattr(model, side).compiled_step is None) == (side in reasons)
+        assert (getattr(model, side).side.compiled_step is None) == (side in reasons)
     src, lengths, prev = _batch()
     with torch.no_grad():
         model(src, lengths, prev)  # the eager step runs
@@ -532,10 +532,10 @@ def test_counting_graph_breaks_needs_a_compiled_step():
 
 def test_option_builds_compiled_steps_and_compiles_lazily():
     model = make_model(compile_step=True)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         assert isinstance(side.compiled_step, CompiledStep)
         assert side.compiled_step.compiled is None  # nothing compiled before the first forward
-    assert make_model().encoder.compiled_step is None
+    assert make_model().encoder.side.compiled_step is None
 
 
 def test_an_error_of_the_model_is_not_taken_for_a_compiler_failure(monkeypatch):
@@ -549,7 +549,7 @@ def test_an_error_of_the_model_is_not_taken_for_a_compiler_failure(monkeypatch):
     src, lengths, prev = _batch()
     with pytest.raises(ValueError, match="a shape is wrong"), torch.no_grad():
         compiled(src, lengths, prev)
-    assert not compiled.encoder.compiled_step.failed
+    assert not compiled.encoder.side.compiled_step.failed
 
 
 def test_importing_the_plugin_leaves_the_compiler_unloaded():
@@ -569,7 +569,7 @@ def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
     torch._dynamo.reset()
     compiled, batch = _run_beside_eager(caplog)
     src, lengths, prev = batch
-    assert compiled.encoder.compiled_step.failed and compiled.decoder.compiled_step.failed
+    assert compiled.encoder.side.compiled_step.failed and compiled.decoder.side.compiled_step.failed
     # one line per side, naming the compiler's own error (not dynamo's wrapper around it)
     assert [r.getMessage() for r in caplog.records if r.name == compiler.__name__] == [
         f"--compile-step: compiling the {side} step failed (RuntimeError: no compiler here); "
@@ -600,7 +600,7 @@ def test_a_graph_break_in_the_step_is_a_compiler_failure(monkeypatch):
 
 
 def test_the_failure_message_is_the_errors_first_line_cut_to_300_characters(caplog):
-    step = make_model(compile_step=True).encoder.compiled_step
+    step = make_model(compile_step=True).encoder.side.compiled_step
     with caplog.at_level(logging.WARNING):
         step.disable(ValueError("x" * 400 + "\nsecond line"))
         step.disable(ValueError("  \n"))
@@ -627,4 +627,4 @@ def test_graph_breaks_are_not_counted_for_a_step_that_could_not_be_traced(monkey
     with pytest.raises(RuntimeError, match="the encoder and decoder step could not be traced"):
         count_graph_breaks(model, net_input)
     assert all(side.compiled_step.compiled is None and not side.compiled_step.failed
-               for side in (model.encoder, model.decoder))  # the model's own steps untouched
+               for side in (model.encoder.side, model.decoder.side))  # the model's own steps untouched

@@ -15,7 +15,7 @@ def _compiled_path_model(overrides):
     """A model whose sides run the compiled step's modules (``TensorStep``), uncompiled."""
     model = make_model(encoder_layers=4, decoder_layers=4, halting_threshold=0.8, **overrides)
     randomise_halting(model, seed=5)
-    for side, name in ((model.encoder, "encoder"), (model.decoder, "decoder")):
+    for side, name in ((model.encoder.side, "encoder"), (model.decoder.side, "decoder")):
         side.compiled_step = build_compiled(side.recurrence.step, name)
         side.compiled_step.compiled = side.compiled_step.step
     return model
@@ -49,7 +49,7 @@ def _old_kv():
                          ids=["post-ln", "pre-ln"])
 def test_keys_and_values_as_one_product_equal_two(overrides):
     model = _compiled_path_model(overrides)
-    assert model.encoder.recurrence.step.carries_kv
+    assert model.encoder.side.recurrence.step.carries_kv
     g = torch.Generator().manual_seed(0)
     src, prev = torch.randint(4, 40, (3, 7), generator=g), torch.randint(4, 40, (3, 6), generator=g)
     src[0, :2] = 1

@@ -64,7 +64,7 @@ def test_the_variants_are_objects_chosen_at_build_time(name):
     arch, options, enc_parts, dec_parts = VARIANTS[name]
     model = make_model(arch, **options)
     steps = []
-    for side, parts in ((model.encoder, enc_parts), (model.decoder, dec_parts)):
+    for side, parts in ((model.encoder.side, enc_parts), (model.decoder.side, dec_parts)):
         step = side.recurrence.step
         assert isinstance(step, RecurrenceStep) and step.blocks[0] is side.block
         assert step.halting is side.halting
@@ -95,7 +95,7 @@ def test_the_compiled_step_is_the_eager_step():
     compiled recurrence cannot compute different things."""
     model = make_model(compile_step=True, encoder_step_embedding="coordinate",
                        decoder_step_embedding="none")
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         assert recurrence.step_module(side.compiled_step) is side.recurrence.step
 
 
@@ -106,7 +106,7 @@ def test_a_full_forward_projects_only_the_rows_whose_state_changed():
     randomise_halting(model)
     enc = model.encoder
     projected, decided = [], []
-    decide = enc.halting.decide
+    decide = enc.side.halting.decide
 
     def counting(module, inputs, output):  # the rows the projection computes
         x, mask = inputs[0], inputs[3]
@@ -117,8 +117,8 @@ def test_a_full_forward_projects_only_the_rows_whose_state_changed():
         decided.append(out)
         return out
 
-    enc.halting.decide = recording_decide
-    enc.block.kv_rows.register_forward_hook(counting)
+    enc.side.halting.decide = recording_decide
+    enc.side.block.kv_rows.register_forward_hook(counting)
     src, _ = batch()
     with torch.no_grad():
         out = enc(src)
@@ -166,9 +166,9 @@ def test_the_early_exit_hook_caches_the_frozen_state_for_the_skipped_steps(mode)
             if mode == "coordinate":
                 index = (prev[:, : t + 1].ne(1).long().cumsum(1) * prev[:, : t + 1].ne(1))[:, -1:]
                 coords = sinusoid(index, d)
-            for l in range(2, dec.num_steps + 1):
+            for l in range(2, dec.side.num_steps + 1):
                 E = (sinusoid(torch.tensor(float(l)), d) + coords) if mode != "none" else 0
-                ref_k, ref_v = dec.block.self_kv(S + E)
+                ref_k, ref_v = dec.side.block.self_kv(S + E)
                 k, v = buffer.read(l, t + 1)
                 torch.testing.assert_close(k[:, :, -1:], ref_k, rtol=1e-9, atol=1e-9)
                 torch.testing.assert_close(v[:, :, -1:], ref_v, rtol=1e-9, atol=1e-9)
@@ -199,8 +199,8 @@ def test_incremental_decoding_projects_every_new_row_and_carries_nothing():
     S = torch.randn(2, 1, 64)
     inputs = StepInputs(self_padding_mask=None, real=None)
     with torch.no_grad():
-        k, v = carried_kv(model.decoder.block, S, None, None, inputs, None, None)
-        ref_k, ref_v = model.decoder.block.self_kv(S)
+        k, v = carried_kv(model.decoder.side.block, S, None, None, inputs, None, None)
+        ref_k, ref_v = model.decoder.side.block.self_kv(S)
     assert torch.equal(k, ref_k) and torch.equal(v, ref_v)
 
 
@@ -242,7 +242,7 @@ def test_global_mean_decoding_continues_the_prefix_through_frozen_positions():
         full, extra = model.decoder(prev, enc)
         inc, steps, _ = run_incremental(model, enc, prev)
     assert torch.equal(steps, extra["halting_decoder"].steps)
-    assert (steps[0, :-1] < model.decoder.num_steps).any(), "want a frozen position before the last"
+    assert (steps[0, :-1] < model.decoder.side.num_steps).any(), "want a frozen position before the last"
     torch.testing.assert_close(inc, full, atol=1e-5, rtol=1e-5)
 
 

@@ -55,7 +55,7 @@ def test_cached_kv_with_step_embedding_equals_recomputation(mode, pre_ln):
     kept rows + W TE(l); pre-LN: all rows again) equal self_kv(S + E_l) of every row
     (float64, so that only the arithmetic's association differs)."""
     model = make_model(encoder_normalize_before=pre_ln).double()
-    block = model.encoder.block
+    block = model.encoder.side.block
     emb = StepEmbedding(mode, 64)
     g = torch.Generator().manual_seed(0)
     B, T, d = 3, 5, 64
@@ -64,7 +64,7 @@ def test_cached_kv_with_step_embedding_equals_recomputation(mode, pre_ln):
     positions = emb.positions(tokens, 1, torch.zeros((), dtype=torch.float64))
     # the key/value source of the side's step over one full forward (the rows of S that did
     # not change keep their keys: KeyValueCarry)
-    side_step = RecurrenceStep([block], model.encoder.halting, emb)
+    side_step = RecurrenceStep([block], model.encoder.side.halting, emb)
     inputs = StepInputs(self_padding_mask=tokens.eq(1), real=tokens.ne(1), coords=positions)
     carry = KeyValueCarry()
     S = torch.randn(B, T, d, generator=g, dtype=torch.float64)
@@ -87,19 +87,19 @@ def reference_encoder(model, src):
     """A plain loop for ``--encoder-halting none``: h_0 = scaled embedding (+ positions
     unless coordinate); h_l = Block(h_{l-1} + E_l, keys/values of h_{l-1} + E_l)."""
     enc = model.encoder
-    emb = enc.step_embedding
+    emb = enc.side.step_embedding
     pad = src.eq(enc.padding_idx)
-    h = enc.embed_scale * enc.embed_tokens(src)
+    h = enc.side.embed_scale * enc.side.embed_tokens(src)
     if emb.mode == "timestep":
-        h = h + enc.embed_positions(src)
+        h = h + enc.side.embed_positions(src)
     d = h.size(-1)
     index = (torch.cumsum(~pad, 1) * ~pad).tolist()
-    for step in range(1, enc.num_steps + 1):
+    for step in range(1, enc.side.num_steps + 1):
         E = torch.stack([torch.stack([
             (reference_sinusoid(step, d) + (reference_sinusoid(i, d) if emb.mode == "coordinate" else 0)).float()
             for i in row]) for row in index])
-        k, v = enc.block.self_kv(h + E)
-        h = enc.block(h + E, k, v, ~pad, self_padding_mask=pad)
+        k, v = enc.side.block.self_kv(h + E)
+        h = enc.side.block(h + E, k, v, ~pad, self_padding_mask=pad)
     return h
 
 
@@ -114,7 +114,7 @@ def test_encoder_equals_a_plain_loop(mode, pre_ln):
     with torch.no_grad():
         out = model.encoder(src)["encoder_out"][0].transpose(0, 1)
         if pre_ln:
-            ref = model.encoder.final_norm(reference_encoder(model, src))
+            ref = model.encoder.side.final_norm(reference_encoder(model, src))
         else:
             ref = reference_encoder(model, src)
     real = src.ne(1)
@@ -129,24 +129,24 @@ def reference_decoder(model, prev, enc):
     h_{l-1} + E_l, the encoder output) with E_l = TE(l) (+ PE(i), i the 1-based index among
     the real target tokens, for coordinate). Returns the logits (B, T, V)."""
     dec = model.decoder
-    emb = dec.step_embedding
+    emb = dec.side.step_embedding
     pad = prev.eq(dec.padding_idx)
-    h = dec.embed_scale * dec.embed_tokens(prev)
+    h = dec.side.embed_scale * dec.side.embed_tokens(prev)
     if emb.mode == "timestep":
-        h = h + dec.embed_positions(prev)
+        h = h + dec.side.embed_positions(prev)
     d = h.size(-1)
     index = (torch.cumsum(~pad, 1) * ~pad).tolist()
     enc_out = enc["encoder_out"][0].transpose(0, 1)
-    cross_k, cross_v = dec.block.cross_kv(enc_out)
-    for step in range(1, dec.num_steps + 1):
+    cross_k, cross_v = dec.side.block.cross_kv(enc_out)
+    for step in range(1, dec.side.num_steps + 1):
         E = torch.stack([torch.stack([
             (reference_sinusoid(step, d) + (reference_sinusoid(i, d) if emb.mode == "coordinate" else 0)).float()
             for i in row]) for row in index])
-        k, v = dec.block.self_kv(h + E)
-        h = dec.block(h + E, k, v, ~pad, self_padding_mask=pad, cross_k=cross_k, cross_v=cross_v,
+        k, v = dec.side.block.self_kv(h + E)
+        h = dec.side.block(h + E, k, v, ~pad, self_padding_mask=pad, cross_k=cross_k, cross_v=cross_v,
                       cross_padding_mask=enc["encoder_padding_mask"][0])
-    if dec.final_norm is not None:
-        h = dec.final_norm(h)
+    if dec.side.final_norm is not None:
+        h = dec.side.final_norm(h)
     return dec.output_layer(h)
 
 
@@ -158,7 +158,7 @@ def test_decoder_equals_a_plain_loop(mode, pre_ln):
     a left-padded target row shifts fairseq's positions but not the coordinate index."""
     model = make_model(decoder_step_embedding=mode, decoder_halting="none",
                        decoder_normalize_before=pre_ln)
-    assert model.encoder.step_embedding is None and model.decoder.step_embedding.mode == mode
+    assert model.encoder.side.step_embedding is None and model.decoder.side.step_embedding.mode == mode
     g = torch.Generator().manual_seed(4)
     src = torch.randint(4, 40, (3, 6), generator=g)
     src[1, :2] = 1
@@ -211,9 +211,9 @@ def test_incremental_equals_full_with_step_embedding(mode, pre_ln, threshold):
 def test_step_embedding_reaches_the_output_and_decoder_follows_encoder():
     base = make_model()
     timestep = make_model(encoder_step_embedding="timestep")
-    assert timestep.decoder.step_embedding.mode == "timestep"
-    assert make_model(decoder_step_embedding="coordinate").encoder.step_embedding is None
-    assert base.encoder.step_embedding is None and base.decoder.step_embedding is None
+    assert timestep.decoder.side.step_embedding.mode == "timestep"
+    assert make_model(decoder_step_embedding="coordinate").encoder.side.step_embedding is None
+    assert base.encoder.side.step_embedding is None and base.decoder.side.step_embedding is None
     assert [n for n, _ in base.named_parameters()] == [n for n, _ in timestep.named_parameters()]
     src = torch.randint(4, 40, (2, 5))
     prev = torch.randint(4, 40, (2, 4))

@@ -49,7 +49,7 @@ def test_step_kv_bias_is_w_te_per_head_shaped_1_h_1_d():
     (1, H, 1, D) tensor, the key the per-step vector adds to every key (B, H, T, D):
     k_proj(S + TE) − k_proj(S) per head (float64, random projections)."""
     model = make_model().double()
-    block = model.encoder.block
+    block = model.encoder.side.block
     attn = block.self_attn
     H, D = attn.num_heads, attn.head_dim
     assert H >= 2, "the test needs several heads"

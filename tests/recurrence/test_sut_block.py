@@ -14,7 +14,7 @@ from sut_fairseq.modules.relative_position import ClippedRelativePosition, T5Rel
 
 def _blocks(**overrides):
     model = make_model("sut_tiny", **overrides)
-    return model.encoder.block, model.decoder.block
+    return model.encoder.side.block, model.decoder.side.block
 
 
 def test_each_side_its_own_layer_norm_placement_and_the_attention_options():
@@ -90,7 +90,7 @@ def test_each_side_its_own_width_and_cross_attention_reads_the_encoder_width():
     from sut_fairseq.models.standalone import build_model
 
     model = build_model("sut_tiny", dict_size=40, share_all_embeddings=False, decoder_embed_dim=32)
-    enc, dec = model.encoder.block, model.decoder.block
+    enc, dec = model.encoder.side.block, model.decoder.side.block
     assert enc.self_attn_norm.normalized_shape == (64,) and dec.self_attn_norm.normalized_shape == (32,)
     assert dec.cross_attn.k_proj.in_features == 64
     assert dec.cross_attn.q_weight.shape[1] == 32 and dec.ffd.w1.shape[1] == 32
@@ -128,7 +128,7 @@ def test_encoder_block_forward_against_the_written_out_composition(pre, gated):
     from sut_fairseq.modules.sut_block import FeedForwardGate
 
     torch.manual_seed(0)
-    block = make_model("sut_tiny", encoder_normalize_before=pre, gated_ffn=gated).encoder.block
+    block = make_model("sut_tiny", encoder_normalize_before=pre, gated_ffn=gated).encoder.side.block
     assert isinstance(block.gate, FeedForwardGate) if gated else block.gate is None
     h, S = torch.randn(2, 5, 64), torch.randn(2, 5, 64)
     running = torch.ones(2, 5, dtype=torch.bool)
@@ -143,7 +143,7 @@ def test_encoder_block_forward_against_the_written_out_composition(pre, gated):
 def test_decoder_block_queries_start_at_position_zero_by_default():
     torch.manual_seed(0)
     model = make_model("sut_tiny")
-    block = model.decoder.block
+    block = model.decoder.side.block
     h = torch.randn(2, 4, 64)
     running = torch.ones(2, 4, dtype=torch.bool)
     k, v = block.self_kv(h)
@@ -156,7 +156,7 @@ def test_decoder_block_queries_start_at_position_zero_by_default():
 def test_hyper_block_passes_the_example_embedding_to_its_hyper_sub_layers(components):
     torch.manual_seed(0)
     block = make_model("sut_tiny", hyper_modules=4, hyper_components=components, att_experts=1,
-                       att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none").encoder.block
+                       att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none").encoder.side.block
     h, S, z = torch.randn(2, 5, 64), torch.randn(2, 5, 64), torch.randn(2, 64)
     running = torch.ones(2, 5, dtype=torch.bool)
     k, v = block.self_kv(S, z)
@@ -173,7 +173,7 @@ def test_hyper_block_passes_the_example_embedding_to_its_hyper_sub_layers(compon
 def test_chunk_memory_is_read_after_self_attention():
     torch.manual_seed(0)
     block = make_model("sut_tiny", encoder_chunk_size=4, encoder_memory_slots=2,
-                       encoder_normalize_before=True, tlb_encoder_out="tokens").encoder.block
+                       encoder_normalize_before=True, tlb_encoder_out="tokens").encoder.side.block
     h, S, M = torch.randn(2, 4, 64), torch.randn(2, 4, 64), torch.randn(2, 2, 64)
     running = torch.ones(2, 4, dtype=torch.bool)
     k, v = block.self_kv(S)

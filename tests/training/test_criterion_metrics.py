@@ -237,7 +237,7 @@ def test_weighted_exit_loss_trains_the_states_through_the_off_ramps():
 
     model = make_model(decoder_halting="pabee", decoder_layers=3).train()
     sample = _sample()
-    params = [p for p in model.decoder.block.parameters() if p.requires_grad]
+    params = [p for p in model.decoder.side.block.parameters() if p.requires_grad]
     loss, _, _ = _criterion(model, exit_loss="weighted")(model, sample)
     weighted = torch.autograd.grad(loss, params, allow_unused=True)
     main, _, _ = _criterion(model)(model, sample)

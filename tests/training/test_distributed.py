@@ -120,7 +120,7 @@ def test_every_parameter_gets_a_gradient(batch, halting):
     randomise_halting(model)
     bias = {"normal": None, "all halt after step 1": 30.0, "never halt": -30.0}[halting]
     if bias is not None:
-        for side in (model.encoder, model.decoder):
+        for side in (model.encoder.side, model.decoder.side):
             with torch.no_grad():
                 side.halting.unit.fc2.bias.fill_(bias)
     assert _parameters_without_gradient(model, BATCHES[batch]()) == []
@@ -171,7 +171,7 @@ torch.manual_seed(0)  # the same initial parameters on both ranks
 model = build_model("sut_tiny", dict_size=40, share_all_embeddings=True, sample_topk=1,
                     dropout=0.1, halting_threshold=0.8)
 with torch.no_grad():  # positions halt at different steps
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         side.halting.unit.fc2.weight.normal_(0, 0.3)
 # as fairseq's pytorch_ddp backend wraps it, minus the device_ids a CPU module cannot take
 ddp = ModuleProxyWrapper(torch.nn.parallel.DistributedDataParallel(model, find_unused_parameters=False))

@@ -99,7 +99,7 @@ def test_mixed_precision_through_the_criterion(precision):
 
 def _deep_model(bias, threshold):
     model = make_model(encoder_layers=64, decoder_layers=64, halting_threshold=threshold).train()
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         with torch.no_grad():
             side.halting.unit.fc2.weight.zero_()  # â = sigmoid(bias) at every position and step
             side.halting.unit.fc2.bias.fill_(bias)
@@ -160,7 +160,7 @@ def test_stick_underflow_in_log_space_gives_zeros_not_nan(bias):
     reached): the remaining stick (1 - â)^l falls far below fp32's smallest number for
     â ≈ 1; α_l must underflow to 0 (never NaN or negative) and c must stay <= 1."""
     model = _deep_model(bias, 1.0)
-    halting = model.encoder.halting
+    halting = model.encoder.side.halting
     h = torch.randn(2, 5, 64)
     real = torch.ones(2, 5, dtype=torch.bool)
     state = halting.begin(h, real)
@@ -181,7 +181,7 @@ def test_stick_underflow_in_log_space_gives_zeros_not_nan(bias):
 def test_64_steps_with_positions_halting_at_different_steps(precision):
     model = make_model(encoder_layers=64, decoder_layers=64, halting_threshold=0.999).train()
     randomise_halting(model, std=2.0, seed=3)
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         with torch.no_grad():
             side.halting.unit.fc2.bias.fill_(-2.0)  # â around 0.1: from 30 steps to all 64
     sample = _sample(B=3, S=8, T=6, seed=1)

@@ -235,7 +235,7 @@ def test_batch_of_one_token_gives_no_nan():
     assert log["positions_enc"] == log["positions_dec"] == 1
     assert 1 <= log["steps_enc"] <= 3 and 1 <= log["steps_dec"] <= 3
     # and in a batch of several one-token rows, with every position forced to halt at once
-    for side in (model.encoder, model.decoder):
+    for side in (model.encoder.side, model.decoder.side):
         with torch.no_grad():
             side.halting.unit.fc2.bias.fill_(30.0)
     many = torch.full((5, 1), 2)
