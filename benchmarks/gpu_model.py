@@ -67,7 +67,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402
 
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
-from sut_fairseq.kernels import routed_linear_function as rlf  # noqa: E402
+from sut_fairseq.kernels import routed_linear_triton as rlf  # noqa: E402
 
 
 @dataclass(frozen=True)

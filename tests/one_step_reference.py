@@ -101,11 +101,31 @@ def _outputs(name, compiled):
             + extra["halting_encoder"].act_loss())
     loss.backward()
     out["train_logits"] = logits.detach().clone()
+    legacy = legacy_names(model)  # named as when the fixture was recorded
     for pname, p in model.named_parameters():
-        if p.grad is not None:  # named as when the fixture was recorded (before the sides
-            pname = pname.replace(".side.", ".", 1)  # were modules: encoder.block, ...)
+        if p.grad is not None:
+            pname = legacy.get(pname, pname)
             out[f"grad/{pname}"] = project(pname, p.grad)
     return out
+
+
+def legacy_names(model) -> dict:
+    """Today's parameter names -> those of the code that recorded the fixture: the sides
+    were not modules (``encoder.block`` for ``encoder.side.block``) and the expert layers
+    held their weights themselves (MoE-FFD ``w1 b1 w2 b2``, MoMHA ``q_weight q_bias
+    o_weight o_bias``): the inverse of what the loader does to old checkpoints."""
+    from sut_fairseq.modules.moe_ffd import MoEFeedForward
+    from sut_fairseq.modules.momha import MixtureOfMultiHeadAttention
+
+    renames = {MoEFeedForward: {"up.weight": "w1", "up.bias": "b1", "down.weight": "w2", "down.bias": "b2"},
+               MixtureOfMultiHeadAttention: {"q_proj.weight": "q_weight", "q_proj.bias": "q_bias",
+                                             "o_proj.weight": "o_weight", "o_proj.bias": "o_bias"}}
+    out = {}
+    for path, module in model.named_modules():
+        for new, old in renames.get(type(module), {}).items():
+            out[f"{path}.{new}"] = f"{path}.{old}"
+    names = [n for n, _ in model.named_parameters()]
+    return {n: out.get(n, n).replace(".side.", ".", 1) for n in names}
 
 
 def key(name: str, compiled: bool) -> str:

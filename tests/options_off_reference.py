@@ -6,6 +6,7 @@ options-off tests and by the chunked model's (chunks off = the model before chun
 Regenerate the file (a deliberate numerical change to the shared layers, the reason in its
 commit): ``python tests/options_off_reference.py --write``.
 """
+import functools
 import os
 import sys
 
@@ -80,15 +81,18 @@ def _outputs(options):
 
 
 def current_name(name: str) -> str:
-    """A parameter's name in a checkpoint written before the sides were modules
-    (``encoder.block...``) -> its name now (``encoder.side.block...``): what fairseq's
-    loader does to old checkpoints (``upgrade_state_dict_named``)."""
-    from sut_fairseq.models.recurrent_side import upgrade_names
-
+    """A parameter's name in a checkpoint written before the sides were modules and the
+    expert layers ``ExpertLinear``s (``encoder.block.ffd.w1``) -> its name now
+    (``encoder.side.block.ffd.up.weight``): what fairseq's loader does to old checkpoints
+    (the model's ``upgrade_state_dict``)."""
     state = {name: None}
-    for side in ("encoder", "decoder"):
-        upgrade_names(state, side)
+    _upgrading_model().upgrade_state_dict(state)
     return next(iter(state))
+
+
+@functools.lru_cache(maxsize=None)
+def _upgrading_model():
+    return make_model()
 
 
 def compare(got, expected, keys):

@@ -176,7 +176,7 @@ def moe_ffd_hook(module, inputs, output) -> None:
     """MoE-FFD: only the k selected experts of each running position."""
     routing = module.router._sut_routing
     slots = int(routing.expert_offsets[-1])  # rows the experts processed
-    _, d, D = module.w1.shape
+    _, d, D = module.up.weight.shape
     _add(module, "ffd", slots * (d * D + D + D * d + d) + slots * d)
     _fold(module, module.router)
 

@@ -1,11 +1,11 @@
 """Triton kernels for the sparse layers (docs/model.md#kernels).
 
-``triton_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)``
-is the Triton implementation of ``sut_fairseq.ops.routed_linear`` (same signature and
-result as ``reference_routed_linear``), used for CUDA tensors or ``SUT_KERNELS=triton``.
-Kernels and their autotuning configurations live in ``grouped_gemm``; the autograd
-Function and launchers in ``routed_linear_function``.
+The kernels and their autotuning configurations live in ``grouped_gemm``; the backend of
+the custom op ``sut::routed_linear`` (``sut_fairseq/ops/routed_linear.py``) that launches
+them, ``triton_forward`` / ``triton_backward``, in ``routed_linear_triton``. The op runs
+them for CUDA tensors or under ``SUT_KERNELS=triton``; ``triton_routed_linear`` is the op
+with this backend forced (re-exported here).
 """
-from .routed_linear_function import RoutedLinearFunction, triton_routed_linear
+from ..ops.routed_linear import triton_routed_linear
 
-__all__ = ["RoutedLinearFunction", "triton_routed_linear"]
+__all__ = ["triton_routed_linear"]

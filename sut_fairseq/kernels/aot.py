@@ -30,7 +30,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from . import grouped_gemm as gg
-from . import routed_linear_function as rlf
+from . import routed_linear_triton as rlf
 
 ARCHS = (80, 90)
 # Largest dynamic shared memory one block may opt into (bytes).
@@ -89,14 +89,16 @@ def _shipped_launches(dtype, E, d, D, k, N):
     for use, (rows, kwargs, has_bias) in USES.items():
         kwargs = dict(kwargs)
         gated = kwargs.pop("gated", False)
-        x = torch.empty(N if rows == "token" else M, d, dtype=dtype, requires_grad=True, **meta)
-        w = torch.empty(E, d, D, dtype=dtype, requires_grad=True, **meta)
-        b = torch.empty(E, D, dtype=dtype, requires_grad=True, **meta) if has_bias else None
-        gates = torch.empty(N, k, dtype=torch.float32, requires_grad=True, **meta) if gated else None
+        x = torch.empty(N if rows == "token" else M, d, dtype=dtype, **meta)
+        w = torch.empty(E, d, D, dtype=dtype, **meta)
+        b = torch.empty(E, D, dtype=dtype, **meta) if has_bias else None
+        gates = torch.empty(N, k, dtype=torch.float32, **meta) if gated else None
         fan_out = k if rows == "token" else 1
-        with record_launches() as launches:
-            y = rlf.triton_routed_linear(x, w, b, routing, fan_out, gates=gates, **kwargs)
-            y.backward(torch.empty_like(y))
+        layout = (routing, fan_out, kwargs.get("grouped_in", False), kwargs.get("grouped_out", False))
+        with record_launches() as launches:  # the op's backend, forward and backward
+            y = rlf.triton_forward(x, w, b, gates, *layout)
+            rlf.triton_backward(torch.empty_like(y), x, w, b, gates, *layout,
+                                needs=(True, True, has_bias, gated))
         names = ["fwd", "dx", "dw"]
         assert len(launches) == 3, launches
         out += [(f"{use}.{n}", kernel, args) for n, (kernel, args) in zip(names, launches)]

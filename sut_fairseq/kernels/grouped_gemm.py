@@ -22,7 +22,7 @@ Kernels:
   masked rows. Grid: ``(cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N)``. Serves the forward pass
   (W = (E, in, out)) and the input gradient (W read transposed through its strides).
   With ``HAS_DG`` it also emits the gate-gradient partial sums
-  ``DG[pid_n, s_m] = sum_cols(acc_m * AUX[row_aux(m)])`` (see ``routed_linear_function``).
+  ``DG[pid_n, s_m] = sum_cols(acc_m * AUX[row_aux(m)])`` (see ``routed_linear_triton``).
 * ``routed_wgrad_kernel``: ``dW[e] = sum_{m in e} X[row_x(m)]^T (g_m * DY[row_dy(m)])``
   and ``db[e] = sum_{m in e} g_m * DY[row_dy(m)]``; one (BLOCK_K, BLOCK_N) tile of one
   expert's weight per program, looping over that expert's rows (bounds read on device).

@@ -1,19 +1,17 @@
 """Mixture of feed-forward experts, MoE-FFD (E, k, D) — docs/model.md#mixture-of-feed-forward-experts.
 
-``y(h) = Σ_{e in top-k} g_e · (W2_e · act(W1_e h + b1_e) + b2_e)``, all E experts stored in
-one (E, d, D) and one (E, D, d) tensor. With E = k = 1 it is the dense FFN of a
-Transformer layer.
+``y(h) = Σ_{e in top-k} g_e · (W2_e · act(W1_e h + b1_e) + b2_e)``: the up projection
+``up`` (W1, b1: E maps d -> D) and the down projection ``down`` (W2, b2: E maps D -> d) are
+``ExpertLinear``s. With E = k = 1 it is the dense FFN of a Transformer layer.
 """
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from fairseq import utils
 
 from ..compiler import tracing
-from ..ops import routed_linear
 from ..ops.routed_linear import kernel_backend
 from .dropout import Dropout
-from .expert_init import init_expert_weight_
+from .expert_linear import ExpertLinear, rename_parameters
 from .router import Router
 
 
@@ -23,12 +21,13 @@ class MoEFeedForward(nn.Module):
                  activation_dropout: float = 0.0, gating_dropout: float = 0.0,
                  sample_topk: int = 0):
         super().__init__()
-        self.router = Router(embed_dim, num_experts, top_k, router_hidden_dim,
-                             gating_dropout, sample_topk)
-        self.w1 = nn.Parameter(init_expert_weight_(torch.empty(num_experts, embed_dim, hidden_dim)))
-        self.b1 = nn.Parameter(torch.zeros(num_experts, hidden_dim))
-        self.w2 = nn.Parameter(init_expert_weight_(torch.empty(num_experts, hidden_dim, embed_dim)))
-        self.b2 = nn.Parameter(torch.zeros(num_experts, embed_dim))
+        router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk)
+        self.up = ExpertLinear(num_experts, embed_dim, hidden_dim)
+        self.down = ExpertLinear(num_experts, hidden_dim, embed_dim)
+        # the router is made first and registered after the experts: the initialisation
+        # draws and the parameters' order (the optimizer state of a checkpoint) are those
+        # of the layer before ExpertLinear
+        self.router = router
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout = Dropout(activation_dropout)
 
@@ -37,7 +36,7 @@ class MoEFeedForward(nn.Module):
         shape = x.shape
         x = x.reshape(-1, shape[-1])
         routing = self.router(x, active.reshape(-1))
-        h = routed_linear(x, self.w1, self.b1, routing, fan_out=routing.k, grouped_out=True)
+        h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
         if kernel_backend(h) == "reference" and not tracing():
             # (M, D) in sorted order, the no-op slots (halted and padding positions) last:
             # the reference down projection reads only the routed rows, so only they need
@@ -45,6 +44,10 @@ class MoEFeedForward(nn.Module):
             # Triton kernels and a compiled step take all M rows, the no-op rows being 0)
             h = h[: int(routing.expert_offsets[-1])]
         h = self.activation_dropout(self.activation_fn(h))
-        y = routed_linear(h, self.w2, self.b2, routing, fan_out=1, grouped_in=True,
-                          gates=routing.gates)
+        y = self.down(h, routing, fan_out=1, grouped_in=True, gates=routing.gates)
         return y.reshape(shape)
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Checkpoints before ``ExpertLinear``: ``w1 b1 w2 b2`` -> ``up.*``, ``down.*``."""
+        rename_parameters(state_dict, name, {"w1": "up.weight", "b1": "up.bias",
+                                             "w2": "down.weight", "b2": "down.bias"})

@@ -17,8 +17,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ..ops import routed_linear
-from .expert_init import init_expert_weight_
+from .expert_linear import ExpertLinear, rename_parameters
 from .relative_position import ClippedRelativePosition, T5RelativeBias
 from .router import Router
 
@@ -80,14 +79,14 @@ class MixtureOfMultiHeadAttention(nn.Module):
         super().__init__()
         self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
         inner = num_heads * head_dim
-        self.router = Router(embed_dim, num_experts, top_k, router_hidden_dim,
-                             gating_dropout, sample_topk)
-        self.k_proj = nn.Linear(kv_dim, inner)
-        self.v_proj = nn.Linear(kv_dim, inner)
-        self.q_weight = nn.Parameter(init_expert_weight_(torch.empty(num_experts, embed_dim, inner)))
-        self.q_bias = nn.Parameter(torch.zeros(num_experts, inner))
-        self.o_weight = nn.Parameter(init_expert_weight_(torch.empty(num_experts, inner, embed_dim)))
-        self.o_bias = nn.Parameter(torch.zeros(embed_dim))
+        router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk)
+        k_proj, v_proj = nn.Linear(kv_dim, inner), nn.Linear(kv_dim, inner)
+        self.q_proj = ExpertLinear(num_experts, embed_dim, inner)
+        self.o_proj = ExpertLinear(num_experts, inner, embed_dim, shared_bias=True)  # b_o after Σ_e
+        # made in this order, registered after the experts: the initialisation draws and the
+        # parameters' order (the optimizer state of a checkpoint) are those of the layer
+        # before ExpertLinear
+        self.router, self.k_proj, self.v_proj = router, k_proj, v_proj
         self.attention_dropout = attention_dropout
         nn.init.xavier_uniform_(self.k_proj.weight, gain=2 ** -0.5)
         nn.init.xavier_uniform_(self.v_proj.weight, gain=2 ** -0.5)
@@ -101,6 +100,12 @@ class MixtureOfMultiHeadAttention(nn.Module):
             self.relative = T5RelativeBias(num_heads, bidirectional=not causal)
         else:
             raise ValueError(f"relative position must be None, 'clipped' or 't5'; got {relative!r}")
+
+    def upgrade_state_dict_named(self, state_dict, name):
+        """Checkpoints before ``ExpertLinear``: ``q_weight q_bias o_weight o_bias`` ->
+        ``q_proj.*``, ``o_proj.*``."""
+        rename_parameters(state_dict, name, {"q_weight": "q_proj.weight", "q_bias": "q_proj.bias",
+                                             "o_weight": "o_proj.weight", "o_bias": "o_proj.bias"})
 
     def project_kv(self, kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D)."""
@@ -126,7 +131,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
                              "for non-causal attention without relative positions")
         routing = self.router(query.reshape(B * T, d), active.reshape(-1))
         k = routing.k
-        q = routed_linear(query.reshape(B * T, d), self.q_weight, self.q_bias, routing, fan_out=k)
+        q = self.q_proj(query.reshape(B * T, d), routing, fan_out=k)
         # query rows in slot order (position t, pick j): row m = t·k + j, position t = m // k
         q = q.view(B, T * k, H, D).transpose(1, 2)  # (B, H, T·k, D)
         if groups > 1:  # one attention per key row: (B / G, H, G·T·k, D)
@@ -145,8 +150,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
         if groups > 1:
             o = o.view(B // groups, H, groups, T * k, D).transpose(1, 2).reshape(B, H, T * k, D)
         o = o.transpose(1, 2).reshape(B * T * k, H * D)  # slot rows again
-        y = routed_linear(o, self.o_weight, None, routing, fan_out=1, gates=routing.gates)
-        return (y + self.o_bias).view(B, T, d)
+        return self.o_proj(o, routing, fan_out=1, gates=routing.gates).view(B, T, d)
 
     def _hidden_keys(self, q, T: int, q_start: int, S: int,
                      key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

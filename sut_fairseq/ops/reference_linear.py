@@ -1,7 +1,7 @@
-"""The per-expert reference of the routed linear map (the CPU backend and the test oracle):
-``ExpertBlockLinear``, and which backend a tensor's device takes (``kernel_backend``).
-``routed_linear.py`` documents the row layouts; ``routed_linear_op.py`` runs this backend
-inside the custom op ``sut::routed_linear``."""
+"""The PyTorch backend of the routed linear map (CPU tensors, and the oracle the Triton
+kernels are tested against): ``reference_forward`` / ``reference_backward``, plain
+functions that ``routed_linear.py``'s custom op calls; and which backend a tensor's device
+takes (``kernel_backend``). ``routed_linear.py`` documents the row layouts."""
 import os
 from typing import Optional
 
@@ -111,103 +111,82 @@ def _looped_forward(x, weight, bias, g, src, dst, ends, out_rows):
     return out
 
 
-class ExpertBlockLinear(torch.autograd.Function):
+def reference_forward(x, weight, bias, row_gates, src, dst, ends, out_rows):
     """``out[dst_r] (+)= g_r · (x[src_r] @ W[e] + b[e])`` for the sorted rows r of expert e.
 
-    Args (forward):
-        x: (R_in, in); weight: (E, in, out); bias: (E, out) or None.
-        row_gates: (A,) gate of each active sorted row, or None (no gate, no sum).
-        src: (A,) long, the row of ``x`` each active sorted row reads; None: row r itself.
-        dst: (A,) long, the output row of each active sorted row; None: row r itself.
-            With ``row_gates`` the rows landing on one output row are summed.
-        ends: end offset of each expert's rows in the sorted order (A = ends[-1]).
-        out_rows: rows of the output; rows no sorted row writes are zero.
+    x: (R_in, in); weight: (E, in, out); bias: (E, out) or None, all in one dtype;
+    row_gates: (A,) gate of each active sorted row (any float dtype), or None (no gate, no
+    sum); src: (A,) long, the row of ``x`` each active sorted row reads (None: row r
+    itself); dst: (A,) long, the output row of each (None: row r itself; with gates the rows
+    landing on one output row are summed); ends: end offset of each expert's rows in the
+    sorted order (A = ends[-1]); out_rows: rows of the output (rows no sorted row writes
+    are zero). Returns (out_rows, out).
 
-    Forward: with few rows per expert (decoding), every expert in one ``grouped_mm``
-    (float32 / bf16 / fp16 operands whose rows are 16-byte aligned: a constant number of
-    operators per call, where a loop over the experts issues about ten per expert), else
-    expert by expert (training batches, float64 gradient checks, odd widths). Backward works
-    expert block by expert block: the gather, the GEMMs and the scatter of one expert's rows
-    back to back on data still in cache, recomputing the gathered input instead of keeping
-    an (A, in) copy. Under autocast the
-    inputs are cast to the autocast dtype once; gradients come back in the inputs' own
-    dtypes. Backward (per expert, P = G Wᵀ with G the gathered output gradient):
-    dx = g ⊙ P, dW = xᵀ (g ⊙ G), db = Σ_rows g ⊙ G, dg = rowsum(P ⊙ x) + G b.
-    """
+    With few rows per expert (decoding) every expert in one ``grouped_mm`` (float32 / bf16
+    / fp16 operands whose rows are 16-byte aligned: a constant number of operators per
+    call, where a loop over the experts issues about ten per expert), else expert by
+    expert (training batches, float64 gradient checks, odd widths)."""
+    g = None if row_gates is None else row_gates.to(x.dtype).unsqueeze(1)
+    with torch.autocast(x.device.type, enabled=False):
+        if _grouped_gemm_takes(x, weight, ends[-1]):
+            return _grouped_forward(x, weight, bias, g, src, dst, ends, out_rows)
+        return _looped_forward(x, weight, bias, g, src, dst, ends, out_rows)
 
-    @staticmethod
-    def forward(ctx, x, weight, bias, row_gates, src, dst, ends, out_rows):
-        dtype = _autocast_dtype(x.device.type) or torch.result_type(x, weight)
-        ctx.dtypes = (x.dtype, weight.dtype, None if bias is None else bias.dtype,
-                      None if row_gates is None else row_gates.dtype)
-        x, weight = x.to(dtype), weight.to(dtype)
-        bias = None if bias is None else bias.to(dtype)
-        g = None if row_gates is None else row_gates.to(dtype).unsqueeze(1)
-        with torch.autocast(x.device.type, enabled=False):
-            if _grouped_gemm_takes(x, weight, ends[-1]):
-                out = _grouped_forward(x, weight, bias, g, src, dst, ends, out_rows)
-            else:
-                out = _looped_forward(x, weight, bias, g, src, dst, ends, out_rows)
-        ctx.ends = ends
-        ctx.save_for_backward(x, weight, bias, g, src, dst)
-        return out
 
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, weight, bias, g, src, dst = ctx.saved_tensors
-        grad_out = grad_out.to(x.dtype)
-        need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
-        need_b = need_b and bias is not None
-        # buffers written block by block are left uninitialised; what no block writes
-        # (empty experts, rows past ends[-1]) is zeroed below
-        if not need_x:
-            grad_x = None
-        elif src is None:
-            grad_x = torch.empty_like(x)
-            grad_x[ctx.ends[-1]:].zero_()
-        else:  # accumulated with index_add_
-            grad_x = torch.zeros_like(x)
-        grad_w = torch.empty_like(weight) if need_w else None
-        grad_b = weight.new_empty(weight.size(0), weight.size(2)) if need_b else None
-        grad_g = g.new_empty(g.size(0)) if (need_g and g is not None) else None
-        ones = x.new_ones(max(ctx.ends[-1], 1)) if need_b else None
-        with torch.autocast(x.device.type, enabled=False):
-            start = 0
-            for e, end in enumerate(ctx.ends):
-                if end == start:  # an expert no row chose
-                    for grad in (grad_w, grad_b):
-                        if grad is not None:
-                            grad[e].zero_()
-                    continue
-                ge = _rows(grad_out, dst, start, end)  # (n, out) G
-                xe = _rows(x, src, start, end) if (need_w or grad_g is not None) else None
-                if g is not None:
-                    gate = g[start:end]
-                    if need_x or grad_g is not None:
-                        p = ge @ weight[e].t()  # (n, in) P = G Wᵀ
-                        if grad_g is not None:  # dg = rowsum(P ⊙ x) + G b
-                            grad_g[start:end] = (p * xe).sum(1)
-                            if bias is not None:
-                                grad_g[start:end] += ge @ bias[e]
-                        gxe = p.mul_(gate) if need_x else None
-                    ge = ge * gate  # g ⊙ G
-                elif need_x:
-                    gxe = ge @ weight[e].t()
-                if need_x:
-                    if src is None:
-                        grad_x[start:end] = gxe
-                    else:
-                        grad_x.index_add_(0, src[start:end], gxe)
-                if need_w:
-                    torch.mm(xe.t(), ge, out=grad_w[e])
-                if need_b:  # Σ_rows as a matrix-vector product (BLAS)
-                    torch.mv(ge.t(), ones[: end - start], out=grad_b[e])
-                start = end
-        x_dtype, w_dtype, b_dtype, g_dtype = ctx.dtypes
-        return (
-            None if grad_x is None else grad_x.to(x_dtype),
-            None if grad_w is None else grad_w.to(w_dtype),
-            None if grad_b is None else grad_b.to(b_dtype),
-            None if grad_g is None else grad_g.to(g_dtype),
-            None, None, None, None,
-        )
+def reference_backward(grad_out, x, weight, bias, row_gates, src, dst, ends, needs):
+    """The gradients of ``reference_forward`` asked for by ``needs`` = (x, weight, bias,
+    row gates), None for the others, each in its operand's dtype. Expert block by expert
+    block: the gather, the GEMMs and the scatter of one expert's rows back to back on data
+    still in cache, recomputing the gathered input instead of keeping an (A, in) copy.
+    Per expert, with P = G Wᵀ and G the gathered output gradient:
+    dx = g ⊙ P, dW = xᵀ (g ⊙ G), db = Σ_rows g ⊙ G, dg = rowsum(P ⊙ x) + G b."""
+    g = None if row_gates is None else row_gates.to(x.dtype).unsqueeze(1)
+    grad_out = grad_out.to(x.dtype)
+    need_x, need_w, need_b, need_g = needs
+    need_b = need_b and bias is not None
+    # buffers written block by block are left uninitialised; what no block writes
+    # (empty experts, rows past ends[-1]) is zeroed below
+    if not need_x:
+        grad_x = None
+    elif src is None:
+        grad_x = torch.empty_like(x)
+        grad_x[ends[-1]:].zero_()
+    else:  # accumulated with index_add_
+        grad_x = torch.zeros_like(x)
+    grad_w = torch.empty_like(weight) if need_w else None
+    grad_b = weight.new_empty(weight.size(0), weight.size(2)) if need_b else None
+    grad_g = g.new_empty(g.size(0)) if (need_g and g is not None) else None
+    ones = x.new_ones(max(ends[-1], 1)) if need_b else None
+    with torch.autocast(x.device.type, enabled=False):
+        start = 0
+        for e, end in enumerate(ends):
+            if end == start:  # an expert no row chose
+                for grad in (grad_w, grad_b):
+                    if grad is not None:
+                        grad[e].zero_()
+                continue
+            ge = _rows(grad_out, dst, start, end)  # (n, out) G
+            xe = _rows(x, src, start, end) if (need_w or grad_g is not None) else None
+            if g is not None:
+                gate = g[start:end]
+                if need_x or grad_g is not None:
+                    p = ge @ weight[e].t()  # (n, in) P = G Wᵀ
+                    if grad_g is not None:  # dg = rowsum(P ⊙ x) + G b
+                        grad_g[start:end] = (p * xe).sum(1)
+                        if bias is not None:
+                            grad_g[start:end] += ge @ bias[e]
+                    gxe = p.mul_(gate) if need_x else None
+                ge = ge * gate  # g ⊙ G
+            elif need_x:
+                gxe = ge @ weight[e].t()
+            if need_x:
+                if src is None:
+                    grad_x[start:end] = gxe
+                else:
+                    grad_x.index_add_(0, src[start:end], gxe)
+            if need_w:
+                torch.mm(xe.t(), ge, out=grad_w[e])
+            if need_b:  # Σ_rows as a matrix-vector product (BLAS)
+                torch.mv(ge.t(), ones[: end - start], out=grad_b[e])
+            start = end
+    return grad_x, grad_w, grad_b, None if grad_g is None else grad_g.to(row_gates.dtype)

@@ -1,7 +1,9 @@
-"""The routed linear map: ``y_s = x_s @ W[e_s] + b[e_s]`` for every routed slot s.
+"""The routed linear map ``y_s = x_s @ W[e_s] + b[e_s]`` for every routed slot s, as one
+``torch.library`` custom op, ``sut::routed_linear``, with two backends.
 
 One operation serves MoE-FFD (up and down projections) and MoMHA (per-expert query and
-output projections). Layouts (N tokens, k slots each, M = N * k, see ``routing.py``):
+output projections), through ``modules/expert_linear.py``'s ``ExpertLinear``. Layouts (N
+tokens, k slots each, M = N * k, see ``routing.py``):
 
 * input ``x``: token-ordered (N, in) with ``fan_out = k`` (slot s reads row s // k),
   slot-ordered (M, in) with ``fan_out = 1`` (slot s reads row s), or, with
@@ -10,81 +12,44 @@ output projections). Layouts (N tokens, k slots each, M = N * k, see ``routing.p
   order, or, when ``gates`` (N, k) is given, the gate-weighted sum over each token's k
   slots, (N, out).  No-op slots produce zero rows and cost nothing.
 
-Backends: CUDA tensors take the Triton kernels (``sut_fairseq.kernels``), CPU tensors the
-plain PyTorch reference below. ``SUT_KERNELS=reference|triton|auto`` (default ``auto``)
-forces one; ``triton`` on CPU tensors requires ``TRITON_INTERPRET=1`` (tests). Both run
-inside the custom op ``sut::routed_linear`` (``routed_linear_op.py``), so the graph around
-an expert layer has static shapes and compiles whole.
+Everything data-dependent about routing (how many rows each expert got, skipping the
+no-op rows of halted and padding positions) happens inside the op, so a caller's graph
+around it has static shapes and ``torch.compile(fullgraph=True)`` traces it whole, as the
+expert matmuls of ScatterMoE and MoEUT are registered::
+
+    sut::routed_linear(x, W, b, gates, expert_idxs, sorted_expert_idxs,
+                       sorted_scattered_idxs, expert_offsets, fan_out, grouped_in,
+                       grouped_out, backend) -> y          (M, out), or (N, out) with gates
+    sut::routed_linear_backward(dy, <the same inputs>, need_x, need_w, need_b, need_g)
+                       -> (dx, dW, db, dg)   (an empty tensor for each one not needed)
+
+The routing is passed as its four tensors (``Routing``; E = W.size(0)), the output's shape
+follows from the input shapes alone (the "fake" implementations), and the autograd
+formula calls the backward op. The backends are plain forward / backward functions:
+``reference`` (``reference_linear.py``: per-expert PyTorch, reading the expert counts on
+the host, free on a CPU) for CPU tensors, ``triton`` (``kernels/routed_linear_triton.py``:
+no host synchronisation) for CUDA tensors; ``SUT_KERNELS=reference|triton|auto`` (default
+``auto``) forces one, and ``triton`` on CPU tensors needs ``TRITON_INTERPRET=1`` (tests).
 """
-from typing import Optional
+import functools
+from typing import Optional, Tuple
 
 import torch
+from torch import Tensor
 
-from .reference_linear import ExpertBlockLinear, _autocast_dtype, kernel_backend  # noqa: F401 (re-exported)
-from .routed_linear_op import call_routed_linear_op
+from .reference_linear import _autocast_dtype, kernel_backend, reference_backward, reference_forward
 from .routing import Routing
 
-def routed_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    routing: Routing,
-    fan_out: int,
-    grouped_in: bool = False,
-    grouped_out: bool = False,
-    gates: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Apply expert ``e``'s linear map to every slot routed to ``e``.
 
-    Args:
-        x: (N, in), (M, in) or sorted (M, in), see the module docstring.
-        weight: (E, in, out) expert weights.
-        bias: (E, out) expert biases or None.
-        routing: the sorted routing of the N tokens.
-        fan_out: how many consecutive slots read one row of an un-grouped ``x``
-            (``routing.k`` for token rows, 1 for slot rows); ignored when ``grouped_in``.
-        grouped_in / grouped_out: whether input / output rows are in sorted order.
-        gates: (N, k) gate weights: multiply each slot's output and sum the k slots of a
-            token (only with ``grouped_out=False``).
-    Returns:
-        (M, out) or, with ``gates``, (N, out).
-    """
-    if gates is not None and grouped_out:
-        raise ValueError("gates combine a token's slots and need grouped_out=False")
-    if weight.dim() != 3 or weight.size(0) != routing.num_experts:
-        raise ValueError(
-            f"weight must be (E={routing.num_experts}, in, out); got {tuple(weight.shape)}"
-        )
-    if kernel_backend(x) == "triton":  # the kernels index without bounds checks
-        from ..kernels.routed_linear_function import check_operands
-
-        check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
-    # the compute dtype, as nn.Linear under autocast; the op runs with its operands in it
-    dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
-    x, weight = x.to(dtype), weight.to(dtype)
-    bias = None if bias is None else bias.to(dtype)
-    return call_routed_linear_op(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
-
-
-def reference_routed_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    routing: Routing,
-    fan_out: int,
-    grouped_in: bool = False,
-    grouped_out: bool = False,
-    gates: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """Plain PyTorch: for each non-empty expert, gather its rows, one matmul, scatter.
-
-    Reads the expert counts on the host (one sync), which is free on CPU; this is the
-    oracle the Triton path is tested against.
-    """
-    ends = routing.expert_offsets.tolist()
-    num_active = ends[-1]
-    active_slots = routing.sorted_scattered_idxs[:num_active]
-    src = None if grouped_in else active_slots // fan_out  # row of x read by each sorted row
+def row_layout(routing: Routing, fan_out: int, grouped_in: bool, grouped_out: bool,
+               gates: Optional[Tensor]):
+    """Where each active sorted row r (A = expert_offsets[-1] of them) reads and writes:
+    (src (A,) rows of x, or None for row r itself; dst (A,) output rows, or None for row r
+    itself; row_gates (A,) or None; ends, the experts' end offsets as ints (one host read);
+    out_rows)."""
+    ends = tuple(routing.expert_offsets.tolist())
+    active_slots = routing.sorted_scattered_idxs[: ends[-1]]
+    src = None if grouped_in else active_slots // fan_out
     row_gates = None
     if grouped_out:  # sorted rows out, the no-op rows zero
         dst, out_rows = None, routing.num_slots
@@ -93,4 +58,140 @@ def reference_routed_linear(
     else:  # Σ_j g_j y_j over each token's k slots
         dst, out_rows = active_slots // routing.k, routing.num_tokens
         row_gates = gates.reshape(-1).index_select(0, active_slots)
-    return ExpertBlockLinear.apply(x, weight, bias, row_gates, src, dst, tuple(ends), out_rows)
+    return src, dst, row_gates, ends, out_rows
+
+
+def _routing(gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
+             num_experts: int) -> Routing:
+    return Routing(expert_idxs=expert_idxs, gates=gates, sorted_expert_idxs=sorted_expert_idxs,
+                   sorted_scattered_idxs=sorted_scattered_idxs, expert_offsets=expert_offsets,
+                   num_experts=num_experts)
+
+
+@torch.library.custom_op("sut::routed_linear", mutates_args=())
+def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
+                     expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
+                     expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool,
+                     backend: str) -> Tensor:
+    routing = _routing(gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
+                       expert_offsets, weight.size(0))
+    if backend == "triton":
+        from ..kernels.routed_linear_triton import triton_forward
+
+        return triton_forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
+    src, dst, row_gates, ends, out_rows = row_layout(routing, fan_out, grouped_in, grouped_out, gates)
+    return reference_forward(x, weight, bias, row_gates, src, dst, ends, out_rows)
+
+
+@routed_linear_op.register_fake
+def _(x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
+      expert_offsets, fan_out, grouped_in, grouped_out, backend):
+    rows = gates.size(0) if gates is not None else sorted_scattered_idxs.size(0)
+    return x.new_empty(rows, weight.size(2))
+
+
+_EMPTY = 0  # marker size of a gradient that was not asked for
+
+
+@torch.library.custom_op("sut::routed_linear_backward", mutates_args=())
+def routed_linear_backward_op(
+        grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
+        expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
+        expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
+        need_x: bool, need_w: bool, need_b: bool, need_g: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    routing = _routing(gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
+                       expert_offsets, weight.size(0))
+    needs = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
+    if backend == "triton":
+        from ..kernels.routed_linear_triton import triton_backward
+
+        grads = triton_backward(grad, x, weight, bias, gates, routing, fan_out, grouped_in,
+                                grouped_out, needs)
+    else:
+        src, dst, row_gates, ends, _ = row_layout(routing, fan_out, grouped_in, grouped_out, gates)
+        grad_x, grad_w, grad_b, grad_rows = reference_backward(grad, x, weight, bias, row_gates,
+                                                               src, dst, ends, needs)
+        grad_g = None
+        if grad_rows is not None:  # per active sorted row -> per slot (N, k)
+            grad_g = gates.new_zeros(gates.numel()).index_copy(
+                0, routing.sorted_scattered_idxs[: ends[-1]], grad_rows).view_as(gates)
+        grads = (grad_x, grad_w, grad_b, grad_g)
+    return tuple(g if g is not None else x.new_empty(_EMPTY) for g in grads)
+
+
+@routed_linear_backward_op.register_fake
+def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
+      expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g):
+    def like(t, needed):
+        return torch.empty_like(t) if (needed and t is not None) else x.new_empty(_EMPTY)
+    return like(x, need_x), like(weight, need_w), like(bias, need_b), like(gates, need_g)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:8])  # x, W, b, gates and the routing's four tensors
+    ctx.layout = inputs[8:]  # fan_out, grouped_in, grouped_out, backend
+
+
+def _backward(ctx, grad):
+    need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
+    x, weight, bias, gates = ctx.saved_tensors[:4]
+    grads = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors, *ctx.layout,
+                                                 need_x, need_w, need_b, need_g)
+    wanted = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
+    return tuple(g if want else None for g, want in zip(grads, wanted)) + (None,) * 8
+
+
+routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def routed_linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Optional[Tensor],
+    routing: Routing,
+    fan_out: int,
+    grouped_in: bool = False,
+    grouped_out: bool = False,
+    gates: Optional[Tensor] = None,
+    backend: Optional[str] = None,
+) -> Tensor:
+    """Apply expert ``e``'s linear map to every slot routed to ``e`` (``sut::routed_linear``).
+
+    Args:
+        x: (N, in), (M, in) or sorted (M, in), see the module docstring.
+        weight: (E, in, out) expert weights; bias: (E, out) expert biases or None.
+        routing: the sorted routing of the N tokens.
+        fan_out: how many consecutive slots read one row of an un-grouped ``x``
+            (``routing.k`` for token rows, 1 for slot rows); ignored when ``grouped_in``.
+        grouped_in / grouped_out: whether input / output rows are in sorted order.
+        gates: (N, k) gate weights: multiply each slot's output and sum the k slots of a
+            token (only with ``grouped_out=False``).
+        backend: ``reference`` or ``triton``; None: ``kernel_backend(x)``.
+    Returns:
+        (M, out) or, with ``gates``, (N, out), in the compute dtype: the autocast dtype,
+        else the promoted dtype of x and weight (as ``nn.Linear``); the gates keep theirs.
+    """
+    if gates is not None and grouped_out:
+        raise ValueError("gates combine a token's slots and need grouped_out=False")
+    if weight.dim() != 3 or weight.size(0) != routing.num_experts:
+        raise ValueError(
+            f"weight must be (E={routing.num_experts}, in, out); got {tuple(weight.shape)}"
+        )
+    backend = backend or kernel_backend(x)
+    if backend == "triton":  # the kernels index without bounds checks
+        from ..kernels.routed_linear_triton import check_operands
+
+        check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+    dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
+    x, weight = x.to(dtype), weight.to(dtype)
+    bias = None if bias is None else bias.to(dtype)
+    return torch.ops.sut.routed_linear(
+        x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
+        routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in, grouped_out,
+        backend)
+
+
+#: the op on the PyTorch backend whatever the device (the oracle of the kernels' tests)
+reference_routed_linear = functools.partial(routed_linear, backend="reference")
+#: the op on the Triton kernels whatever the device (CPU tensors: in Triton's interpreter)
+triton_routed_linear = functools.partial(routed_linear, backend="triton")

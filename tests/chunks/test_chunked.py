@@ -453,9 +453,9 @@ def test_experts_train_with_chunks_on_both_sides():
     params = dict(model.named_parameters())
     for name in ("encoder.side.memory.initial", "encoder.side.memory.write_attn.0.q_proj.weight",
                  "encoder.side.memory.write_ffn.0.fc1.weight", "encoder.side.block.memory_attn.k_proj.weight",
-                 "encoder.side.block.ffd.w1", "encoder.side.block.self_attn.q_weight",
+                 "encoder.side.block.ffd.up.weight", "encoder.side.block.self_attn.q_proj.weight",
                  "decoder.side.memory.initial", "decoder.side.memory.write_attn.0.v_proj.weight",
-                 "decoder.side.block.memory_attn.out_proj.weight", "decoder.side.block.cross_attn.q_weight"):
+                 "decoder.side.block.memory_attn.out_proj.weight", "decoder.side.block.cross_attn.q_proj.weight"):
         grad = params[name].grad
         assert grad is not None and torch.isfinite(grad).all() and grad.abs().sum() > 0, name
     assert log["mim"] != 0 and log["chunks_enc"] == 4 + 3 and log["chunks_dec"] == 3 + 3

@@ -91,7 +91,7 @@ def test_vanilla_transformer_equals_hand_count():
 # static and dynamic counts of whole models
 
 def _per_slot(model):
-    w1 = model.encoder.side.block.ffd.w1
+    w1 = model.encoder.side.block.ffd.up.weight
     _, d, D = w1.shape
     return d * D + D + D * d + d + d
 

@@ -296,7 +296,7 @@ def test_weighted_exit_loss_is_the_pabee_average():
         torch.testing.assert_close(log[f"exit_loss_{l}"], ce[l - 1].detach(), atol=1e-4, rtol=1e-5)
     loss.backward()
     assert model.decoder.side.halting.norms[0].weight.grad is not None
-    assert model.decoder.side.block.ffd.w1.grad.abs().sum() > 0
+    assert model.decoder.side.block.ffd.up.weight.grad.abs().sum() > 0
 
 
 def test_offramps_exit_loss_trains_the_offramps_only():

@@ -8,8 +8,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from sut_fairseq.ops.masked_linear_op import masked_linear
-from sut_fairseq.ops.routed_linear import reference_routed_linear
-from sut_fairseq.ops.routed_linear_op import call_routed_linear_op
+from sut_fairseq.ops.reference_linear import reference_backward
+from sut_fairseq.ops.routed_linear import reference_routed_linear, routed_linear, row_layout
 from sut_fairseq.ops.routing import make_routing
 
 
@@ -162,7 +162,7 @@ def test_routed_linear_op_forward_and_gradients_against_a_slot_loop(layout, heav
     if grouped:     # the input rows in sorted order: sorted row r is slot order[r]
         x_slots = torch.randn(N * K, IN, generator=g, dtype=torch.float64)
         x = x_slots[order].clone().requires_grad_()
-    y = call_routed_linear_op(x, weight, bias, routing, fan_out, grouped, grouped, gate_in)
+    y = routed_linear(x, weight, bias, routing, fan_out, grouped, grouped, gate_in)
     if grouped:
         slot_input = torch.zeros_like(x).index_copy(0, order, x)
         want = _slot_loop(slot_input, weight, bias, idx, 1)[order]
@@ -189,7 +189,7 @@ def test_routed_linear_op_asks_for_the_gradients_needed_only(frozen):
     bias = None if frozen == "no bias" else torch.randn(E, OUT, generator=g, requires_grad=frozen != "bias")
     gate_in = None if frozen == "no gates" else gates.float().requires_grad_(frozen != "gates")
     with RecordDispatch() as rec:
-        y = call_routed_linear_op(x, weight, bias, routing, K, False, False, gate_in)
+        y = routed_linear(x, weight, bias, routing, K, False, False, gate_in)
         y.sum().backward()
     assert _backward_flags(rec.calls, "routed_linear_backward") == (
         frozen != "x", frozen != "weight", frozen not in ("bias", "no bias"), frozen not in ("gates", "no gates"))
@@ -215,7 +215,7 @@ def test_routed_linear_op_in_bf16_with_fp32_gates():
     dy = torch.randn(N, OUT, generator=g, dtype=torch.float64)
     x, w, b = (t.bfloat16().requires_grad_() for t in (x64, w64, b64))
     gate_in = gates.float().requires_grad_()
-    y = call_routed_linear_op(x, w, b, routing, K, False, False, gate_in)
+    y = routed_linear(x, w, b, routing, K, False, False, gate_in)
     y.backward(dy.bfloat16())
     assert y.dtype == torch.bfloat16
     assert (x.grad.dtype, w.grad.dtype, b.grad.dtype, gate_in.grad.dtype) == (torch.bfloat16,) * 3 + (torch.float32,)
@@ -229,11 +229,11 @@ def test_routed_linear_op_in_bf16_with_fp32_gates():
 
 
 def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
-    """``SUT_KERNELS=triton``: the op runs the kernels' autograd Function (recorded here in
-    place of the kernels, which need a GPU or the interpreter) with the caller's routing,
-    every field of it (the kernels read the sorted expert indices the CPU backend does
-    not), forward and backward, and the need flags of the backward."""
-    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_function")
+    """``SUT_KERNELS=triton``: the op runs the Triton backend's forward and backward
+    (recorded here in place of the kernels, which need a GPU or the interpreter) with the
+    caller's routing, every field of it (the kernels read the sorted expert indices the CPU
+    backend does not), and the need flags of the backward."""
+    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_triton")
     routing, idx, gates = _routing(3)
     g = torch.Generator().manual_seed(6)
     x = torch.randn(N, IN, generator=g, requires_grad=True)
@@ -241,18 +241,19 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
     gate_in = gates.float()
     seen = {}
 
-    def forward(ctx, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out):
+    def forward(x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out):
         seen["forward"] = (routing_, fan_out, grouped_in, grouped_out)
         return x_.new_zeros(N, OUT)
 
-    def backward(ctx, dout):
-        seen["backward"] = (ctx.routing, ctx.needs_input_grad)
+    def backward(dout, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out, needs):
+        seen["backward"] = (routing_, needs)
         return x.new_ones(N, IN), weight.new_ones(E, IN, OUT), None, None
 
-    monkeypatch.setattr(kernels.RoutedLinearFunction, "forward", staticmethod(forward))
-    monkeypatch.setattr(kernels.RoutedLinearFunction, "backward", staticmethod(backward))
+    monkeypatch.setattr(kernels, "triton_forward", forward)
+    monkeypatch.setattr(kernels, "triton_backward", backward)
+    monkeypatch.setattr(kernels, "check_operands", lambda *args: None)
     monkeypatch.setenv("SUT_KERNELS", "triton")
-    y = call_routed_linear_op(x, weight, None, routing, K, False, False, gate_in)
+    y = routed_linear(x, weight, None, routing, K, False, False, gate_in)
     y.sum().backward()
     assert seen["forward"][1:] == (K, False, False)
     for got in (seen["forward"][0], seen["backward"][0]):
@@ -260,13 +261,13 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
         for name in ("expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
             assert torch.equal(getattr(got, name), getattr(routing, name)), name
         assert torch.equal(got.gates, gate_in)
-    assert seen["backward"][1] == (True, True, False, False) + (False,) * 4
+    assert seen["backward"][1] == (True, True, False, False)
     assert torch.equal(x.grad, torch.ones(N, IN)) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
 
 
 @pytest.mark.parametrize("needed", ["x", "weight", "bias", "gates"])
 def test_the_reference_backward_computes_only_what_is_needed(needed):
-    """One operand needs a gradient: the CPU backend's backward (``ExpertBlockLinear``,
+    """One operand needs a gradient: the CPU backend's backward (``reference_backward``,
     which the op runs on a CPU) does none of the others' work (recorded op by op): no (E, in, out) weight gradient, no bias sums (``mv``) nor
     their ones vector, no gate gradient buffer, no P = G Wᵀ product (n, in) unless x or
     the gates need it, no gathered input rows unless W or the gates need them."""
@@ -276,11 +277,11 @@ def test_the_reference_backward_computes_only_what_is_needed(needed):
     weight = torch.randn(E, IN, OUT, generator=g, requires_grad=needed == "weight")
     bias = torch.randn(E, OUT, generator=g, requires_grad=needed == "bias")
     gate_in = gates.float().requires_grad_(needed == "gates")
-    # the backend's autograd Function itself (inside the custom op a dispatch mode sees
-    # only the op)
-    y = reference_routed_linear(x, weight, bias, routing, K, gates=gate_in)
+    # the backend's backward itself (inside the custom op a dispatch mode sees only the op)
+    src, dst, row_gates, ends, out_rows = row_layout(routing, K, False, False, gate_in)
+    needs = tuple(t.requires_grad for t in (x, weight, bias, gate_in))
     with RecordDispatch() as rec:
-        y.sum().backward()
+        reference_backward(torch.ones(N, OUT), x, weight, bias, row_gates.detach(), src, dst, ends, needs)
     shapes = [shape for _, shape in rec.ops]
     active = int(routing.expert_offsets[-1])
     assert ((E, IN, OUT) in shapes) == (needed == "weight")
@@ -299,8 +300,7 @@ def test_the_reference_backward_computes_only_what_is_needed(needed):
 
 
 def test_the_reference_backend_computes_in_the_promoted_or_autocast_dtype():
-    """``ExpertBlockLinear`` (the CPU backend, and the oracle the kernels are tested
-    against): a bf16 input with fp32 weights computes in fp32; under CPU autocast (bf16)
+    """The op on the CPU backend (and the oracle the kernels are tested against): a bf16 input with fp32 weights computes in fp32; under CPU autocast (bf16)
     fp32 operands compute in bf16; either way each gradient comes back in its operand's
     dtype and the values are the float64 loop's."""
     routing, idx, gates = _routing(5)

@@ -97,8 +97,8 @@ def _ffd(E, k, d=6, D=5, seed=0, dtype=torch.float64, activation="gelu"):
     torch.manual_seed(seed)
     m = MoEFeedForward(d, D, E, k, router_hidden_dim=7, activation_fn=activation).to(dtype)
     with torch.no_grad():
-        m.b1.normal_()
-        m.b2.normal_()
+        m.up.bias.normal_()
+        m.down.bias.normal_()
     return m
 
 
@@ -130,7 +130,7 @@ def test_moe_ffd_matches_per_token_per_expert_loop(E, k):
         if not act[n]:
             continue
         for e, g in zip(idxs[n], gates[n]):
-            expect[n] += g * (m.activation_fn(flat[n] @ m.w1[e] + m.b1[e]) @ m.w2[e] + m.b2[e])
+            expect[n] += g * (m.activation_fn(flat[n] @ m.up.weight[e] + m.up.bias[e]) @ m.down.weight[e] + m.down.bias[e])
     torch.testing.assert_close(y.reshape(-1, 6), expect)
 
 
@@ -138,7 +138,7 @@ def test_moe_ffd_gradcheck():
     m = _ffd(4, 2, activation="tanh")  # smooth activation in float64 (fairseq's gelu runs in fp32)
     x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
     active = torch.tensor([True, True, False, True, True])
-    params = [m.w1, m.b1, m.w2, m.b2]
+    params = [m.up.weight, m.up.bias, m.down.weight, m.down.bias]
 
     # gradcheck over the input and every expert tensor (routing is piecewise constant)
     assert torch.autograd.gradcheck(lambda x, *ps: _with_params(m, params, ps, lambda: m(x, active)),
@@ -168,8 +168,8 @@ def test_dense_ffd_equals_transformer_ffn():
     m = _ffd(1, 1, activation="relu")
     fc1, fc2 = torch.nn.Linear(6, 5).double(), torch.nn.Linear(5, 6).double()
     with torch.no_grad():
-        fc1.weight.copy_(m.w1[0].T); fc1.bias.copy_(m.b1[0])
-        fc2.weight.copy_(m.w2[0].T); fc2.bias.copy_(m.b2[0])
+        fc1.weight.copy_(m.up.weight[0].T); fc1.bias.copy_(m.up.bias[0])
+        fc2.weight.copy_(m.down.weight[0].T); fc2.bias.copy_(m.down.bias[0])
     x = torch.randn(3, 4, 6, dtype=torch.float64)
     torch.testing.assert_close(m(x, torch.ones(3, 4, dtype=torch.bool)), fc2(F.relu(fc1(x))))
 
@@ -179,7 +179,7 @@ def _momha(E, k, H=2, D=3, d=6, relative=None, window=2, causal=False, seed=0):
     m = MixtureOfMultiHeadAttention(d, d, E, k, H, D, router_hidden_dim=5, relative=relative,
                                     window=window, causal=causal).double()
     with torch.no_grad():
-        m.q_bias.normal_(); m.o_bias.normal_(); m.k_proj.bias.normal_(); m.v_proj.bias.normal_()
+        m.q_proj.bias.normal_(); m.o_proj.bias.normal_(); m.k_proj.bias.normal_(); m.v_proj.bias.normal_()
     return m
 
 
@@ -202,11 +202,11 @@ def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
     for b in range(B):
         for t in range(T):
             n = b * T + t
-            expect[b, t] = m.o_bias
+            expect[b, t] = m.o_proj.bias
             if not active[b, t]:
                 continue
             for e, g in zip(idxs[n], gates[n]):
-                q = (q_in[b, t] @ m.q_weight[e] + m.q_bias[e]).view(H, D)
+                q = (q_in[b, t] @ m.q_proj.weight[e] + m.q_proj.bias[e]).view(H, D)
                 heads = []
                 for h in range(H):
                     logits = []
@@ -224,7 +224,7 @@ def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
                         logits.append(z)
                     p = torch.softmax(torch.stack(logits), 0)
                     heads.append((p[:, None] * V[b, h]).sum(0))
-                expect[b, t] += g * (torch.cat(heads) @ m.o_weight[e])
+                expect[b, t] += g * (torch.cat(heads) @ m.o_proj.weight[e])
     torch.testing.assert_close(y, expect)
 
 
@@ -267,7 +267,7 @@ def test_momha_gradcheck():
     q_in = torch.randn(1, 3, 6, dtype=torch.float64, requires_grad=True)
     kv_in = torch.randn(1, 3, 6, dtype=torch.float64, requires_grad=True)
     active = torch.tensor([[True, False, True]])
-    params = [m.q_weight, m.q_bias, m.o_weight, m.relative.embeddings]
+    params = [m.q_proj.weight, m.q_proj.bias, m.o_proj.weight, m.relative.embeddings]
 
     def f(q_in, kv_in, *ps):
         def run():
@@ -283,10 +283,10 @@ def test_dense_momha_equals_multihead_attention():
     m = _momha(1, 1, H=H, D=3, d=d)
     mha = torch.nn.MultiheadAttention(d, H, batch_first=True).double()
     with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.cat([m.q_weight[0].T, m.k_proj.weight, m.v_proj.weight]))
-        mha.in_proj_bias.copy_(torch.cat([m.q_bias[0], m.k_proj.bias, m.v_proj.bias]))
-        mha.out_proj.weight.copy_(m.o_weight[0].T)
-        mha.out_proj.bias.copy_(m.o_bias)
+        mha.in_proj_weight.copy_(torch.cat([m.q_proj.weight[0].T, m.k_proj.weight, m.v_proj.weight]))
+        mha.in_proj_bias.copy_(torch.cat([m.q_proj.bias[0], m.k_proj.bias, m.v_proj.bias]))
+        mha.out_proj.weight.copy_(m.o_proj.weight[0].T)
+        mha.out_proj.bias.copy_(m.o_proj.bias)
     q, kv = torch.randn(2, 4, d, dtype=torch.float64), torch.randn(2, 5, d, dtype=torch.float64)
     kpm = torch.zeros(2, 5, dtype=torch.bool)
     kpm[1, :2] = True
@@ -300,8 +300,7 @@ def test_halted_positions_are_sent_to_no_expert(monkeypatch):
     """Count the rows every expert op receives in a full model forward: only running
     (position, step) pairs, k slots each."""
     from conftest import make_model, randomise_halting
-    import sut_fairseq.modules.moe_ffd as moe_ffd
-    import sut_fairseq.modules.momha as momha
+    import sut_fairseq.modules.expert_linear as expert_linear
 
     rows = []
 
@@ -310,8 +309,7 @@ def test_halted_positions_are_sent_to_no_expert(monkeypatch):
         from sut_fairseq.ops.routed_linear import reference_routed_linear
         return reference_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
 
-    monkeypatch.setattr(moe_ffd, "routed_linear", counting)
-    monkeypatch.setattr(momha, "routed_linear", counting)
+    monkeypatch.setattr(expert_linear, "routed_linear", counting)
     model = make_model(halting_threshold=0.6, decoder_layers=3, encoder_layers=3)
     randomise_halting(model)
     src = torch.randint(4, 40, (3, 6))
@@ -397,7 +395,7 @@ def test_moe_ffd_compiles_without_a_graph_break():
 def test_expert_weight_init_is_xavier_uniform_per_expert():
     """U(-b, b) with b = sqrt(6 / (fan_in + fan_out)), fan_in = size(1), fan_out = size(2)
     (in != out, so swapping them changes b)."""
-    from sut_fairseq.modules.expert_init import init_expert_weight_
+    from sut_fairseq.modules.expert_linear import init_expert_weight_
 
     torch.manual_seed(0)
     w = torch.empty(3, 40, 200)

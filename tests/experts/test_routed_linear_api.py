@@ -54,7 +54,7 @@ class _Checked(Exception):
 def test_the_triton_backend_checks_every_operand_before_its_kernels(layout, monkeypatch):
     """``SUT_KERNELS=triton``: ``check_operands`` sees exactly the caller's operands, in
     order, before anything runs (the kernels index without bounds checks)."""
-    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_function")
+    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_triton")
     seen = []
 
     def record(*args):
@@ -85,13 +85,13 @@ def test_the_triton_backend_checks_every_operand_before_its_kernels(layout, monk
 def test_the_op_receives_its_operands_in_the_compute_dtype(x_dtype, w_dtype, b_dtype, autocast,
                                                            expect, monkeypatch):
     seen = {}
-    call = routed_linear_module.call_routed_linear_op
+    call = routed_linear_module.reference_forward  # the backend, as the op calls it
 
     def spy(x, weight, bias, *rest):
         seen.update(x=x.dtype, weight=weight.dtype, bias=bias.dtype)
         return call(x, weight, bias, *rest)
 
-    monkeypatch.setattr(routed_linear_module, "call_routed_linear_op", spy)
+    monkeypatch.setattr(routed_linear_module, "reference_forward", spy)
     r = _routing(torch.float32)
     x, W, b = _operands(dtype=torch.float32)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):

@@ -175,7 +175,7 @@ def test_autotuning_leaves_no_stale_gate_gradient_partials(monkeypatch):
     import triton
 
     import sut_fairseq.kernels.grouped_gemm as gg
-    import sut_fairseq.kernels.routed_linear_function as rlf
+    import sut_fairseq.kernels.routed_linear_triton as rlf
 
     narrow, wide = (triton.Config({"BLOCK_M": 16, "BLOCK_N": n, "BLOCK_K": 16, "GROUP_M": 2}) for n in (16, 32))
     timings = iter([2.0, 1.0] * 4)   # every tuning launch: narrow tried first, wide faster
@@ -224,7 +224,7 @@ def test_outputs_are_written_whole(routing_name, monkeypatch):
     allocated uninitialised (#48): here filled with NaN, and with two more partial rows
     than column tiles (as for a wider autotuned BLOCK_N), every result still equals the
     reference: the kernel writes the no-op rows' zeros and the unused partial rows."""
-    import sut_fairseq.kernels.routed_linear_function as rlf
+    import sut_fairseq.kernels.routed_linear_triton as rlf
 
     tiles = rlf._max_column_tiles
     monkeypatch.setattr(rlf, "_written_whole", lambda like, shape, dtype=None: torch.full(
@@ -241,7 +241,7 @@ def test_gate_gradient_bias_term_equals_the_old_matmul():
     """The gate gradient with a bias, its term dout_n . b_e now summed in the kernel,
     against the code before #48: the kernel's partials without the bias term plus
     ``(dout @ b^T)`` gathered by expert (0 for a no-op slot)."""
-    import sut_fairseq.kernels.routed_linear_function as rlf
+    import sut_fairseq.kernels.routed_linear_triton as rlf
     from sut_fairseq.ops.reference_linear import _autocast_dtype  # noqa: F401
 
     x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_down")

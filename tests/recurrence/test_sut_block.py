@@ -93,7 +93,7 @@ def test_each_side_its_own_width_and_cross_attention_reads_the_encoder_width():
     enc, dec = model.encoder.side.block, model.decoder.side.block
     assert enc.self_attn_norm.normalized_shape == (64,) and dec.self_attn_norm.normalized_shape == (32,)
     assert dec.cross_attn.k_proj.in_features == 64
-    assert dec.cross_attn.q_weight.shape[1] == 32 and dec.ffd.w1.shape[1] == 32
+    assert dec.cross_attn.q_proj.weight.shape[1] == 32 and dec.ffd.up.weight.shape[1] == 32
 
 
 # --- the block's forward against a composition of its sub-layers, written out ----------

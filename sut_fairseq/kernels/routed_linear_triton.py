@@ -1,8 +1,7 @@
-"""The routed linear map on the Triton kernels: an autograd Function and its launchers.
-
-``triton_routed_linear`` has the signature and semantics of
-``sut_fairseq.ops.routed_linear.reference_routed_linear`` (see that module for the row
-layouts). Shapes: N tokens, k slots each, M = N * k; x (N | M, in), weight (E, in, out),
+"""The Triton backend of the routed linear map: ``triton_forward`` / ``triton_backward``,
+plain functions that the custom op of ``sut_fairseq/ops/routed_linear.py`` calls for CUDA
+tensors (or under ``SUT_KERNELS=triton``), and their kernel launchers (the kernels:
+``grouped_gemm.py``). The row layouts are ``ops/routed_linear.py``'s. Shapes: N tokens, k slots each, M = N * k; x (N | M, in), weight (E, in, out),
 bias (E, out) or None, gates (N, k) or None; the result is (M, out), or (N, out) with gates.
 
 Passes (no device-to-host synchronisation in any of them):
@@ -23,8 +22,8 @@ Passes (no device-to-host synchronisation in any of them):
   by the row tiles past the last expert's.
 * weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
 
-Mixed precision: under autocast the inputs, weights and bias are cast to the autocast
-dtype here (as ``nn.Linear`` does) and the kernels run with autocast off; products
+Mixed precision: the op hands over the inputs, weights and bias in the compute dtype (the
+autocast dtype under autocast, as ``nn.Linear``) and the kernels run with autocast off; products
 accumulate in fp32, gate scaling and the gate gradient are done in fp32. fp32 operands
 use TF32 only when ``torch.backends.cuda.matmul.allow_tf32`` allows it.
 
@@ -40,7 +39,6 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from ..ops.reference_linear import _autocast_dtype
 from . import grouped_gemm as gg
 
 
@@ -180,39 +178,42 @@ def _sum_rows(rows: torch.Tensor, fan: int, num_rows: int) -> torch.Tensor:
     return out
 
 
-class RoutedLinearFunction(torch.autograd.Function):
-    """Autograd for ``triton_routed_linear``; inputs already in the compute dtype."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out):
-        M, N, k = routing.num_slots, routing.num_tokens, routing.k
-        out_dim = weight.size(2)
-        x = x.contiguous()
-        gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
-        y = _written_whole(x, (M, out_dim))  # the kernel writes the no-op rows' zeros
+def triton_forward(x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
+                   grouped_out: bool) -> torch.Tensor:
+    """The forward on the kernels (operands in the compute dtype; gates their own):
+    (M, out), or (N, out) with gates."""
+    M, N, k = routing.num_slots, routing.num_tokens, routing.k
+    out_dim = weight.size(2)
+    if M == 0:  # no tokens: nothing to launch
+        return x.new_zeros(N if gates is not None else 0, out_dim)
+    x = x.contiguous()
+    gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
+    y = _written_whole(x, (M, out_dim))  # the kernel writes the no-op rows' zeros
+    with _no_autocast(x.device.type):
         routed_gemm(x, grouped_in, fan_out, weight, False, bias, y, grouped_out, gates_flat, routing)
-        if gates is not None:
-            y = y.view(N, k, out_dim).sum(1)
-        ctx.save_for_backward(x, weight, bias, gates_flat)
-        ctx.routing, ctx.fan_out = routing, fan_out
-        ctx.grouped_in, ctx.grouped_out = grouped_in, grouped_out
-        ctx.gates_dtype = gates.dtype if gates is not None else None
-        return y
+    return y.view(N, k, out_dim).sum(1) if gates is not None else y
 
-    @staticmethod
-    def backward(ctx, dout):
-        x, weight, bias, gates_flat = ctx.saved_tensors
-        routing, fan_out = ctx.routing, ctx.fan_out
-        grouped_in, grouped_out = ctx.grouped_in, ctx.grouped_out
-        M, N, k, E = routing.num_slots, routing.num_tokens, routing.k, routing.num_experts
-        need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
-        gated = gates_flat is not None
-        dout = dout.contiguous().to(x.dtype)
-        # Row order of dout = the forward output's: sorted, token rows (gated) or slot rows.
-        dy_grouped, dy_fan = grouped_out, (k if gated else 1)
-        dx = dw = db = dg = None
 
-        need_g = need_g and gated
+def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
+                    grouped_out: bool, needs):
+    """The gradients of ``triton_forward`` asked for by ``needs`` = (x, weight, bias, gates),
+    None for the others (module docstring: the input gradient and the gate gradient in one
+    kernel, the weight and bias gradients in another)."""
+    M, N, k = routing.num_slots, routing.num_tokens, routing.k
+    need_x, need_w, need_b, need_g = needs
+    gated = gates is not None
+    if M == 0:
+        return (torch.zeros_like(x) if need_x else None, torch.zeros_like(weight) if need_w else None,
+                torch.zeros_like(bias) if need_b and bias is not None else None,
+                torch.zeros_like(gates) if need_g and gated else None)
+    x = x.contiguous()
+    gates_flat = gates.reshape(-1).contiguous() if gated else None
+    dout = dout.contiguous().to(x.dtype)
+    # Row order of dout = the forward output's: sorted, token rows (gated) or slot rows.
+    dy_grouped, dy_fan = grouped_out, (k if gated else 1)
+    dx = dw = db = dg = None
+    need_g = need_g and gated
+    with _no_autocast(x.device.type):
         if need_x or need_g:
             in_dim = weight.size(1)
             # the kernel writes rows 0..M-1 (the no-op rows' zeros too); sorted rows past M
@@ -231,16 +232,14 @@ class RoutedLinearFunction(torch.autograd.Function):
             if need_x:
                 dx = dx_rows if grouped_in else _sum_rows(dx_rows, fan_out, x.size(0))
             if need_g:
-                dg = partial.sum(0).view(N, k).to(ctx.gates_dtype)
-        if need_w or need_b:
+                dg = partial.sum(0).view(N, k).to(gates.dtype)
+        if need_w or (need_b and bias is not None):
             dw = torch.empty_like(weight)
             db = torch.empty_like(bias) if bias is not None else None
             routed_wgrad(x, grouped_in, fan_out, dout, dy_grouped, dy_fan, gates_flat, dw, db, routing)
-            if not need_w:
-                dw = None
-            if not need_b:
-                db = None
-        return dx, dw, db, dg, None, None, None, None
+            dw = dw if need_w else None
+            db = db if need_b else None
+    return dx, dw, db, dg
 
 
 def check_operands(x, weight, bias, routing, fan_out: int, grouped_in: bool, grouped_out: bool,
@@ -264,32 +263,3 @@ def check_operands(x, weight, bias, routing, fan_out: int, grouped_in: bool, gro
     elif fan_out < 1 or M % fan_out or x.size(0) < M // fan_out:
         raise ValueError(f"x with fan_out={fan_out} needs M / fan_out = {M}/{fan_out} rows; "
                          f"got {x.size(0)}")
-
-
-def triton_routed_linear(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: Optional[torch.Tensor],
-    routing,
-    fan_out: int,
-    grouped_in: bool = False,
-    grouped_out: bool = False,
-    gates: Optional[torch.Tensor] = None,
-) -> torch.Tensor:
-    """``reference_routed_linear`` on the Triton kernels (same arguments and result).
-
-    Args:
-        x: (N, in) token rows (``fan_out = k``), (M, in) slot rows (``fan_out = 1``), or
-            (>= M, in) sorted rows (``grouped_in``).
-        weight: (E, in, out); bias: (E, out) or None; routing: ``ops.routing.Routing``.
-        gates: (N, k) or None (then the result is (M, out), else (N, out)).
-    """
-    check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
-    M = routing.num_slots
-    dtype = _autocast_dtype(x.device.type) or x.dtype
-    if M == 0:  # no tokens: nothing to launch
-        return x.new_zeros(routing.num_tokens if gates is not None else M, weight.size(2), dtype=dtype)
-    x, weight = x.to(dtype), weight.to(dtype)
-    bias = bias.to(dtype) if bias is not None else None
-    with _no_autocast(x.device.type):
-        return RoutedLinearFunction.apply(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
