@@ -64,36 +64,58 @@ def build_case(name: str):
 
 def decode_case(name: str) -> list:
     """Per sentence, per hypothesis: tokens, the score and the positional scores."""
-    from fairseq.sequence_generator import SequenceGenerator
-
     model = build_case(name)
     d = model.decoder.dictionary
-    src, lengths = sources(d.pad(), d.eos())
-    generator = SequenceGenerator([model], d, beam_size=BEAM, max_len_a=0, max_len_b=MAX_LEN_B)
-    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}, "id": torch.arange(4)}
-    hypos = generator.generate([model], sample)
+    return beam_search(model, d, *sources(d.pad(), d.eos()), BEAM, MAX_LEN_B)
+
+
+def beam_search(model, dictionary, src, lengths, beam: int, max_len_b: int) -> list:
+    """fairseq's ``SequenceGenerator`` on the sources ``src`` (B, S) (max_len_a 0): per
+    sentence, per hypothesis, the tokens, the score and the positional scores."""
+    from fairseq.sequence_generator import SequenceGenerator
+
+    generator = SequenceGenerator([model], dictionary, beam_size=beam, max_len_a=0, max_len_b=max_len_b)
+    sample = {"net_input": {"src_tokens": src, "src_lengths": lengths}, "id": torch.arange(src.size(0))}
+    with torch.no_grad():
+        hypos = generator.generate([model], sample)
     return [[{"tokens": h["tokens"].tolist(), "score": float(h["score"]),
               "positional_scores": h["positional_scores"].tolist()} for h in sentence]
             for sentence in hypos]
+
+
+def assert_same_hypotheses(got: list, want: list) -> None:
+    """The same hypotheses (tokens exactly) with the same scores (to 1e-5), sentence by
+    sentence, as ``beam_search`` returns them."""
+    import pytest
+
+    assert len(got) == len(want)
+    for sentence, (g, w) in enumerate(zip(got, want)):
+        assert [h["tokens"] for h in g] == [h["tokens"] for h in w], f"sentence {sentence}"
+        for h, r in zip(g, w):
+            assert h["score"] == pytest.approx(r["score"], abs=1e-5)
+            assert h["positional_scores"] == pytest.approx(r["positional_scores"], abs=1e-5)
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help=f"record {GOLDEN}")
     args = parser.parse_args()
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                            text=True, cwd=HERE).stdout.strip()
-    record = {"commit": commit, "beam": BEAM, "max_len_b": MAX_LEN_B,
-              "cases": {name: decode_case(name) for name in CASES}}
+    record = {"beam": BEAM, "max_len_b": MAX_LEN_B, "cases": {name: decode_case(name) for name in CASES}}
     for name, sentences in record["cases"].items():
         print(name, [len(s[0]["tokens"]) for s in sentences])
     if args.write:
-        os.makedirs(os.path.dirname(GOLDEN), exist_ok=True)
-        tmp = GOLDEN + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(record, f, indent=0)
-        os.replace(tmp, GOLDEN)
-        print("wrote", GOLDEN)
+        write_record(GOLDEN, record)
+
+
+def write_record(path: str, record: dict) -> None:
+    """``record`` with the commit it was made at, as JSON at ``path`` (atomically)."""
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                            text=True, cwd=HERE).stdout.strip()
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump({"commit": commit, **record}, f, indent=0)
+    os.replace(path + ".tmp", path)
+    print("wrote", path)
 
 
 if __name__ == "__main__":

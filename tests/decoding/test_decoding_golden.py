@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from decoding_golden import CASES, GOLDEN, decode_case
+from decoding_golden import CASES, GOLDEN, assert_same_hypotheses, decode_case
 
 with open(GOLDEN) as f:
     RECORDED = json.load(f)
@@ -14,10 +14,4 @@ with open(GOLDEN) as f:
 
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_beam_search_matches_the_recorded_decoding(name):
-    got, want = decode_case(name), RECORDED["cases"][name]
-    assert len(got) == len(want)
-    for sentence, (g, w) in enumerate(zip(got, want)):
-        assert [h["tokens"] for h in g] == [h["tokens"] for h in w], f"sentence {sentence}"
-        for h, r in zip(g, w):
-            assert h["score"] == pytest.approx(r["score"], abs=1e-5)
-            assert h["positional_scores"] == pytest.approx(r["positional_scores"], abs=1e-5)
+    assert_same_hypotheses(decode_case(name), RECORDED["cases"][name])
