@@ -142,7 +142,8 @@ def run_incremental(model, enc, prev, reorder=None):
 # from start to end, so these go first, the longest first (their last measured times), and
 # the short files fill the workers at the end.
 HEAVY_FIRST = ("test_gpu_validate.py", "test_compiled_step.py", "test_benchmarks_smoke.py",
-               "test_end_to_end.py", "test_hydra_train.py", "test_cpvr_recipe.py", "test_logic_recipe.py", "test_multi30k_recipe.py",
+               "test_end_to_end.py", "test_hydra_train.py", "test_cpvr_recipe.py", "test_logic_recipe.py",
+               "test_multi30k_recipe.py",
                "test_readme_commands.py", "test_flipflop_recipe.py", "test_listops_recipe.py",
                "test_listops_classify.py", "test_logic_classify.py",
                "test_wmt14_spm.py", "test_exit_sweep.py", "test_wmt14_recipe.py",
