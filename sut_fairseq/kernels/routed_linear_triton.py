@@ -1,8 +1,9 @@
 """The Triton backend of the routed linear map: ``triton_forward`` / ``triton_backward``,
 plain functions that the custom op of ``sut_fairseq/ops/routed_linear.py`` calls for CUDA
 tensors (or under ``SUT_KERNELS=triton``), and their kernel launchers (the kernels:
-``grouped_gemm.py``). The row layouts are ``ops/routed_linear.py``'s. Shapes: N tokens, k slots each, M = N * k; x (N | M, in), weight (E, in, out),
-bias (E, out) or None, gates (N, k) or None; the result is (M, out), or (N, out) with gates.
+``grouped_gemm.py``). The row layouts are ``ops/routed_linear.py``'s. Shapes: N tokens, k
+slots each, M = N * k; x (N | M, in), weight (E, in, out), bias (E, out) or None, gates
+(N, k) or None; the result is (M, out), or (N, out) with gates.
 
 Passes (no device-to-host synchronisation in any of them):
 
