@@ -6,6 +6,11 @@ One shared SUT block per side applied up to L = ``--encoder-layers`` /
 runs that recurrence chunk by chunk with a memory between chunks (TLB / GUTLB,
 docs/chunked.md). Shapes: B batch, T / S target / source length, d width, H heads of size
 D per expert, L maximum steps.
+
+The options are ``SUTConfig`` (``config.py``); what the two sides share — embeddings, the
+shared block, halting, the recurrence — is one ``RecurrentSide`` each
+(``recurrent_side.py``), and the encoder and decoder here add what is theirs: fairseq's
+encoder-out dict, the output projection and the incremental state.
 """
 import functools
 from typing import Dict, List, Optional
