@@ -146,8 +146,8 @@ class RecurrentSide(nn.Module):
 def upgrade_names(state_dict: dict, name: str) -> None:
     """Checkpoints written before the side was a module name its parameters
     ``{name}.block...``; they are ``{name}.side.block...`` now (in place)."""
-    prefix = f"{name}." if name else ""
+    prefix = f"{name}."  # the encoder / decoder is always a named child of its model
     for key in list(state_dict):
         rest = key[len(prefix):] if key.startswith(prefix) else None
-        if rest is not None and rest.split(".", 1)[0] in SIDE_MODULES:
+        if rest is not None and rest.partition(".")[0] in SIDE_MODULES:
             state_dict[f"{prefix}side.{rest}"] = state_dict.pop(key)
