@@ -32,7 +32,7 @@ from .config import SideConfig, SUTConfig
 logger = logging.getLogger(__name__)
 
 #: the side's submodules, named in checkpoints ``{encoder,decoder}.side.NAME`` (before the
-#: side was a module: ``{encoder,decoder}.NAME``; ``upgrade_names`` renames them)
+#: side was a module: ``{encoder,decoder}.NAME``; ``upgrade_state_dict_named`` renames them)
 SIDE_MODULES = ("embed_tokens", "embed_positions", "block", "later_blocks", "halting",
                 "step_embedding", "final_norm", "memory")
 
@@ -75,6 +75,7 @@ class RecurrentSide(nn.Module):
         self.final_norm = LayerNorm(d) if side.normalize_before else None
         self._init_chunks(cfg, side, name)
         self.compiled_step = None
+        self.step_meter = None  # the model's StepMeter (evaluation forwards count their steps)
         if cfg.compile_step or cfg.compile_loop:
             reasons = unsupported(cfg, name)
             if reasons:
@@ -138,16 +139,16 @@ class RecurrentSide(nn.Module):
             return self.recurrence.run(x, step_inputs, rule)
         return run_chunk
 
+    def upgrade_state_dict_named(self, state_dict: dict, name: str) -> None:
+        """Checkpoints written before the side was a module name its parameters
+        ``encoder.block...``; they are ``encoder.side.block...`` (``name`` is this side's,
+        ``encoder.side`` / ``decoder.side``; renamed in place before fairseq's loader goes on
+        to the side's own layers)."""
+        owner = name[: -len("side")]  # "encoder."
+        for key in list(state_dict):
+            if key.startswith(owner) and key[len(owner):].partition(".")[0] in SIDE_MODULES:
+                state_dict[f"{name}.{key[len(owner):]}"] = state_dict.pop(key)
+
     def output(self, S: torch.Tensor) -> torch.Tensor:
         """The side's output: LN(S_L) under pre-LN, else S_L."""
         return S if self.final_norm is None else self.final_norm(S)
-
-
-def upgrade_names(state_dict: dict, name: str) -> None:
-    """Checkpoints written before the side was a module name its parameters
-    ``{name}.block...``; they are ``{name}.side.block...`` now (in place)."""
-    prefix = f"{name}."  # the encoder / decoder is always a named child of its model
-    for key in list(state_dict):
-        rest = key[len(prefix):] if key.startswith(prefix) else None
-        if rest is not None and rest.partition(".")[0] in SIDE_MODULES:
-            state_dict[f"{prefix}side.{rest}"] = state_dict.pop(key)

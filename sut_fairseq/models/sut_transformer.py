@@ -40,7 +40,7 @@ from ..modules.exits import ExitHalting
 from ..modules.recurrence import StepInputs
 from .architectures import PRESETS, base_architecture
 from .config import SUTConfig
-from .recurrent_side import RecurrentSide, upgrade_names
+from .recurrent_side import RecurrentSide
 from .validation import validate_args
 
 @register_model("sut_transformer")
@@ -110,7 +110,7 @@ def build_embedding(dictionary, dim: int) -> nn.Embedding:
 
 def meter(side: RecurrentSide, key: str, halting) -> None:
     """Count an evaluation forward's executed steps (``StepMeter``, the end-of-run summary)."""
-    if not side.training and getattr(side, "step_meter", None) is not None:
+    if not side.training and side.step_meter is not None:
         side.step_meter.add(key, halting)
 
 
@@ -122,10 +122,6 @@ class SUTEncoder(FairseqEncoder):
         self.side = RecurrentSide(cfg, cfg.encoder, embed_tokens, decoder=False,
                                   max_positions=cfg.max_source_positions)
         self.tlb_encoder_out = cfg.tlb_encoder_out
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        upgrade_names(state_dict, name)
-        return state_dict
 
     def forward(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None,
                 return_all_hiddens: bool = False):
@@ -202,10 +198,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
             self.output_projection.weight = embed_tokens.weight
         else:
             nn.init.normal_(self.output_projection.weight, mean=0, std=d ** -0.5)
-
-    def upgrade_state_dict_named(self, state_dict, name):
-        upgrade_names(state_dict, name)
-        return state_dict
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out=None,
                 incremental_state=None, features_only: bool = False, **unused):
