@@ -2,8 +2,8 @@
 
 Importing the package (fairseq does so for ``--user-dir``) registers the model
 ``sut_transformer`` with its presets, the criterion ``sut_label_smoothed_cross_entropy``,
-the encoder-only classifier (model ``sut_classifier``, task and criterion
-``sut_classification``) and the learning-rate schedule ``inverse_sqrt_cooldown``, and
+the encoder-only classifiers (models ``sut_classifier`` and ``transformer_classifier``,
+task and criterion ``sut_classification``) and the learning-rate schedule ``inverse_sqrt_cooldown``, and
 allow-lists the classes
 fairseq checkpoints pickle so that ``torch.load(weights_only=True)`` (torch >= 2.6) can
 read them, and makes ``fairseq-train --help`` list the chosen architecture's and

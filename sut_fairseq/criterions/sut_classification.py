@@ -14,7 +14,8 @@ Logged: ``loss`` and ``nll_loss`` (the CE per sentence, base 2, as fairseq's los
 ``accuracy`` (% of sentences whose argmax is the label; ``--best-checkpoint-metric
 accuracy --maximize-best-checkpoint-metric`` selects by it), ``ncorrect`` /
 ``nsentences`` in the logging outputs, and ``mim``, ``switch``, ``act_enc``,
-``steps_enc`` (and ``chunk_steps_enc``) as the seq2seq criterion.
+``steps_enc`` (and ``chunk_steps_enc``) as the seq2seq criterion (``mim`` and ``switch``
+alone for ``transformer_classifier``, whose encoder has no halting).
 """
 import math
 
@@ -43,7 +44,11 @@ class SUTClassificationCriterion(FairseqCriterion):
         ce = F.cross_entropy(logits.float(), target, reduction="sum" if reduce else "none")
         loss = ce
         sample_size = target.numel()
-        terms = auxiliary_losses(router_stats, {"enc": extra["halting_encoder"]}, ce)
+        halting = extra["halting_encoder"]  # None: an encoder without halting
+        if halting is None and self.act_weight:
+            raise ValueError(f"--act-weight={self.act_weight!r} is invalid: the model's encoder "
+                             "has no halting (leave it at 0)")
+        terms = auxiliary_losses(router_stats, {} if halting is None else {"enc": halting}, ce)
         if model.training and reduce:
             scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
             loss = ce + scale * terms.weighted(self.mim_weight, self.act_weight, self.switch_weight)

@@ -89,40 +89,27 @@ class SUTClassifierModel(BaseFairseqModel):
     @staticmethod
     def add_args(parser):
         SUTTransformerModel.add_args(parser)
-        parser.add_argument("--pooling", choices=POOLINGS,
-                            help="sentence vector: mean over the real positions, or the state "
-                            "at the last one (end: the </s>; the paper's choice for GUT/GUTLB) "
-                            "(default: mean)")
-        parser.add_argument("--classifier-hidden-dim", type=int, metavar="N",
-                            help="hidden width of the classification MLP (default: the "
-                            "encoder width)")
+        add_classifier_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
         classifier_architecture(args)
         validate_args(args)
         _refuse_decoder_options(args)
-        if args.pooling not in POOLINGS:
-            raise ValueError(f"--pooling={args.pooling!r} is invalid: choose from {POOLINGS}")
-        if not (isinstance(args.classifier_hidden_dim, int) and args.classifier_hidden_dim >= 1):
-            raise ValueError(f"--classifier-hidden-dim={args.classifier_hidden_dim!r} is "
-                             "invalid: must be a positive integer")
         dictionary = task.source_dictionary
         cfg = SUTConfig.from_namespace(args)
         encoder = SUTEncoder(cfg, dictionary, build_embedding(dictionary, cfg.encoder.embed_dim))
-        d = args.encoder_embed_dim
-        head = ClassificationHead(4 * d if task.pair else d, args.classifier_hidden_dim,
-                                  task.num_classes, args.dropout)
-        return cls(encoder, head, args.pooling, task.pair)
+        return cls(encoder, build_head(args, task), args.pooling, task.pair)
 
-    def __init__(self, encoder: SUTEncoder, head: ClassificationHead, pooling: str, pair: bool):
+    def __init__(self, encoder: nn.Module, head: ClassificationHead, pooling: str, pair: bool):
         super().__init__()
         self.encoder, self.head, self.pooling, self.pair = encoder, head, pooling, pair
 
     def forward(self, src_tokens, src_lengths, pair_tokens=None, pair_lengths=None):
         """src_tokens (B, S1) right-padded; pair_tokens (B, S2) for a pair model. Returns
         logits (B, C) and {"halting_encoder": HaltingResult over the encoded rows (B, or
-        2B for pairs), "features": the head's input (B, d or 4d)}."""
+        2B for pairs; None for an encoder without halting), "features": the head's input
+        (B, d or 4d)}."""
         if self.pair != (pair_tokens is not None):
             raise ValueError(f"this model classifies {'pairs' if self.pair else 'single sentences'}"
                              f" but was given {'a pair' if pair_tokens is not None else 'one sentence'}")
@@ -138,10 +125,35 @@ class SUTClassifierModel(BaseFairseqModel):
             features = siamese_features(u, v)
         else:
             features = pooled
-        return self.head(features), {"halting_encoder": out["halting"][0], "features": features}
+        halting = out["halting"][0] if "halting" in out else None
+        return self.head(features), {"halting_encoder": halting, "features": features}
 
     def max_positions(self):
         return self.encoder.max_positions()
+
+
+def add_classifier_args(parser) -> None:
+    """The options of the pooling and the head (``sut_classifier``, ``transformer_classifier``)."""
+    parser.add_argument("--pooling", choices=POOLINGS,
+                        help="sentence vector: mean over the real positions, or the state "
+                        "at the last one (end: the </s>; the paper's choice for GUT/GUTLB) "
+                        "(default: mean)")
+    parser.add_argument("--classifier-hidden-dim", type=int, metavar="N",
+                        help="hidden width of the classification MLP (default: the "
+                        "encoder width)")
+
+
+def build_head(args, task) -> ClassificationHead:
+    """The head over the pooled width d = ``--encoder-embed-dim`` (4d for pairs), after
+    checking the pooling and head options."""
+    if args.pooling not in POOLINGS:
+        raise ValueError(f"--pooling={args.pooling!r} is invalid: choose from {POOLINGS}")
+    if not (isinstance(args.classifier_hidden_dim, int) and args.classifier_hidden_dim >= 1):
+        raise ValueError(f"--classifier-hidden-dim={args.classifier_hidden_dim!r} is "
+                         "invalid: must be a positive integer")
+    d = args.encoder_embed_dim
+    return ClassificationHead(4 * d if task.pair else d, args.classifier_hidden_dim,
+                              task.num_classes, args.dropout)
 
 
 def _refuse_decoder_options(args) -> None:
@@ -162,6 +174,11 @@ def classifier_architecture(args):
     """The classifier's own options; the encoder's come from the preset that called it
     (``base_architecture``: ``sut_base``'s sizes, when called alone at build time)."""
     base_architecture(args)
+    classifier_defaults(args)
+
+
+def classifier_defaults(args) -> None:
+    """Mean pooling and an MLP of the encoder's width, where unset."""
     _default(args, "pooling", "mean")
     _default(args, "classifier_hidden_dim", args.encoder_embed_dim)
 

@@ -16,6 +16,7 @@ from sut_fairseq.criterions.losses import mim_loss, record_routing, switch_loss
 from sut_fairseq.criterions.sut_classification import SUTClassificationCriterion
 from sut_fairseq.models.standalone import model_args, synthetic_dictionary
 from sut_fairseq.models.sut_classifier import SUTClassifierModel, pool, siamese_features
+from sut_fairseq.models.transformer_classifier import TransformerClassifierModel
 from sut_fairseq.recipes.commands import tool
 from sut_fairseq.tasks.sut_classification import SUTClassificationConfig, SUTClassificationTask
 from sut_fairseq.user_dir import user_dir
@@ -130,6 +131,56 @@ def test_decoder_options_are_refused():
         _model(pair=False, decoder_chunk_size=4)
     with pytest.raises(ValueError, match="--decoder-layers=5 is invalid"):
         _model(pair=False, decoder_layers=5)
+
+
+# --------------------------------------------------------------------------- the transformer baseline
+
+def _transformer(pair, pooling="mean", seed=0):
+    """fairseq's TransformerEncoder (d 32, 2 layers, pre-LN) under the classifier's head."""
+    torch.manual_seed(seed)
+    args = model_args("transformer_classifier", dropout=0.0, encoder_embed_dim=32,
+                      encoder_ffn_embed_dim=64, encoder_attention_heads=4, encoder_layers=2,
+                      encoder_normalize_before=True, pooling=pooling)
+    task = SimpleNamespace(source_dictionary=synthetic_dictionary(40), pair=pair, num_classes=3)
+    return TransformerClassifierModel.build_model(args, task).eval()
+
+
+@pytest.mark.parametrize("pooling", ["mean", "end"])
+def test_the_transformer_classifier_pools_fairseqs_encoder_output(pooling):
+    """The head's input is pool(fairseq's TransformerEncoder states) of each sentence
+    alone, whatever the padding of the batch; no halting result."""
+    model = _transformer(pair=True, pooling=pooling)
+    from fairseq.models.transformer import TransformerEncoder
+
+    assert type(model.encoder) is TransformerEncoder and len(model.encoder.layers) == 2
+    first, first_lengths = _tokens([4, 7, 3], seed=6)
+    second, second_lengths = _tokens([6, 2, 8], seed=7)
+    with torch.no_grad():
+        logits, extra = model(first, first_lengths, second, second_lengths)
+        for i in range(3):
+            u, v = [model.encoder(t[i:i + 1, :n[i]], n[i:i + 1])["encoder_out"][0][:, 0]
+                    for t, n in ((first, first_lengths), (second, second_lengths))]
+            if pooling == "mean":
+                u, v = u.mean(0), v.mean(0)
+            else:                                       # the </s>, the last real position
+                u, v = u[-1], v[-1]
+            features = torch.cat([u, v, u * v, (u - v).abs()])
+            torch.testing.assert_close(extra["features"][i], features, atol=1e-5, rtol=0)
+    torch.testing.assert_close(logits, model.head(extra["features"]))
+    assert extra["halting_encoder"] is None and logits.shape == (3, 3)
+
+
+def test_the_criterion_takes_a_classifier_without_halting():
+    model = _transformer(pair=True).train()
+    sample = _sample()
+    with record_routing(model) as stats:
+        logits, _ = model(**sample["net_input"])
+    loss, sample_size, log = SUTClassificationCriterion(None)(model, sample)
+    assert not stats and sample_size == 4
+    torch.testing.assert_close(loss, F.cross_entropy(logits, sample["target"], reduction="sum"))
+    assert log["mim"] == 0 and not any(key.endswith("_enc") for key in log)
+    with pytest.raises(ValueError, match="--act-weight=0.1 is invalid: the model's encoder has no halting"):
+        SUTClassificationCriterion(None, act_weight=0.1)(model, sample)
 
 
 # --------------------------------------------------------------------------- the criterion
@@ -283,11 +334,15 @@ def test_the_task_refuses_missing_directories_and_a_wrong_class_count(fixtures, 
         _task(pairs).load_dataset("test")
 
 
-def test_fairseq_train_and_validate_report_accuracy(fixtures, tmp_path):
+@pytest.mark.parametrize("model", [
+    ["--arch", "sut_classifier_tiny", "--act-weight", "0.01", "--mim-weight", "0.01"],
+    ["--arch", "transformer_classifier", "--encoder-embed-dim", "32", "--encoder-ffn-embed-dim", "64",
+     "--encoder-attention-heads", "4", "--encoder-layers", "2", "--pooling", "end"],
+], ids=["sut", "transformer"])
+def test_fairseq_train_and_validate_report_accuracy(fixtures, tmp_path, model):
     pairs, _ = fixtures
     common = ["--user-dir", user_dir(), "--task", "sut_classification", "--num-workers", "0"]
-    log = _run([tool("fairseq-train"), pairs, *common, "--arch", "sut_classifier_tiny",
-                "--criterion", "sut_classification", "--act-weight", "0.01", "--mim-weight", "0.01",
+    log = _run([tool("fairseq-train"), pairs, *common, *model, "--criterion", "sut_classification",
                 "--optimizer", "adam", "--lr", "1e-3", "--batch-size", "16", "--max-update", "10",
                 "--save-dir", tmp_path, "--no-epoch-checkpoints", "--log-format", "simple",
                 "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",

@@ -37,7 +37,8 @@ def test_classify_is_the_default_and_prints_the_classification_commands(tmp_path
         seen.add((model, protocol))
         assert value(argv, "--save-dir").startswith(str(tmp_path / "w" / "classify" / model))
         assert argv[1] == str(data / "classify" / protocol / "bin")
-        assert value(argv, "--task") == "sut_classification" and value(argv, "--arch") == "sut_classifier"
+        arch = "transformer_classifier" if model == "transformer" else "sut_classifier"
+        assert value(argv, "--task") == "sut_classification" and value(argv, "--arch") == arch
         assert value(argv, "--criterion") == "sut_classification"
         assert (value(argv, "--batch-size"), value(argv, "--lr"), value(argv, "--weight-decay"),
                 value(argv, "--lr-scheduler"), value(argv, "--warmup-updates")) == \
@@ -68,7 +69,7 @@ def test_seq2seq_still_prints_the_translation_commands(tmp_path):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--models", "transformer"], "--models transformer is not available with --setup classify"),
+    (["--models", "tlb-memory"], "--models tlb-memory is not available with --setup classify"),
     (["--models", "ut-halting"], "the classify setup's UT is 'ut'"),
     (["--generate-args", "--beam 2"], "does not apply to --setup classify"),
     (["--setup", "seq2seq", "--models", "ut"], "--models ut is not available with --setup seq2seq"),
@@ -122,7 +123,7 @@ def test_smoke_classify_trains_and_scores_every_bucket(smoke):
 def test_smoke_classify_report(smoke):
     table = (smoke["work"] / "classify" / "table5.md").read_text()
     assert "Classify setup" in table and "| GUT (ours, reduced) |" in table
-    assert "| GUT (paper) | – | 96.4 | – | – | – | – | 52.0 |" in table
+    assert "| GUT (paper) | – | 96.36 | 84.84 | 74.8 | 66.81 | 58.99 | 51.97 |" in table
     assert json.loads((smoke["work"] / "classify" / "table5.json").read_text())["setup"] == "classify"
     assert not (smoke["work"] / "table5.md").exists()       # the seq2seq report is apart
 

@@ -91,14 +91,19 @@ def test_the_classify_config_builds_the_halting_kv_and_pooling_it_states(path):
     configuration; TLB's unshared blocks and memory read-out where it says so."""
     with open(os.path.join(REPO, path)) as handle:
         spec = json.load(handle)
-    assert spec["arch"].startswith("sut_classifier") and set(spec["halting_rules"]) == {"encoder"}
+    baseline = spec["arch"] == "transformer_classifier"  # fairseq's encoder: no halting
+    assert spec["arch"].startswith("sut_classifier") or baseline
+    assert set(spec.get("halting_rules", {})) == (set() if baseline else {"encoder"})
     for config, flags in full_flags(path).items():
         args = parsed(flags)
         assert args.task == "sut_classification" and args.criterion == "sut_classification"
-        built = {"halting": args.encoder_halting, "kv": args.encoder_halting_kv, "pooling": args.pooling}
-        stated = {"halting": spec["halting_rules"]["encoder"], "kv": spec["halting_kv"],
-                  "pooling": spec["pooling"]}
+        built = {"pooling": args.pooling}
+        stated = {"pooling": spec["pooling"]}
+        if not baseline:
+            built.update(halting=args.encoder_halting, kv=args.encoder_halting_kv)
+            stated.update(halting=spec["halting_rules"]["encoder"], kv=spec["halting_kv"])
         assert built == stated, f"{path} ({config}): states {stated}, builds {built}"
+        assert hasattr(args, "encoder_halting") == (not baseline)
         assert args.lr_scheduler == "fixed" and args.warmup_updates == 4000 and args.batch_size == 256
         assert args.lr == [7e-4] and args.weight_decay == 0.1
 
@@ -119,7 +124,11 @@ def test_the_classify_configs_are_the_papers_models(task):
         assert (args.encoder_chunk_size, args.encoder_memory_slots) == (10, 10)
     assert built["tlb"].tlb_unshared and built["tlb"].tlb_encoder_out == "memory"
     assert not built["gutlb"].tlb_unshared and built["gutlb"].tlb_encoder_out == "tokens"
-    assert not any(built[m].tlb_unshared for m in built if m != "tlb")
+    assert not any(built[m].tlb_unshared for m in built if m not in ("tlb", "transformer"))
+    if task == "logic":  # the transformer baseline: the seq2seq recipe's encoder sizes
+        args = built["transformer"]
+        assert (args.encoder_layers, args.encoder_embed_dim, args.encoder_ffn_embed_dim,
+                args.encoder_attention_heads, args.encoder_normalize_before) == (6, 128, 256, 4, True)
 
 
 @pytest.mark.parametrize("path", classify_configs())
@@ -130,7 +139,7 @@ def test_the_classify_config_builds_its_model(path):
     import torch
     from fairseq.data import Dictionary
 
-    from sut_fairseq.models.sut_classifier import SUTClassifierModel
+    from fairseq.models import ARCH_MODEL_REGISTRY
 
     with open(os.path.join(REPO, path)) as handle:
         spec = json.load(handle)
@@ -140,14 +149,17 @@ def test_the_classify_config_builds_its_model(path):
         dictionary.add_symbol(symbol)
     pair = path.split(os.sep)[1] == "logic"
     task = type("Task", (), {"source_dictionary": dictionary, "pair": pair, "num_classes": 3})()
-    model = SUTClassifierModel.build_model(args, task).eval()
+    model = ARCH_MODEL_REGISTRY[spec["arch"]].build_model(args, task).eval()
     assert model.pooling == spec["pooling"] and model.pair == pair
-    assert model.encoder.side.kv_from_state == (spec["halting_kv"] == "state")
-    assert hasattr(model.encoder.side, "later_blocks") == ("--tlb-unshared" in spec["model_flags"])
     tokens = torch.tensor([[4, 5, 6, 2], [7, 8, 2, 1]])
     lengths = torch.tensor([4, 3])
     extra = {"pair_tokens": tokens.flip(0), "pair_lengths": lengths.flip(0)} if pair else {}
     logits, out = model(tokens, lengths, **extra)
     assert logits.shape == (2, 3) and torch.isfinite(logits).all()
+    if spec["arch"] == "transformer_classifier":
+        assert out["halting_encoder"] is None and not hasattr(model.encoder, "side")
+        return
+    assert model.encoder.side.kv_from_state == (spec["halting_kv"] == "state")
+    assert hasattr(model.encoder.side, "later_blocks") == ("--tlb-unshared" in spec["model_flags"])
     built_rule = getattr(model.encoder.side.halting, "rule", "none")  # NoHalting has no rule
     assert built_rule == spec["halting_rules"]["encoder"]
