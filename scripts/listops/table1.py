@@ -6,8 +6,8 @@ length and argument generalisation splits. The shared recipe template's four sta
 
 * ``classify`` (default): the paper's encoder-only classifiers (``configs/listops/classify/``,
   ``--task sut_classification``); stage 1 also writes ``data-prep/listops/classify.py``'s
-  layout into ``DATA/classify``, stage 3 scores each test split with fairseq-validate
-  (``validate-SPLIT.txt``), runs and report in ``WORK/classify``;
+  layout into ``DATA/classify``, stage 3 scores the test splits with one fairseq-validate
+  (``validate.txt``), runs and report in ``WORK/classify``;
 * ``seq2seq``: the translation setup (``configs/listops/``) described below.
 
     python scripts/listops/table1.py [--setup classify|seq2seq] --data-dir data/listops --work-dir runs/listops

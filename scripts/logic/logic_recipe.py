@@ -213,9 +213,10 @@ def protocol_dir(data_dir: str, protocol: str, setup: str = "seq2seq") -> str:
     return os.path.join(data_dir, "classify", protocol) if setup == "classify" else os.path.join(data_dir, protocol)
 
 
-def validate_command(data_bin: str, checkpoint: str, subset: str,
+def validate_command(data_bin: str, checkpoint: str, subsets: Sequence[str],
                      batch_size: int = DEFAULT_GENERATE_BATCH, cpu: bool = False,
                      extra: Sequence[str] = (), required: bool = True) -> List[str]:
-    """fairseq-validate of a classify-setup checkpoint over one whole split."""
-    return classify.validate_command(CLASSIFY_GRID, data_bin, checkpoint, subset, batch_size, cpu,
+    """fairseq-validate of a classify-setup checkpoint over every example of each split
+    of ``subsets`` (one process)."""
+    return classify.validate_command(CLASSIFY_GRID, data_bin, checkpoint, subsets, batch_size, cpu,
                                      extra, required)

@@ -6,9 +6,10 @@ one of two setups (``--setup``; docs/logic.md#the-classify-setup):
 
 * ``classify`` (default): the recurrent-transformers paper's Table 2 setup: Siamese
   encoder-only classifiers (``configs/logic/classify/``: ut, gut, tlb, gutlb and the sut
-  baseline; ``--task sut_classification``) on ``prepare.py --format classify``'s data in
-  ``DATA/classify/PROTOCOL/``, runs in ``WORK/classify/MODEL/PROTOCOL/seedN/``, each test
-  split scored with fairseq-validate (``validate-SPLIT.txt``); the report is
+  and transformer baselines; ``--task sut_classification``) on ``prepare.py --format
+  classify``'s data in ``DATA/classify/PROTOCOL/``, runs in
+  ``WORK/classify/MODEL/PROTOCOL/seedN/``, the test splits scored by one fairseq-validate
+  (``validate.txt``); the report is
   ``WORK/classify/table5.md``;
 * ``seq2seq``: paper Table 5 and Figure 4 of the SUT paper as below (translation task,
   ``configs/logic/``), unchanged.
@@ -161,21 +162,23 @@ def evaluate(args, config, model, protocol, seed, run):
 
 
 def evaluate_classify(args, protocol, run):
-    """Stage 3 of the classify setup for one run: fairseq-validate on every test split of
-    the protocol (``validate-SPLIT.txt``), scored against its ``.label`` file. Returns
-    ``{"accuracy": {key: score}, "halting_depth": None}`` (None on a dry run)."""
+    """Stage 3 of the classify setup for one run: one fairseq-validate over every test
+    split of the protocol (``validate.txt``), each split scored against its ``.label``
+    file. Returns ``{"accuracy": {key: score}, "halting_depth": None}`` (None on a dry
+    run)."""
     data = recipe.protocol_dir(args.data_dir, protocol, "classify")
-    accuracy = {}
-    for split in recipe.eval_splits(protocol, args.buckets):
-        output = os.path.join(run.dir, f"validate-{split['subset']}.txt")
-        recipe.run(recipe.validate_command(os.path.join(data, "bin"), run.checkpoint, split["subset"],
-                                           args.batch_size, args.cpu, classify.overrides(args.threshold),
-                                           required=not args.dry_run),
-                   output, dry_run=args.dry_run)
-        if not args.dry_run:
-            accuracy[split["key"]] = classify.score_validate_output(
-                output, split["subset"], os.path.join(data, f"{split['text']}.label"))
-    return None if args.dry_run else {"accuracy": accuracy, "halting_depth": None}
+    splits = recipe.eval_splits(protocol, args.buckets)
+    output = os.path.join(run.dir, "validate.txt")
+    recipe.run(recipe.validate_command(os.path.join(data, "bin"), run.checkpoint,
+                                       [split["subset"] for split in splits], args.batch_size,
+                                       args.cpu, classify.overrides(args.threshold),
+                                       required=not args.dry_run),
+               output, dry_run=args.dry_run)
+    if args.dry_run:
+        return None
+    accuracy = {split["key"]: classify.score_validate_output(
+        output, split["subset"], os.path.join(data, f"{split['text']}.label")) for split in splits}
+    return {"accuracy": accuracy, "halting_depth": None}
 
 
 def report(args):

@@ -5,12 +5,13 @@ docs/classification.md) in place of the ``seq2seq`` (translation) setup.
 A recipe with ``--setup classify`` takes its models from ``configs/TASK/classify/``
 (one ``common.json`` and one ``MODEL.json`` each, as :mod:`.grid` reads them), trains
 them on the classification layout of its data (``input0/``, ``input1/`` for pairs,
-``label/``) and scores every test split with ``fairseq-validate``::
+``label/``) and scores every test split of a run with one ``fairseq-validate`` (the
+checkpoint loaded once)::
 
     fairseq-validate BIN --user-dir ... --task sut_classification --path CKPT
-        --valid-subset SPLIT --batch-size N --required-batch-size-multiple 1
+        --valid-subset SPLIT1,SPLIT2,... --batch-size N --required-batch-size-multiple 1
 
-whose closing line, ``valid on 'SPLIT' subset | ... | accuracy A | ... | steps_enc S |
+whose line per split, ``valid on 'SPLIT' subset | ... | accuracy A | ... | steps_enc S |
 ... | bsz B``, gives the accuracy (%), the mean executed encoder steps and the number of
 examples scored (``bsz``: the sentences of the whole split, one aggregation), which must
 equal the split's lines (:func:`score_validate_output`).
@@ -55,12 +56,16 @@ def refuse_options(args, setup: str, options: Dict[str, str]) -> None:
                               f"to --setup {setup}: {why}")
 
 
-def validate_command(grid: ModelGrid, data_bin: str, checkpoint: str, subset: str,
+def validate_command(grid: ModelGrid, data_bin: str, checkpoint: str, subsets: Sequence[str],
                      batch_size: int, cpu: bool = False, extra: Sequence[str] = (),
                      required: bool = True) -> List[str]:
-    """fairseq-validate over one whole split with the grid's task options."""
+    """fairseq-validate over every example of each split of ``subsets``, one after the
+    other in one process, with the grid's task options."""
+    if isinstance(subsets, str) or not subsets or any("," in s for s in subsets):
+        raise RecipeError(f"validate_command: {list(subsets)!r} is not a list of split names")
     merged = merge_flags(grid.common()["task"],
-                         ["--path", checkpoint, "--valid-subset", subset, "--batch-size", str(batch_size)],
+                         ["--path", checkpoint, "--valid-subset", ",".join(subsets),
+                          "--batch-size", str(batch_size)],
                          VALIDATE_FLAGS, ["--cpu"] if cpu else [], list(extra))
     return [tool("fairseq-validate", required), data_bin, "--user-dir", user_dir(), *merged]
 

@@ -241,8 +241,8 @@ class ClassifySplitTask(SplitTask):
     """A :class:`SplitTask` in the classify setup (:mod:`.classify`): the models of
     ``CONFIG_DIR/classify/``, the data also in the classification layout (``classify_prep``
     over the generator's files: ``DATA/classify/{input0,label,splits.json}``), runs in
-    ``WORK/classify/MODEL/seedN/``, every test split scored with fairseq-validate
-    (``validate-SPLIT.txt``) against ``DATA/SPLIT.tgt``."""
+    ``WORK/classify/MODEL/seedN/``, the test splits scored by one fairseq-validate
+    (``validate.txt``), each against ``DATA/SPLIT.tgt``."""
 
     def __init__(self, name: str, config_dir: str, models: Sequence[str], data_prep: str,
                  classify_prep: str, data_configs: Dict[str, str],
@@ -289,28 +289,27 @@ class ClassifySplitTask(SplitTask):
         train_grid_run(self.grid, args, model, seed, run_dir, data_bin=self.classify_dir(args.data_dir))
 
     def evaluate(self, args, model: str, seed: int, run_dir: RunDir, extra=None) -> None:
-        """Stage 3 for one trained run: fairseq-validate on every test split ->
-        ``score-SPLIT.json`` and ``result.json`` (as :meth:`SplitTask.evaluate`'s)."""
+        """Stage 3 for one trained run: one fairseq-validate over every test split
+        (``validate.txt``) -> ``score-SPLIT.json`` and ``result.json`` (as :meth:`SplitTask.evaluate`'s)."""
         if not run_dir.needs_evaluation(args.force, args.dry_run):
             return
         config, command = self.trained_command(args, model, run_dir)
         layers = flag_value(command, "--encoder-layers")
         scores = OrderedDict()
-        for split, binarized in self.splits_to_score(args).items():
-            output = os.path.join(run_dir.dir, f"validate-{split}.txt")
-            run(validate_command(self.grid, self.classify_dir(args.data_dir), run_dir.checkpoint, binarized,
-                                 args.batch_size, args.cpu, required=not args.dry_run),
-                output, dry_run=args.dry_run)
-            if args.dry_run:
-                continue
+        splits = self.splits_to_score(args)
+        output = os.path.join(run_dir.dir, "validate.txt")
+        run(validate_command(self.grid, self.classify_dir(args.data_dir), run_dir.checkpoint,
+                             list(splits.values()), args.batch_size, args.cpu, required=not args.dry_run),
+            output, dry_run=args.dry_run)
+        if args.dry_run:
+            return
+        for split, binarized in splits.items():
             score = score_validate_output(output, binarized, os.path.join(args.data_dir, f"{split}.tgt"))
             score["mean_encoder_steps_per_chunk"] = read_validate_output(output, binarized).get("chunk_steps_enc")
             write_json_atomic(os.path.join(run_dir.dir, f"score-{split}.json"), score)
             scores[split] = score
             print(f"   {split}: accuracy {score['accuracy']:.2f}% ({score['correct']} / {score['total']})",
                   flush=True)
-        if args.dry_run:
-            return
         run_dir.write_result({
             "model": model, "label": self.grid.label(model), "seed": seed, "config": config,
             "setup": "classify", "accuracy": {s: v["accuracy"] for s, v in scores.items()},

@@ -33,8 +33,8 @@ def test_dry_run_classify_is_the_default(tmp_path):
     assert value(by_model["gut"], "--encoder-halting-kv") == "state" and value(by_model["gut"], "--pooling") == "end"
     assert "--tlb-unshared" in by_model["tlb"] and value(by_model["tlb"], "--tlb-encoder-out") == "memory"
     validates = commands(out, "fairseq-validate")
-    assert len(validates) == 5 * 6 and not commands(out, "fairseq-generate")
-    assert [value(v, "--valid-subset") for v in validates[:6]] == ["test"] + [f"test{k}" for k in range(1, 6)]
+    assert len(validates) == 5 and not commands(out, "fairseq-generate")   # one per run
+    assert value(validates[0], "--valid-subset") == ",".join(["test"] + [f"test{k}" for k in range(1, 6)])
     (report,) = commands(out, "summarize.py")
     assert report[2] == str(tmp_path / "w" / "classify")
     assert not (tmp_path / "d").exists()
@@ -79,7 +79,7 @@ def test_smoke_classify_gut_and_tlb(tmp_path):
                     "--splits", "test-args10"])
     work = result["work"] / "classify"
     runs = check_smoke(result, ["gut", "tlb"], {"test-iid": 8, "test-args10": 4}, work)
-    assert len(commands(result["second"], "fairseq-validate")) == 2 * 2
+    assert len(commands(result["second"], "fairseq-validate")) == 2
     for model, run_result in runs.items():
         assert run_result["setup"] == "classify"
         steps = run_result["splits"]["test-iid"]["mean_encoder_steps"]

@@ -49,9 +49,9 @@ def test_classify_is_the_default_and_prints_the_classification_commands(tmp_path
         assert value(argv, "--pooling") == pooling
     assert seen == {(m, p) for m in recipe.CLASSIFY_MODELS for p in recipe.PROTOCOLS}
     assert not commands(out, "fairseq-generate") and not commands(out, "accuracy.py")
-    validates = commands(out, "fairseq-validate")
+    validates = commands(out, "fairseq-validate")   # one per run: every split, one process
     standard = [value(a, "--valid-subset") for a in validates if a[1].endswith(os.path.join("standard", "bin"))]
-    assert standard == [f"test{k}" for k in range(7, 13)] * len(recipe.CLASSIFY_MODELS)
+    assert standard == [",".join(f"test{k}" for k in range(7, 13))] * len(recipe.CLASSIFY_MODELS)
     assert all(value(a, "--required-batch-size-multiple") == "1" for a in validates)
     (report,) = commands(out, "summarize.py")
     assert report[2] == str(tmp_path / "w" / "classify") and value(report, "--setup") == "classify"
@@ -107,7 +107,7 @@ def test_smoke_classify_trains_and_scores_every_bucket(smoke):
     assert value(train, "--encoder-halting-kv") == "state" and value(train, "--encoder-layers") == "3"
     assert not commands(second, "fairseq-train")
     assert [value(a, "--valid-subset") for a in commands(second, "fairseq-validate")] == \
-        [f"test{k}" for k in range(7, 13)]
+        [",".join(f"test{k}" for k in range(7, 13))]
     result = json.loads((run_dir / "result.json").read_text())
     assert (result["model"], result["protocol"], result["setup"], result["updates"]) == \
         ("gut", "standard", "classify", 3)
@@ -137,7 +137,17 @@ def test_a_split_scored_short_is_refused(smoke, tmp_path):
     longer = tmp_path / "test7.label"
     longer.write_text(reference.read_text() + "#\n")
     with pytest.raises(RecipeError, match="scored .* examples of test7 but .* has"):
-        score_validate_output(str(smoke["run"] / "validate-test7.txt"), "test7", str(longer))
+        score_validate_output(str(smoke["run"] / "validate.txt"), "test7", str(longer))
+
+
+def test_one_fairseq_validate_scores_a_list_of_splits():
+    from sut_fairseq.recipes import RecipeError
+
+    command = recipe.validate_command("BIN", "ckpt.pt", ["test7", "test8"], required=False)
+    assert value(command, "--valid-subset") == "test7,test8" and command[1] == "BIN"
+    for bad in ("test7", ["test7,test8"], []):
+        with pytest.raises(RecipeError, match="is not a list of split names"):
+            recipe.validate_command("BIN", "ckpt.pt", bad, required=False)
 
 
 def test_threshold_becomes_a_model_override_of_fairseq_validate(tmp_path):
