@@ -16,7 +16,8 @@ Each record becomes kernels of a kind:
 * ``gemm``: cuBLAS products (``mm``, ``bmm``, ``addmm``, ``baddbmm``), one launch each,
   with their (batch, M, N, K) and dtype; the alignment lint flags any dimension that is
   not a multiple of 8 in bf16/fp16 (cuBLAS then falls back to slow kernels);
-* ``attention``: a fused ``scaled_dot_product_attention`` (1 launch forward, 2 backward);
+* ``attention``: a fused ``scaled_dot_product_attention``, or with ``--flex-attention``
+  (the ``+flex`` suffix of an arch) the FlexAttention kernel (1 launch forward, 2 backward);
 * ``custom``: aten work inside the plugin's custom ops (``sut::*``: zero-fills, sums, casts);
 * ``triton``: the routed ops' Triton launches (``_routed_gemm``, ``_routed_wgrad``);
 * ``accum``: the backward's additions of a shared parameter's gradients (one per extra use);
@@ -43,7 +44,7 @@ efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` a
 factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profiles of
 ``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
 
-    python benchmarks/gpu_model.py --arch sut_base transformer_wmt_en_de [--compile-step]
+    python benchmarks/gpu_model.py --arch sut_base [sut_base+flex] transformer_wmt_en_de [--compile-step]
         [--compile-loop] [--device H100] [--batch 128 --len 32] [--top 12] [--calibrate]
 
 Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per architecture
@@ -68,6 +69,7 @@ import train_step  # noqa: E402
 
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import routed_linear_triton as rlf  # noqa: E402
+from sut_fairseq.modules import flex_attention  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -216,6 +218,35 @@ class _FusedAttention(torch.autograd.Function):
         shape_q, shape_kv = (B, H, T, D), (B, H, S, D)
         dmask = None if ctx.mask_shape is None else do.new_empty(ctx.mask_shape)
         return None, do.new_empty(shape_q), do.new_empty(shape_kv), do.new_empty(shape_kv), dmask
+
+
+class _FlexAttention(torch.autograd.Function):
+    """``--flex-attention``'s kernel as the GPU runs it: one fused kernel forward (the
+    score_mod's gather of the relative scores inside), two launches backward (FlexAttention's
+    preprocessing of o·do and the kernel that writes dq, dk, dv and the relative scores'
+    gradient); on meta tensors only the output shapes."""
+
+    @staticmethod
+    def forward(ctx, recorder, q, k, v, rel):
+        B, H, M, D = q.shape
+        S = k.size(-2)
+        ctx.recorder, ctx.shapes = recorder, (q.shape, k.shape, None if rel is None else rel.shape)
+        extra = 0 if rel is None else rel.numel()
+        io = (q.numel() * 2 + k.numel() + v.numel() + extra) * q.element_size()
+        recorder.add_synthetic("attention", "flex_fwd", ATTENTION_LAUNCHES[0], 4 * B * H * M * S * D, io)
+        return q.new_empty(B, H, M, v.size(-1))
+
+    @staticmethod
+    def backward(ctx, do):
+        shape_q, shape_kv, shape_rel = ctx.shapes
+        B, H, M, D = shape_q
+        S = shape_kv[-2]
+        extra = 0 if shape_rel is None else 2 * math.prod(shape_rel)
+        io = (2 * (2 * B * H * M * D + 2 * B * H * S * D) + extra) * do.element_size()
+        ctx.recorder.add_synthetic("attention", "flex_bwd", ATTENTION_LAUNCHES[1],
+                                   10 * B * H * M * S * D, io)
+        drel = None if shape_rel is None else do.new_empty(shape_rel)
+        return None, do.new_empty(shape_q), do.new_empty(shape_kv), do.new_empty(shape_kv), drel
 
 
 class Recorder(TorchDispatchMode):
@@ -386,10 +417,14 @@ def cuda_code_path(recorder: Recorder):
     """Meta tensors read as CUDA ones (``is_cuda``), the routed ops' Triton launches and
     ``scaled_dot_product_attention`` recorded, and every backward's nodes hooked."""
     is_cuda, sdpa, backward = torch.Tensor.is_cuda, F.scaled_dot_product_attention, torch.Tensor.backward
+    attend = flex_attention.attend
     recorder_before = rlf._launch_recorder
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
         return _FusedAttention.apply(recorder, q, k, v, attn_mask)
+
+    def flex(q, key, value, picks, q_start, hidden, qr=None, window=0, lo=0, t5=None):
+        return _FlexAttention.apply(recorder, q, key, value, qr if qr is not None else t5)
 
     def hooked_backward(self, *args, **kwargs):
         recorder.node_hooks(self)
@@ -398,12 +433,14 @@ def cuda_code_path(recorder: Recorder):
 
     torch.Tensor.is_cuda = property(lambda self: self.device.type in ("cuda", "meta"))
     F.scaled_dot_product_attention = attention
+    flex_attention.attend = flex
     torch.Tensor.backward = hooked_backward
     rlf._launch_recorder = recorder.triton
     try:
         yield
     finally:
         torch.Tensor.is_cuda, F.scaled_dot_product_attention = is_cuda, sdpa
+        flex_attention.attend = attend
         torch.Tensor.backward = backward
         rlf._launch_recorder = recorder_before
 
@@ -670,7 +707,7 @@ def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=["sut_base", "transformer_wmt_en_de"],
                         help=f"models of train_step.py's wmt preset ({' '.join(train_step.MODELS)}, "
-                             f"sut_tiny, ...)")
+                             f"sut_tiny, ...; with the suffix +flex: --flex-attention, attention dropout 0)")
     parser.add_argument("--compile-step", action="store_true",
                         help="compiled: each side's step one graph (the transformer whole)")
     parser.add_argument("--compile-loop", action="store_true",
@@ -688,7 +725,7 @@ def main(argv=None):
         parser.error("--compile-step and --compile-loop exclude each other")
     from fairseq.models import ARCH_MODEL_REGISTRY
     for arch in args.arch:
-        if arch not in ARCH_MODEL_REGISTRY:
+        if arch.split("+")[0] not in ARCH_MODEL_REGISTRY:
             raise SystemExit(f"gpu_model.py: --arch {arch}: not a registered architecture "
                              f"(e.g. {' '.join(train_step.MODELS)} sut_tiny)")
     dtype = torch.float32 if args.fp32 else torch.bfloat16
@@ -711,9 +748,10 @@ def main(argv=None):
     if (args.batch, args.len, args.vocab, dtype) == (128, 32, 32768, torch.bfloat16) \
             and not args.compile_loop:
         print_calibration(steps)
-    if {"sut_base", "transformer_wmt_en_de"} <= ms.keys():
-        print(f"gpu model: sut_base / transformer_wmt_en_de device time "
-              f"{ms['sut_base'] / ms['transformer_wmt_en_de']:.2f}")
+    for arch in ms:
+        if arch.split("+")[0] == "sut_base" and "transformer_wmt_en_de" in ms:
+            print(f"gpu model: {arch} / transformer_wmt_en_de device time "
+                  f"{ms[arch] / ms['transformer_wmt_en_de']:.2f}")
 
 
 if __name__ == "__main__":

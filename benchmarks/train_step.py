@@ -131,6 +131,9 @@ LOOP = "+loop"
 #: transformer whole, a SUT/UT over its compiled loop (with +loop: one graph invocation per
 #: side and forward); eager it is the model without suffix
 GRAPHS = "+graphs"
+#: suffix: a SUT/UT with --flex-attention (its self-attention one FlexAttention kernel on
+#: CUDA) and --attention-dropout 0, which the option needs; on a CPU the usual attention
+FLEX = "+flex"
 
 
 def split_arch(arch: str):
@@ -138,10 +141,12 @@ def split_arch(arch: str):
     suffix, or ``+graphs`` on a SUT/UT without ``+loop``, is an error naming it."""
     name, *rest = arch.split("+")
     suffixes = {"+" + s for s in rest}
-    unknown = sorted(suffixes - {FUSED_CE, LOOP, GRAPHS})
+    unknown = sorted(suffixes - {FUSED_CE, LOOP, GRAPHS, FLEX})
     if unknown:
         raise SystemExit(f"train_step.py: {arch}: unknown suffix {unknown[0]!r} "
-                         f"(known: {FUSED_CE}, {LOOP}, {GRAPHS})")
+                         f"(known: {FUSED_CE}, {LOOP}, {GRAPHS}, {FLEX})")
+    if FLEX in suffixes and not is_recurrent(name):
+        raise SystemExit(f"train_step.py: {arch}: {FLEX} is an option of the plugin's models")
     if GRAPHS in suffixes and is_recurrent(name) and LOOP not in suffixes:
         raise SystemExit(f"train_step.py: {arch}: {GRAPHS} on a SUT/UT needs {LOOP} (CUDA graphs "
                          f"over the compiled loop: {name}{LOOP}{GRAPHS})")
@@ -300,9 +305,11 @@ def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
     mode = "reduce-overhead" if graphs else None
     loss = None
     extra = {"compile_loop" if loop else "compile_step": True} if compiled and is_recurrent(arch) else {}
+    if FLEX in suffixes:
+        extra.update(flex_attention=True, attention_dropout=0.0)
     if name in RECIPE_MODELS:
         recipe_arch, kwargs, loss = recipe_model(name)
-        model = build_model(recipe_arch, dict_size=vocab, **kwargs, **extra)
+        model = build_model(recipe_arch, dict_size=vocab, **{**kwargs, **extra})
         if name in FORCED_HALTING:
             force_halting(model, halting_bias)
     else:

@@ -158,6 +158,10 @@ class SUTConfig(FairseqDataclass):
         False, "like --compile-step, but all L steps of a side as one compiled graph "
         "(unrolled, no host read between steps, no early exit; exact: steps after every "
         "position halted change nothing); meant for GPUs (docs/performance.md#compiled-steps)")
+    flex_attention: bool = option(
+        False, "on CUDA, the self-attention of every step as one FlexAttention kernel, the "
+        "relative term and the masks inside it (docs/performance.md#flexattention); needs "
+        "--attention-dropout 0; a CPU runs the usual attention")
     # regularisation and positions
     dropout: float = option(0.1, "dropout on sub-layer outputs")
     attention_dropout: float = option(0.0, "dropout on attention weights")

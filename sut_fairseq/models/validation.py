@@ -100,6 +100,11 @@ def validate_args(args) -> None:
                  "must be in [0, 1)")
     _validate_hyper(args)
     _validate_chunks(args)
+    if args.flex_attention:
+        _require(args.attention_dropout == 0.0, "--attention-dropout", args.attention_dropout,
+                 "--flex-attention needs 0 (FlexAttention has no dropout)")
+        _require(args.hyper_modules == 0, "--hyper-modules", args.hyper_modules,
+                 "--flex-attention needs 0 (the hyper-modules' self-attention has no FlexAttention form)")
     if args.share_all_embeddings:
         _require(args.encoder_embed_dim == args.decoder_embed_dim, "--decoder-embed-dim",
                  args.decoder_embed_dim,

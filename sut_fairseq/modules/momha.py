@@ -9,7 +9,9 @@ The k picks of a position are laid out as k consecutive query rows per head (the
 order of the routed projections, so no reordering copy), and one attention over
 (B, H, T·k, D) queries serves all experts without copying K/V:
 ``scaled_dot_product_attention``, or, on CPU with clipped relative positions, the same
-computation as plain tensor operations (``_attend_clipped``).
+computation as plain tensor operations (``_attend_clipped``), or on CUDA with ``flex``
+(``--flex-attention``) one FlexAttention kernel with the relative term and the masks
+inside it (``flex_attention.py``).
 """
 from typing import Optional, Tuple
 
@@ -17,6 +19,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from . import flex_attention
 from .expert_linear import ExpertLinear, rename_parameters
 from .relative_position import ClippedRelativePosition, T5RelativeBias
 from .router import Router
@@ -69,15 +72,19 @@ class MixtureOfMultiHeadAttention(nn.Module):
         num_experts, top_k: E and k. num_heads, head_dim: H and D per expert.
         relative: None, ``"clipped"`` (window W) or ``"t5"`` (bucketed bias); self-attention only.
         causal: T5 buckets are unidirectional in causal attention.
+        flex: on CUDA, attend through FlexAttention (``flex_attention.py``; needs
+            attention_dropout 0). Not for cross-attention over shared keys (groups).
     """
 
     def __init__(self, embed_dim: int, kv_dim: int, num_experts: int, top_k: int,
                  num_heads: int, head_dim: int, router_hidden_dim: int,
                  attention_dropout: float = 0.0, gating_dropout: float = 0.0,
                  sample_topk: int = 0, relative: Optional[str] = None, window: int = 0,
-                 causal: bool = False):
+                 causal: bool = False, flex: bool = False):
         super().__init__()
-        self.num_heads, self.head_dim, self.causal = num_heads, head_dim, causal
+        if flex and attention_dropout:
+            raise ValueError(f"FlexAttention has no dropout: attention_dropout must be 0, got {attention_dropout}")
+        self.num_heads, self.head_dim, self.causal, self.flex = num_heads, head_dim, causal, flex
         inner = num_heads * head_dim
         router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk)
         k_proj, v_proj = nn.Linear(kv_dim, inner), nn.Linear(kv_dim, inner)
@@ -139,7 +146,9 @@ class MixtureOfMultiHeadAttention(nn.Module):
                 B // groups, H, groups * T * k, D)
 
         hidden = self._hidden_keys(q, T, q_start, S, key_padding_mask)
-        if isinstance(self.relative, ClippedRelativePosition) and not q.is_cuda:
+        if self.flex and q.is_cuda and groups == 1:
+            o = self._attend_flex(q, key.to(q.dtype), value.to(q.dtype), T, q_start, hidden)
+        elif isinstance(self.relative, ClippedRelativePosition) and not q.is_cuda:
             o = self._attend_clipped(q, key.to(q.dtype), value.to(q.dtype), T, q_start, hidden)
         else:
             o = F.scaled_dot_product_attention(
@@ -170,6 +179,21 @@ class MixtureOfMultiHeadAttention(nn.Module):
             rel = self.relative(T, q_start, S).repeat_interleave(k, 2).to(q.dtype)
             bias = rel if bias is None else rel + bias
         return bias
+
+    def _attend_flex(self, q, key, value, T: int, q_start: int,
+                     hidden: Optional[torch.Tensor]) -> torch.Tensor:
+        """The attention as one FlexAttention kernel, the relative term inside it: the
+        clipped term's scores of the O' aligned offsets ``q·r / √D`` (B, H, T·k, O') as one
+        product beforehand, or the T5 table (1, H, T, S). q: (B, H, T·k, D); key/value:
+        (B, H, S, D). Returns (B, H, T·k, D)."""
+        S, qr, t5, lo, window = key.size(2), None, None, 0, 0
+        if isinstance(self.relative, ClippedRelativePosition):
+            lo, r = self.relative.aligned_offsets(T, q_start, S)
+            qr = torch.einsum("bhmd,ohd->bhmo", q * self.head_dim ** -0.5, r.to(q.dtype))
+            window = self.relative.window
+        elif isinstance(self.relative, T5RelativeBias):
+            t5 = self.relative(T, q_start, S).to(q.dtype)
+        return flex_attention.attend(q, key, value, q.size(2) // T, q_start, hidden, qr, window, lo, t5)
 
     def _attend_clipped(self, q, key, value, T: int, q_start: int,
                         hidden: Optional[torch.Tensor]) -> torch.Tensor:

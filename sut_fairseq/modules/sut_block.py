@@ -35,12 +35,12 @@ class SUTBlock(nn.Module):
         self.normalize_before = args.decoder_normalize_before if decoder else args.encoder_normalize_before
         self.dropout = Dropout(args.dropout)
 
-        def attention(kv_dim, relative, causal):
+        def attention(kv_dim, relative, causal, flex=False):
             return MixtureOfMultiHeadAttention(
                 d, kv_dim, args.att_experts, args.att_topk, args.att_heads, args.att_head_dim,
                 router_hidden, attention_dropout=args.attention_dropout,
                 gating_dropout=args.gating_dropout, sample_topk=args.sample_topk,
-                relative=relative, window=args.rel_window, causal=causal)
+                relative=relative, window=args.rel_window, causal=causal, flex=flex)
 
         relative = None if args.rel_pos == "none" else args.rel_pos
         hyper = HyperConfig.from_args(args)
@@ -49,7 +49,7 @@ class SUTBlock(nn.Module):
             self.self_attn = HyperSelfAttention(d, args.att_heads, args.att_head_dim, hyper,
                                                 args.attention_dropout, causal=decoder)
         else:
-            self.self_attn = attention(d, relative, causal=decoder)
+            self.self_attn = attention(d, relative, causal=decoder, flex=args.flex_attention)
         self.self_attn_norm = LayerNorm(d)
         #: the carried self-attention keys/values' projection of the rows that changed
         #: (``recurrence.KeyValueCarry``; no parameters: the K and V weights are passed)

@@ -304,6 +304,11 @@ def test_train_step_graphs_suffix_compiles_in_reduce_overhead_mode(monkeypatch):
         train_step.split_arch("sut_base+graphs")
     with pytest.raises(SystemExit, match=r"sut_base\+lop: unknown suffix '\+lop'"):
         train_step.split_arch("sut_base+lop")
+    with pytest.raises(SystemExit, match=r"transformer_wmt_en_de\+flex: \+flex is an option of the plugin's models"):
+        train_step.split_arch("transformer_wmt_en_de+flex")
+    model, _ = train_step.build("sut_tiny+flex", 64, 0.5)
+    attn = model.encoder.side.block.self_attn
+    assert attn.flex and attn.attention_dropout == 0.0 and not model.decoder.side.block.cross_attn.flex
     model, _ = train_step.build("sut_tiny+loop+graphs", 64, 0.5, compiled=True)
     assert [side.compiled_step.mode for side in (model.encoder.side, model.decoder.side)] == ["reduce-overhead"] * 2
     model, _ = train_step.build("sut_tiny+loop", 64, 0.5, compiled=True)

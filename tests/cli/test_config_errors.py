@@ -24,6 +24,14 @@ BAD_CONFIGS = {
                   "--ffd-topk=-1 is invalid: must satisfy 1 <= k <= --ffd-experts (4)"),
     "E < 1": (dict(ffd_experts=0), "--ffd-experts=0 is invalid: must be a positive integer"),
     "W < 0": (dict(rel_window=-1), "--rel-window=-1 is invalid: must be an integer >= 0"),
+    "flex with attention dropout": (
+        dict(flex_attention=True, attention_dropout=0.1),
+        "--attention-dropout=0.1 is invalid: --flex-attention needs 0 (FlexAttention has no dropout)"),
+    "flex with hyper-modules": (
+        dict(flex_attention=True, hyper_modules=2, att_experts=1, att_topk=1, ffd_experts=1,
+             ffd_topk=1, rel_pos="none"),
+        "--hyper-modules=2 is invalid: --flex-attention needs 0 (the hyper-modules' "
+        "self-attention has no FlexAttention form)"),
     "threshold 0": (dict(halting_threshold=0.0),
                     "--halting-threshold=0.0 is invalid: must be in (0, 1]"),
     "threshold > 1": (dict(halting_threshold=1.5),

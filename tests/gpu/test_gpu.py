@@ -406,3 +406,38 @@ def test_dropout_on_cuda_drops_at_its_rate_and_rescales():
     kept = y[y != 0]
     assert abs(kept.numel() / 1_000_000 - 0.7) < 0.005
     torch.testing.assert_close(kept, torch.full_like(kept, 1 / 0.7))
+
+
+@pytest.mark.parametrize("relative", [None, "clipped", "t5"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_flex_attention_forward_and_gradients_match_the_default_path(relative, causal):
+    """``--flex-attention`` (``modules/flex_attention.py``): MoMHA's self-attention through
+    the compiled FlexAttention kernel equals the default path (SDPA with the relative term
+    and masks as a bias) in fp32, output and every gradient (the relative embeddings' or
+    the T5 table's through FlexAttention's gradient of a score_mod's captured tensor),
+    with padding and k = 2 picks per position."""
+    from sut_fairseq.modules.momha import MixtureOfMultiHeadAttention
+
+    x = torch.randn(3, 9, 32, device="cuda", requires_grad=True)
+    active = torch.ones(3, 9, dtype=torch.bool, device="cuda")
+    pad = torch.zeros(3, 9, dtype=torch.bool, device="cuda")
+    pad[1, -3:] = True
+    results = []
+    for flex in (False, True):
+        torch.manual_seed(0)
+        attn = MixtureOfMultiHeadAttention(32, 32, 4, 2, 2, 16, 32, relative=relative, window=3,
+                                           causal=causal, flex=flex).cuda()
+        if relative == "t5":
+            torch.nn.init.normal_(attn.relative.bias.weight)
+        x.grad = None
+        k, v = attn.project_kv(x)
+        out = attn(x, k, v, active, key_padding_mask=pad)
+        out.square().sum().backward()
+        results.append((out, x.grad.clone(), {n: p.grad for n, p in attn.named_parameters()
+                                               if p.grad is not None}))
+    (out0, dx0, g0), (out1, dx1, g1) = results
+    torch.testing.assert_close(out1, out0, atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(dx1, dx0, atol=1e-4, rtol=1e-4)
+    assert g1.keys() == g0.keys()
+    for name in g0:
+        torch.testing.assert_close(g1[name], g0[name], atol=1e-4, rtol=1e-4, msg=name)

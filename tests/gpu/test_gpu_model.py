@@ -1,4 +1,5 @@
 """benchmarks/gpu_model.py: the CPU model of a GPU training step (meta tensors, CUDA path)."""
+from collections import Counter
 import os
 import re
 import sys
@@ -56,3 +57,18 @@ def test_compiled_fuses_kernels():
 def test_bad_arch_is_a_clear_error():
     with pytest.raises(SystemExit, match="not a registered architecture"):
         gpu_model.main(["--arch", "sut_nonesuch"])
+
+
+def test_flex_attention_is_one_kernel_per_self_attention():
+    """``+flex``: each self-attention of a step is the FlexAttention kernel (1 launch
+    forward, 2 backward) and the relative term's bias no longer materialises: fewer aten
+    kernels than the same model's SDPA path."""
+    sdpa = gpu_model.record_step("sut_tiny", False, 4, 8, 200)
+    flex = gpu_model.record_step("sut_tiny+flex", False, 4, 8, 200)
+    names = Counter(k.name for k in flex if k.kind == "attention")
+    steps = 3 + 3  # sut_tiny: 3 encoder and 3 decoder steps, every position running
+    assert names["flex_fwd"] == steps and names["flex_bwd"] == steps
+    assert names["sdpa_fwd"] == 3 and names["sdpa_bwd"] == 3  # the decoder's cross-attention
+    assert not any(k.name.startswith("flex") for k in sdpa)
+    aten = [sum(k.launches for k in ks if k.kind == "aten") for ks in (sdpa, flex)]
+    assert aten[1] < aten[0]

@@ -33,6 +33,13 @@ def test_each_side_its_own_layer_norm_placement_and_the_attention_options():
     for attn in (enc.self_attn, dec.self_attn):
         assert isinstance(attn.relative, ClippedRelativePosition) and attn.relative.window == 3
     assert dec.cross_attn.relative is None  # relative positions: self-attention only
+    assert not any(a.flex for a in (enc.self_attn, dec.self_attn, dec.cross_attn))
+
+
+def test_flex_attention_reaches_the_self_attention_only():
+    enc, dec = _blocks(flex_attention=True, attention_dropout=0.0)
+    assert enc.self_attn.flex and dec.self_attn.flex
+    assert not dec.cross_attn.flex  # cross-attention keeps SDPA (no relative term, shared keys)
     assert enc.cross_attn is None and isinstance(enc.ffd, MoEFeedForward)
     assert enc.memory_attn is None and dec.memory_attn is None
 
