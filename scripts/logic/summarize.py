@@ -9,7 +9,8 @@ paper's Table 2 where the repository quotes it; there is no halting-depth analys
 
 Reads every ``WORK_DIR/MODEL/PROTOCOL/seedN/result.json`` (``model``, ``protocol``,
 ``seed``, ``accuracy`` {bucket or A/B/C: {"accuracy": %, ...}}, ``halting_depth``).
-A cell is the mean accuracy over the seeds found (``(n=K)`` when K > 1). Printed:
+A cell is the accuracy of one seed, or over K > 1 seeds their mean ± sample standard
+deviation ``(n=K)``. Printed:
 
 * Table 5: accuracy (%) per operator count 7..12 (standard protocol) and on the
   compositional splits A/B/C, one row per model, the paper's SUT, LSTM and Transformer rows beneath;
@@ -95,7 +96,8 @@ def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
     rows = {}
     grid = recipe.grid_for(setup)
     for model in _order(set(acc) | set(meta), setup):
-        cells = {key: {"accuracy": statistics.mean(v), "n": len(v)} for key, v in acc[model].items()}
+        cells = {key: {"accuracy": statistics.mean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0,
+                       "n": len(v)} for key, v in acc[model].items()}
         params = sorted(meta[model]["params"])
         rows[model] = {"label": grid.label(model), "halting": _halting(grid, model),
                        "configs": sorted(meta[model]["configs"]),
@@ -139,7 +141,9 @@ def _halting(grid, model):
 def _cell(cell) -> str:
     if cell is None:
         return "–"
-    return f"{cell['accuracy']:.1f}" + ("" if cell["n"] == 1 else f" (n={cell['n']})")
+    if cell["n"] == 1:
+        return f"{cell['accuracy']:.1f}"
+    return f"{cell['accuracy']:.1f} ± {cell['sd']:.1f} (n={cell['n']})"
 
 
 def _row_label(row) -> str:

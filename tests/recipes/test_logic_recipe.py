@@ -288,11 +288,12 @@ def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     fake_result(tmp_path, "transformer", "standard", 1, {"7": 42.0, "12": 10.0}, params=2000)
     fake_result(tmp_path, "ut-no-halting", "standard", 1, {"7": 1.0}, {"7": 12.0})
     text = summarize.summarize(str(tmp_path))
-    assert "| SUT (ours, reduced) | 1,000 | 85.0 (n=2) | 85.0 (n=2) | 85.0 (n=2) | 85.0 (n=2) | 85.0 (n=2) " \
-           "| 85.0 (n=2) | 70.0 | 60.0 | 50.0 |" in text
+    # mean ± sample sd of 90 and 80: 85.0 ± 7.1
+    assert "| SUT (ours, reduced) | 1,000 | 85.0 ± 7.1 (n=2) | 85.0 ± 7.1 (n=2) | 85.0 ± 7.1 (n=2) " \
+           "| 85.0 ± 7.1 (n=2) | 85.0 ± 7.1 (n=2) | 85.0 ± 7.1 (n=2) | 70.0 | 60.0 | 50.0 |" in text
     assert "| Transformer (ours, reduced) | 2,000 | 42.0 | – | – | – | – | 10.0 | – | – | – |" in text
-    assert "In-distribution buckets" in text and "| SUT (ours, reduced) | 40.0 (n=2) | 85.0 (n=2) |" in text
-    assert "| 85.0 (n=2) | 84.3 (n=2) |" in text  # bucket 6, then the pooled 0-6
+    assert "In-distribution buckets" in text and "| SUT (ours, reduced) | 40.0 ± 56.6 (n=2) | 85.0 ± 7.1 (n=2) |" in text
+    assert "| 85.0 ± 7.1 (n=2) | 84.3 ± 6.0 (n=2) |" in text  # bucket 6, then the pooled 0-6 (88.5, 80)
     summary = json.load(open(tmp_path / "table5.json"))
     assert summary["rows"]["sut"]["cells"]["0-6"]["accuracy"] == pytest.approx((540 / 610 * 100 + 80) / 2)
     assert summary["halting_depth"]["sut"]["12"]["encoder"] == pytest.approx(8.5)
