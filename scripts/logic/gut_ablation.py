@@ -40,6 +40,7 @@ from collections import OrderedDict
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 import table5  # noqa: E402
+from sut_fairseq.recipes.summary import markdown_table  # noqa: E402
 
 #: variant -> (setup, the model's extra fairseq-train options, what it undoes)
 VARIANTS = OrderedDict([
@@ -81,19 +82,19 @@ def report(args) -> str:
     for variant in args.variants:
         path = result_path(args, variant)
         if not os.path.exists(path):
-            rows.append(f"| {variant} | {VARIANTS[variant][2]} | " + " | ".join("–" for _ in buckets) + " | not run |")
+            rows.append([variant, VARIANTS[variant][2]] + ["–"] * len(buckets) + ["not run"])
             continue
         with open(path) as handle:
             result = json.load(handle)
         accuracy = {k: result["accuracy"][k]["accuracy"] for k in buckets if k in result["accuracy"]}
         numbers[variant] = {"undone": VARIANTS[variant][2], "accuracy": accuracy,
                             "updates": result.get("updates"), "result": os.path.abspath(path)}
-        cells = " | ".join(f"{accuracy[k]:.1f}" if k in accuracy else "–" for k in buckets)
-        rows.append(f"| {variant} | {VARIANTS[variant][2]} | {cells} | {result.get('updates')} |")
-    header = ("| variant | difference undone | " + " | ".join(buckets) + " | updates |\n|---|---|"
-              + "---:|" * (len(buckets) + 1))
+        rows.append([variant, VARIANTS[variant][2]]
+                    + [f"{accuracy[k]:.1f}" if k in accuracy else "–" for k in buckets]
+                    + [result.get("updates")])
+    table = markdown_table(["variant", "difference undone", *buckets, "updates"], rows, numeric_from=2)
     text = (f"GUT on logical inference (standard protocol, seed {args.seed}, {args.max_update} updates): "
-            "accuracy (%) per number of operators\n\n" + header + "\n" + "\n".join(rows) + "\n")
+            "accuracy (%) per number of operators\n\n" + table + "\n")
     recipe.write_text_atomic(os.path.join(args.work_dir, "ablation.md"), text)
     recipe.write_json_atomic(os.path.join(args.work_dir, "ablation.json"),
                              {"seed": args.seed, "max_update": args.max_update, "variants": numbers})
