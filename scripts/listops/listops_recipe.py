@@ -15,7 +15,8 @@ label balance).
 
 Two setups (``table1.py --setup``, docs/listops.md#the-classify-setup): ``classify`` (the
 default; ``CLASSIFY_TASK``) trains the encoder-only classifiers of
-``configs/listops/classify/`` on ``data-prep/listops/classify.py``'s layout
+``configs/listops/classify/`` (the five models and fairseq's transformer encoder) on
+``data-prep/listops/classify.py``'s layout
 (``DATA/classify``) and scores with fairseq-validate, runs in ``WORK/classify``;
 ``seq2seq`` (``TASK``) is the translation setup above.
 """
@@ -26,11 +27,14 @@ from sut_fairseq.recipes.split_grid import ClassifySplitTask, SplitTask
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = ("ut", "gut", "tlb", "gutlb", "sut-chunked")
+#: the classify setup's models (configs/listops/classify/): the paper's four, the chunked SUT
+#: and fairseq's transformer encoder as baselines
+CLASSIFY_MODELS = MODELS + ("transformer",)
 TASK = SplitTask("listops", os.path.join(REPO, "configs", "listops"), MODELS,
                  os.path.join(REPO, "data-prep", "listops", "generate.py"), {"cpu": "small", "full": "paper"},
                  lambda name: listops.CONFIGS[name].test_names())
 GRID = TASK.grid
-CLASSIFY_TASK = ClassifySplitTask("listops", os.path.join(REPO, "configs", "listops"), MODELS,
+CLASSIFY_TASK = ClassifySplitTask("listops", os.path.join(REPO, "configs", "listops"), CLASSIFY_MODELS,
                                   os.path.join(REPO, "data-prep", "listops", "generate.py"),
                                   os.path.join(REPO, "data-prep", "listops", "classify.py"),
                                   {"cpu": "small", "full": "paper"},

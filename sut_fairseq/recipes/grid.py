@@ -1,17 +1,20 @@
 """A grid of models trained on one task under shared options: ``configs/TASK/``.
 
-    configs/TASK/common.json   {"description", "task": [...], "flags": [...],
-                                "configs": {NAME: {"description", "flags": [...],
+    configs/TASK/common.json   {"description", "task": [...], "flags": [...], "sut_flags": [...],
+                                "configs": {NAME: {"description", "flags": [...], "sut_flags": [...],
                                                    "model_flags": {MODEL: [...]}}}}
-    configs/TASK/MODEL.json    {"label", "description", "arch", "halting",
+    configs/TASK/MODEL.json    {"label", "description", "arch", "halting", "sut_options",
                                 "model_flags": [...], "loss_flags": [...]}
 
-Every run of a grid gets ``task + flags + configs[NAME].flags + --arch + model_flags +
-loss_flags + configs[NAME].model_flags[MODEL] + --seed`` (merged: an option given again
-replaces the earlier value), so the models of one configuration differ only in their model
-and loss options and see the same batches for the same number of updates. The optional
-per-model options of a configuration are for what changes with the scale (a chunk size,
-a number of steps, a loss weight at paper scale).
+Every run of a grid gets ``task + flags + sut_flags + configs[NAME].flags +
+configs[NAME].sut_flags + --arch + model_flags + loss_flags + configs[NAME].model_flags[MODEL]
++ --seed`` (merged: an option given again replaces the earlier value), so the models of one
+configuration differ only in their model and loss options and see the same batches for the
+same number of updates. The optional per-model options of a configuration are for what
+changes with the scale (a chunk size, a number of steps, a loss weight at paper scale). The
+optional ``sut_flags`` are options of the plugin's models only (``--att-heads``,
+``--rel-pos``, ...): a model whose MODEL.json says ``"sut_options": false`` (fairseq's
+transformer) does not get them.
 """
 import os
 from typing import List, Optional, Sequence
@@ -62,7 +65,9 @@ class ModelGrid:
             raise RecipeError(f"unknown configuration {config!r}: choose from "
                               f"{', '.join(common['configs'])}")
         scale = common["configs"][config]
-        groups = [common["task"], common["flags"], scale["flags"],
+        sut = spec.get("sut_options", True)
+        groups = [common["task"], common["flags"], common.get("sut_flags", []) if sut else [],
+                  scale["flags"], scale.get("sut_flags", []) if sut else [],
                   ["--arch", spec["arch"]], spec["model_flags"], spec["loss_flags"],
                   scale.get("model_flags", {}).get(model, []), ["--seed", str(seed)]]
         if save_dir is not None:

@@ -11,7 +11,9 @@ from split_recipes import ROOT, check_smoke, commands, in_process, run, smoke, s
 TABLE1 = os.path.join(ROOT, "scripts", "listops", "table1.py")
 GENERATE = os.path.join(ROOT, "data-prep", "listops", "generate.py")
 CLASSIFY = os.path.join(ROOT, "data-prep", "listops", "classify.py")
-MODELS = ["ut", "gut", "tlb", "gutlb", "sut-chunked"]
+MODELS = ["ut", "gut", "tlb", "gutlb", "sut-chunked", "transformer"]
+#: options of the plugin's encoders (common.json's sut_flags), not given to fairseq's transformer
+SUT_ONLY = ("--rel-pos", "--halting-threshold", "--att-heads", "--att-head-dim", "--ffd-hidden-dim")
 
 
 def test_dry_run_classify_is_the_default(tmp_path):
@@ -25,15 +27,19 @@ def test_dry_run_classify_is_the_default(tmp_path):
     for argv in trains:
         assert argv[1] == str(tmp_path / "d" / "classify")
         assert value(argv, "--save-dir").startswith(str(tmp_path / "w" / "classify"))
+        arch = "transformer_classifier" if "transformer" in value(argv, "--save-dir") else "sut_classifier"
         assert (value(argv, "--task"), value(argv, "--arch"), value(argv, "--criterion")) == \
-            ("sut_classification", "sut_classifier", "sut_classification")
+            ("sut_classification", arch, "sut_classification")
+        assert all((flag in argv) == (arch == "sut_classifier") for flag in SUT_ONLY), argv
         assert (value(argv, "--batch-size"), value(argv, "--lr-scheduler"), value(argv, "--warmup-updates"),
                 value(argv, "--encoder-embed-dim")) == ("256", "fixed", "4000", "64")
     by_model = dict(zip(MODELS, trains))
     assert value(by_model["gut"], "--encoder-halting-kv") == "state" and value(by_model["gut"], "--pooling") == "end"
     assert "--tlb-unshared" in by_model["tlb"] and value(by_model["tlb"], "--tlb-encoder-out") == "memory"
+    assert (value(by_model["transformer"], "--encoder-layers"), value(by_model["transformer"], "--encoder-attention-heads"),
+            value(by_model["transformer"], "--encoder-ffn-embed-dim")) == ("6", "4", "256")
     validates = commands(out, "fairseq-validate")
-    assert len(validates) == 5 and not commands(out, "fairseq-generate")   # one per run
+    assert len(validates) == 6 and not commands(out, "fairseq-generate")   # one per run
     assert value(validates[0], "--valid-subset") == ",".join(["test"] + [f"test{k}" for k in range(1, 6)])
     (report,) = commands(out, "summarize.py")
     assert report[2] == str(tmp_path / "w" / "classify")

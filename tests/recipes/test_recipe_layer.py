@@ -63,6 +63,27 @@ def test_merged_options_keep_one_value_each():
         merge_flags(["7e-4", "--lr"])
 
 
+def test_grid_gives_sut_flags_to_the_plugins_models_only(tmp_path):
+    """A grid's run options in their order (common, its sut_flags, the configuration's and
+    its sut_flags, the model's), the sut_flags left out for a model with "sut_options": false."""
+    from sut_fairseq.recipes.grid import ModelGrid
+
+    (tmp_path / "common.json").write_text(json.dumps({
+        "task": ["--task", "t"], "flags": ["--lr", "1", "--dropout", "0.1"], "sut_flags": ["--rel-pos", "none"],
+        "configs": {"small": {"flags": ["--encoder-embed-dim", "8"], "sut_flags": ["--att-heads", "2"],
+                              "model_flags": {"tr": ["--encoder-attention-heads", "2"]}}}}))
+    (tmp_path / "ut.json").write_text(json.dumps({"arch": "a", "model_flags": ["--lr", "2"], "loss_flags": []}))
+    (tmp_path / "tr.json").write_text(json.dumps({"arch": "b", "sut_options": False, "model_flags": [],
+                                                  "loss_flags": ["--criterion", "c"]}))
+    grid = ModelGrid(str(tmp_path), ["ut", "tr"])
+    assert grid.train_flags("ut", "small", seed=3) == [
+        "--task", "t", "--lr", "2", "--dropout", "0.1", "--rel-pos", "none", "--encoder-embed-dim", "8",
+        "--att-heads", "2", "--arch", "a", "--seed", "3"]
+    assert grid.train_flags("tr", "small") == [
+        "--task", "t", "--lr", "1", "--dropout", "0.1", "--encoder-embed-dim", "8", "--arch", "b",
+        "--criterion", "c", "--encoder-attention-heads", "2", "--seed", "1"]
+
+
 def test_run_prints_then_fails_with_the_log_tail(tmp_path, capsys):
     log = str(tmp_path / "logs" / "x.log")
     run([sys.executable, "-c", "print('hello')"], log)
