@@ -73,3 +73,21 @@ def test_a_full_forward_hands_the_compiled_step_to_the_recurrence(monkeypatch):
     model(tokens, torch.tensor([4]), torch.tensor([[2, 5, 6, 7]]))
     assert given == [model.encoder.side.compiled_step, model.decoder.side.compiled_step]
     assert all(c is not None for c in given)
+
+
+def test_an_encoder_outside_the_seq2seq_model_counts_no_steps():
+    """The classifier's encoder (``SUTEncoder`` alone, no ``SUTTransformerModel`` to give it
+    the model's ``StepMeter``) evaluates without counting: its side's meter is None."""
+    from sut_fairseq.models.architectures import base_architecture
+    from sut_fairseq.models.config import SUTConfig
+    from sut_fairseq.models.standalone import model_args, synthetic_dictionary
+    from sut_fairseq.models.sut_transformer import SUTEncoder, build_embedding
+
+    args = model_args("sut_tiny", dropout=0.0)
+    base_architecture(args)
+    cfg = SUTConfig.from_namespace(args)
+    dictionary = synthetic_dictionary(40)
+    encoder = SUTEncoder(cfg, dictionary, build_embedding(dictionary, cfg.encoder.embed_dim)).eval()
+    assert encoder.side.step_meter is None
+    out = encoder(torch.tensor([[5, 6, 7, 2]]), torch.tensor([4]))
+    assert out["encoder_out"][0].shape == (4, 1, cfg.encoder.embed_dim)
