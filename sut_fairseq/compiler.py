@@ -7,6 +7,8 @@ they live here or call ``tracing()`` from here:
   an argmax top-k, the dropout mask as an op, a down projection that reads every row):
   ``tracing()``, called by the ops that choose (``ops/routing.py``, ``modules/router.py``,
   ``modules/dropout.py``, ``modules/moe_ffd.py``);
+* a function that is only fast compiled (FlexAttention): ``fused(fn)``, compiled once
+  when called eagerly, ``fn`` itself inside a region being compiled;
 * the workarounds a compiled step needs from its caller (``CompiledStep``): inputs that
   alias each other are cloned (aliased inputs would compile a graph of their own), the
   carried tensors that start as zeros without a gradient are marked as requiring one (a
@@ -28,6 +30,19 @@ logger = logging.getLogger(__name__)
 def tracing() -> bool:
     """Whether the code runs under ``torch.compile`` (dynamo tracing it) rather than eagerly."""
     return torch.compiler.is_compiling()
+
+
+_FUSED = {}
+
+
+def fused(fn: Callable) -> Callable:
+    """``fn`` as ``torch.compile`` makes it, compiled once per process (eager callers), or
+    ``fn`` itself while a region that calls it is being traced (it is compiled with it)."""
+    if tracing():
+        return fn
+    if fn not in _FUSED:
+        _FUSED[fn] = torch.compile(fn)
+    return _FUSED[fn]
 
 
 def compile_backend() -> str:

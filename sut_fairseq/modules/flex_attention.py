@@ -25,17 +25,13 @@ from typing import Optional
 import torch
 from torch.nn.attention.flex_attention import flex_attention
 
-_compiled = {}
+from .. import compiler
 
 
 def kernel(q: torch.Tensor):
     """FlexAttention for q's device: compiled on CUDA (one fused Triton kernel; inside a
-    compiled step torch.compile traces through it), the eager reference on a CPU."""
-    if not q.is_cuda:
-        return flex_attention
-    if "cuda" not in _compiled:
-        _compiled["cuda"] = torch.compile(flex_attention)
-    return _compiled["cuda"]
+    compiled step, compiled with the step), the eager reference on a CPU."""
+    return compiler.fused(flex_attention) if q.is_cuda else flex_attention
 
 
 def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, picks: int, q_start: int,

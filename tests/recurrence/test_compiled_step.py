@@ -628,3 +628,16 @@ def test_graph_breaks_are_not_counted_for_a_step_that_could_not_be_traced(monkey
         count_graph_breaks(model, net_input)
     assert all(side.compiled_step.compiled is None and not side.compiled_step.failed
                for side in (model.encoder.side, model.decoder.side))  # the model's own steps untouched
+
+
+def test_fused_compiles_once_eagerly_and_not_inside_a_traced_region(monkeypatch):
+    """``compiler.fused`` (FlexAttention's kernel on CUDA): the compiled function, made once
+    and reused, for eager callers; the function itself while a region is traced."""
+    def double(x):
+        return 2 * x
+
+    monkeypatch.setattr(compiler, "_FUSED", {})
+    first = compiler.fused(double)
+    assert first is not double and compiler.fused(double) is first
+    monkeypatch.setattr(compiler, "tracing", lambda: True)
+    assert compiler.fused(double) is double
