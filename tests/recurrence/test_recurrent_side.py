@@ -91,3 +91,15 @@ def test_an_encoder_outside_the_seq2seq_model_counts_no_steps():
     assert encoder.side.step_meter is None
     out = encoder(torch.tensor([[5, 6, 7, 2]]), torch.tensor([4]))
     assert out["encoder_out"][0].shape == (4, 1, cfg.encoder.embed_dim)
+
+
+def test_the_chunk_memory_gets_each_dropout_of_its_own():
+    """The memory's residual dropout is ``--dropout``, its write attention's
+    ``--attention-dropout`` and its feed-forward's ``--activation-dropout`` (three distinct
+    rates, so a shifted argument shows)."""
+    model = make_model(encoder_chunk_size=3, encoder_memory_slots=2, dropout=0.125,
+                       attention_dropout=0.25, activation_dropout=0.375)
+    memory = model.encoder.side.memory
+    assert memory.dropout.p == 0.125
+    assert [a.attention_dropout for a in memory.write_attn] == [0.25]
+    assert [f.dropout.p for f in memory.write_ffn] == [0.375]
