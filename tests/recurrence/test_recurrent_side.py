@@ -103,3 +103,16 @@ def test_the_chunk_memory_gets_each_dropout_of_its_own():
     assert memory.dropout.p == 0.125
     assert [a.attention_dropout for a in memory.write_attn] == [0.25]
     assert [f.dropout.p for f in memory.write_ffn] == [0.375]
+
+
+@pytest.mark.parametrize("option", ["compile_step", "compile_loop"])
+def test_compile_step_compiles_one_step_and_compile_loop_all_of_them(option):
+    from sut_fairseq.modules.recurrence import TensorLoop, TensorStep
+
+    model = make_model(**{option: True})
+    for side in (model.encoder.side, model.decoder.side):
+        body = side.compiled_step.step
+        if option == "compile_step":
+            assert isinstance(body, TensorStep)
+        else:
+            assert isinstance(body, TensorLoop) and body.max_steps == side.num_steps == 3
