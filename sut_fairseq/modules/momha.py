@@ -188,8 +188,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
         (B, H, S, D). Returns (B, H, T·k, D)."""
         S, qr, t5, lo, window = key.size(2), None, None, 0, 0
         if isinstance(self.relative, ClippedRelativePosition):
-            lo, r = self.relative.aligned_offsets(T, q_start, S)
-            qr = torch.einsum("bhmd,ohd->bhmo", q * self.head_dim ** -0.5, r.to(q.dtype))
+            lo, qr = self.relative.offset_scores(q * self.head_dim ** -0.5, T, q_start, S)
             window = self.relative.window
         elif isinstance(self.relative, T5RelativeBias):
             t5 = self.relative(T, q_start, S).to(q.dtype)

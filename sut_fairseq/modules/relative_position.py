@@ -55,14 +55,19 @@ class ClippedRelativePosition(nn.Module):
         idx = (j[None, :] - i[:, None]).clamp(-self.window, self.window) - lo  # (T, S)
         return idx.repeat_interleave(k, 0)
 
+    def offset_scores(self, q: torch.Tensor, T: int, q_start: int, S: int):
+        """``(lo, scores)``: q_m · r_o for every (aligned) offset o from ``lo``, (B, H, T*k, O'),
+        one product; q: (B, H, T*k, D)."""
+        lo, r = self.aligned_offsets(T, q_start, S)
+        return lo, torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
+
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
         """q: (B, H, T*k, D), query row m at position q_start + m // k.
 
         Returns the logits term (B, H, T*k, S): ``q_m · r_{clip(j - i_m)}``, from the
         scores of every (aligned) offset, (B, H, T*k, O'), gathered per key.
         """
-        lo, r = self.aligned_offsets(T, q_start, S)
-        scores = torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
+        lo, scores = self.offset_scores(q, T, q_start, S)
         idx = self.index(T, q_start, S, q.size(2) // T, lo)
         return scores.gather(3, idx.expand(q.size(0), q.size(1), -1, -1))
 
