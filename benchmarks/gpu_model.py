@@ -196,57 +196,33 @@ def gemm_dims(name: str, args) -> Tuple[int, int, int, int]:
 
 
 class _FusedAttention(torch.autograd.Function):
-    """``scaled_dot_product_attention`` as the GPU runs it: one fused kernel forward, one
-    (two launches) backward; on meta tensors only the output shapes."""
+    """A fused attention kernel as the GPU runs it: one launch forward, two backward; on
+    meta tensors only the output shapes. ``name`` ``sdpa``: ``scaled_dot_product_attention``
+    with ``extra`` its bias mask (its gradient returned, its bytes not counted); ``flex``:
+    ``--flex-attention``'s kernel with ``extra`` the relative scores or T5 table a
+    ``score_mod`` reads (read forward, its gradient written backward)."""
 
     @staticmethod
-    def forward(ctx, recorder, q, k, v, mask):
+    def forward(ctx, recorder, name, q, k, v, extra):
         B, H, T, D = q.shape
         S = k.size(-2)
-        ctx.recorder, ctx.shape = recorder, (B, H, T, S, D)
-        ctx.mask_shape = None if mask is None else mask.shape
-        io = (q.numel() * 2 + k.numel() + v.numel()) * q.element_size()
-        recorder.add_synthetic("attention", "sdpa_fwd", ATTENTION_LAUNCHES[0], 4 * B * H * T * S * D, io)
+        ctx.recorder, ctx.name, ctx.shape = recorder, name, (B, H, T, S, D)
+        ctx.extra_shape = None if extra is None else extra.shape
+        ctx.extra_bytes = 0 if extra is None or name != "flex" else extra.numel()
+        io = (q.numel() * 2 + k.numel() + v.numel() + ctx.extra_bytes) * q.element_size()
+        recorder.add_synthetic("attention", f"{name}_fwd", ATTENTION_LAUNCHES[0], 4 * B * H * T * S * D, io)
         return q.new_empty(B, H, T, v.size(-1))
 
     @staticmethod
     def backward(ctx, do):
         B, H, T, S, D = ctx.shape
-        io = 2 * (2 * B * H * T * D + 2 * B * H * S * D) * do.element_size()
-        ctx.recorder.add_synthetic("attention", "sdpa_bwd", ATTENTION_LAUNCHES[1],
+        io = (2 * (2 * B * H * T * D + 2 * B * H * S * D) + 2 * ctx.extra_bytes) * do.element_size()
+        ctx.recorder.add_synthetic("attention", f"{ctx.name}_bwd", ATTENTION_LAUNCHES[1],
                                    10 * B * H * T * S * D, io)
         shape_q, shape_kv = (B, H, T, D), (B, H, S, D)
-        dmask = None if ctx.mask_shape is None else do.new_empty(ctx.mask_shape)
-        return None, do.new_empty(shape_q), do.new_empty(shape_kv), do.new_empty(shape_kv), dmask
-
-
-class _FlexAttention(torch.autograd.Function):
-    """``--flex-attention``'s kernel as the GPU runs it: one fused kernel forward (the
-    score_mod's gather of the relative scores inside), two launches backward (FlexAttention's
-    preprocessing of o·do and the kernel that writes dq, dk, dv and the relative scores'
-    gradient); on meta tensors only the output shapes."""
-
-    @staticmethod
-    def forward(ctx, recorder, q, k, v, rel):
-        B, H, M, D = q.shape
-        S = k.size(-2)
-        ctx.recorder, ctx.shapes = recorder, (q.shape, k.shape, None if rel is None else rel.shape)
-        extra = 0 if rel is None else rel.numel()
-        io = (q.numel() * 2 + k.numel() + v.numel() + extra) * q.element_size()
-        recorder.add_synthetic("attention", "flex_fwd", ATTENTION_LAUNCHES[0], 4 * B * H * M * S * D, io)
-        return q.new_empty(B, H, M, v.size(-1))
-
-    @staticmethod
-    def backward(ctx, do):
-        shape_q, shape_kv, shape_rel = ctx.shapes
-        B, H, M, D = shape_q
-        S = shape_kv[-2]
-        extra = 0 if shape_rel is None else 2 * math.prod(shape_rel)
-        io = (2 * (2 * B * H * M * D + 2 * B * H * S * D) + extra) * do.element_size()
-        ctx.recorder.add_synthetic("attention", "flex_bwd", ATTENTION_LAUNCHES[1],
-                                   10 * B * H * M * S * D, io)
-        drel = None if shape_rel is None else do.new_empty(shape_rel)
-        return None, do.new_empty(shape_q), do.new_empty(shape_kv), do.new_empty(shape_kv), drel
+        dextra = None if ctx.extra_shape is None else do.new_empty(ctx.extra_shape)
+        return (None, None, do.new_empty(shape_q), do.new_empty(shape_kv), do.new_empty(shape_kv),
+                dextra)
 
 
 class Recorder(TorchDispatchMode):
@@ -421,10 +397,10 @@ def cuda_code_path(recorder: Recorder):
     recorder_before = rlf._launch_recorder
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
-        return _FusedAttention.apply(recorder, q, k, v, attn_mask)
+        return _FusedAttention.apply(recorder, "sdpa", q, k, v, attn_mask)
 
     def flex(q, key, value, picks, q_start, hidden, qr=None, window=0, lo=0, t5=None):
-        return _FlexAttention.apply(recorder, q, key, value, qr if qr is not None else t5)
+        return _FusedAttention.apply(recorder, "flex", q, key, value, qr if qr is not None else t5)
 
     def hooked_backward(self, *args, **kwargs):
         recorder.node_hooks(self)
