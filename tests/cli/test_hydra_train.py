@@ -16,9 +16,11 @@ from sut_fairseq.user_dir import user_dir
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-def _run(command, cwd):
+def _run(command):
+    """Run from the repository root (under ``make mutation`` mutmut's work directory, whose
+    setup.cfg the mutated code's trampolines read), hydra not changing directory."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=cwd, env=env)
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=600, cwd=REPO, env=env)
     assert proc.returncode == 0, f"{command[0]} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return proc.stdout + proc.stderr
 
@@ -30,7 +32,7 @@ def hydra_run(tmp_path_factory):
     data = str(root / "bin")
     _run([fairseq_tool("fairseq-preprocess"), "--source-lang", "src", "--target-lang", "tgt",
           "--trainpref", prefixes["train"], "--validpref", prefixes["valid"], "--destdir", data,
-          "--joined-dictionary", "--workers", "1"], cwd=str(root))
+          "--joined-dictionary", "--workers", "1"])
     save_dir = str(root / "checkpoints")
     log = _run([fairseq_tool("fairseq-hydra-train"), "--config-dir", os.path.join(REPO, "configs", "hydra"),
                 "--config-name", "sut_base", f"task.data={data}", "task.source_lang=src",
@@ -38,7 +40,7 @@ def hydra_run(tmp_path_factory):
                 "+model.halting_threshold=0.9", "+model.decoder_layers=2",
                 "optimization.max_update=4", "optimization.update_freq=[1]",
                 "dataset.max_tokens=1024", "dataset.num_workers=0", "dataset.validate_interval=100",
-                f"checkpoint.save_dir={save_dir}", f"hydra.run.dir={root / 'hydra'}"], cwd=str(root))
+                f"checkpoint.save_dir={save_dir}", f"hydra.run.dir={root / 'hydra'}", "hydra.job.chdir=False"])
     return data, os.path.join(save_dir, "checkpoint_last.pt"), log
 
 
@@ -59,10 +61,10 @@ def test_hydra_train_builds_the_preset_with_the_yaml_options(hydra_run):
     assert {n: tuple(p.shape) for n, p in state["model"].items()} == expected
 
 
-def test_the_hydra_checkpoint_decodes_with_fairseq_generate(hydra_run, tmp_path):
+def test_the_hydra_checkpoint_decodes_with_fairseq_generate(hydra_run):
     data, checkpoint, _ = hydra_run
     out = _run([fairseq_tool("fairseq-generate"), data, "--user-dir", user_dir(), "--path", checkpoint,
                 "--gen-subset", "valid", "--beam", "2", "--batch-size", "20", "--source-lang", "src",
-                "--target-lang", "tgt", "--num-workers", "0"], cwd=str(tmp_path))
+                "--target-lang", "tgt", "--num-workers", "0"])
     assert "Generate valid with beam=2" in out
     assert "decoder steps executed" in out
