@@ -17,6 +17,9 @@ deviation ``(n=K)``. Printed:
 * the in-distribution buckets 0..6 when they were evaluated, and their pooled accuracy
   (``0-6``: correct over total pairs of the seven test files, the figure "in distribution"
   refers to);
+* what each model's runs cost and reached, from the train.log beside each result.json:
+  updates, the best validation accuracy, the executed encoder steps at 7 and 12 operators,
+  the hours of one core per run and for all its runs (``train_log.training_hours``);
 * the average halting depth per operator count (teacher-forced, standard protocol) of the
   encoder and of the decoder: the executed steps, and the expected depth (the ACT loss's
   summand) where the results have it, each row with Spearman's rho against the operator
@@ -40,6 +43,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_results as load_all  # noqa: E402
 from sut_fairseq.recipes.summary import line_plot, markdown_table, spearman  # noqa: E402
+from sut_fairseq.recipes.train_log import best_valid, training_hours  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
 IN_DISTRIBUTION_KEYS = [str(k) for k in recipe.ALL_BUCKETS if k not in recipe.REPORT_BUCKETS]
@@ -79,8 +83,12 @@ def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
     acc = defaultdict(lambda: defaultdict(list))      # model -> key -> [accuracy per seed]
     depth = defaultdict(lambda: defaultdict(list))    # model -> bucket -> [{DEPTHS key: value}]
     meta = defaultdict(lambda: {"configs": set(), "params": set(), "seeds": set()})
+    training = defaultdict(lambda: defaultdict(list))  # model -> quantity -> [value per run]
     for r in results:
         model = r["model"]
+        for name, value in run_training(r).items():
+            if value is not None:
+                training[model][name].append(value)
         meta[model]["configs"].add(r.get("config", "?"))
         meta[model]["seeds"].add(r["seed"])
         if r.get("params"):
@@ -102,7 +110,10 @@ def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
         rows[model] = {"label": grid.label(model), "halting": _halting(grid, model),
                        "configs": sorted(meta[model]["configs"]),
                        "params": params[0] if len(params) == 1 else (params or None),
-                       "seeds": sorted(meta[model]["seeds"]), "cells": cells}
+                       "seeds": sorted(meta[model]["seeds"]), "cells": cells,
+                       "training": {name: _mean_sd(v) for name, v in training[model].items()}}
+        if training[model].get("hours"):
+            rows[model]["training"]["hours_all_runs"] = sum(training[model]["hours"])
     depths, rho = {}, {}
     for model in _order(depth, setup):
         # a quantity is None in a bucket when one of its results predates it (expected depth)
@@ -119,6 +130,24 @@ def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
             "halting_depth_spearman": rho,
             "paper": {name: {str(k): v for k, v in row.items()}
                       for name, row in recipe.PAPER[setup].items()}}
+
+
+def run_training(result: Dict) -> Dict:
+    """What one run's training cost and reached: ``updates``, ``valid`` (the best validation
+    accuracy, %, of its train.log), ``hours`` (of one core, ``training_hours``) and the
+    executed encoder steps per position at 7 and 12 operators (``steps_7``, ``steps_12``,
+    where the scoring recorded them); the train.log is the one beside result.json."""
+    log = os.path.join(os.path.dirname(result.get("_path", "")), "train.log")
+    has_log = bool(result.get("_path")) and os.path.exists(log)
+    steps = {f"steps_{k}": result["accuracy"].get(k, {}).get("mean_encoder_steps") for k in ("7", "12")}
+    return {"updates": result.get("updates"), **steps,
+            "valid": best_valid(log, "accuracy") if has_log else None,
+            "hours": training_hours(log) if has_log else None}
+
+
+def _mean_sd(values: List[float]) -> Dict:
+    return {"accuracy": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
 
 
 def pooled_accuracy(accuracy: Dict, keys: List[str]):
@@ -146,6 +175,11 @@ def _cell(cell) -> str:
     return f"{cell['accuracy']:.1f} ± {cell['sd']:.1f} (n={cell['n']})"
 
 
+def _number(cell, form: str) -> str:
+    """A seed mean alone, in ``form`` ("–" for none)."""
+    return "–" if cell is None else form.format(cell["accuracy"])
+
+
 def _row_label(row) -> str:
     configs = ", ".join(row["configs"])
     return f"{row['label']} (ours, {configs})"
@@ -164,6 +198,18 @@ def format_tables(summary: Dict) -> str:
                   "pairs pooled)", markdown_table(
             ["Model", *seen], [[_row_label(row)] + [_cell(row["cells"].get(k)) for k in seen]
                                for row in rows.values()])]
+    trained = [(row, row.get("training", {})) for row in rows.values()]
+    if any(t.get("hours") or t.get("valid") for _, t in trained):
+        parts += ["Training per run (mean ± sd over the seeds): updates, the best validation "
+                  "accuracy (%, in distribution), the executed encoder steps per position at 7 and "
+                  "12 operators, and the hours of one core per run (from fairseq's update rates) "
+                  "and for all the runs of the row", markdown_table(
+            ["Model", "updates", "valid", "steps (7)", "steps (12)", "core-h per run", "core-h, all runs"],
+            [[_row_label(row), _number(t.get("updates"), "{:,.0f}"), _cell(t.get("valid")),
+              _number(t.get("steps_7"), "{:.1f}"), _number(t.get("steps_12"), "{:.1f}"),
+              _number(t.get("hours"), "{:.2f}"),
+              "–" if t.get("hours_all_runs") is None else f"{t['hours_all_runs']:.2f}"]
+             for row, t in trained])]
     depths = summary["halting_depth"]
     if depths:
         keys = sorted({k for d in depths.values() for k in d}, key=int)

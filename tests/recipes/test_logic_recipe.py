@@ -321,6 +321,32 @@ def test_summary_averages_seeds_and_fills_every_column(tmp_path):
     assert "figure4" not in summarize.summarize(str(other)) and not (other / "figure4.png").exists()
 
 
+def test_classify_summary_states_what_each_run_cost_and_reached(tmp_path):
+    """The training table of the classify setup, from each run's train.log beside its
+    result.json: seed 1 logs 2,000 updates at 1 per second and validates at 70 then 60 %,
+    seed 2 at 0.5 per second and 60 %: the best validations 70 and 60 (65.0 ± 7.1), hours
+    2000/3600 and 4000/3600 (0.83 per run, 1.67 for both), steps at 7 and 12 averaged."""
+    summarize = load_script("summarize")
+    for seed, ups, valids, steps in ((1, 1.0, (70, 60), (4.0, 3.0)), (2, 0.5, (60,), (6.0, 5.0))):
+        fake_result(tmp_path, "ut", "standard", seed, {"7": 50.0, "12": 40.0})
+        run_dir = tmp_path / "ut" / "standard" / f"seed{seed}"
+        result = json.load(open(run_dir / "result.json"))
+        result["updates"] = 2000
+        result["accuracy"]["7"]["mean_encoder_steps"], result["accuracy"]["12"]["mean_encoder_steps"] = steps
+        (run_dir / "result.json").write_text(json.dumps(result))
+        (run_dir / "train.log").write_text(
+            f"| train_inner | epoch 001:    2000 / 1913 loss=1.6, ups={ups}, wpb=1843.8, num_updates=2000, lr=7e-4\n"
+            + "".join(f"valid | epoch 001 | valid on 'valid' subset | loss 1.3 | accuracy {v} | num_updates 2000\n"
+                      for v in valids))
+    fake_result(tmp_path, "transformer", "standard", 1, {"7": 42.0})  # no train.log: "–"
+    text = summarize.summarize(str(tmp_path), setup="classify")
+    assert "| UT (ours, reduced) | 2,000 | 65.0 ± 7.1 (n=2) | 5.0 | 4.0 | 0.83 | 1.67 |" in text
+    assert "| Transformer (ours, reduced) | – | – | – | – | – | – |" in text
+    training = json.load(open(tmp_path / "table5.json"))["rows"]["ut"]["training"]
+    assert training["hours"]["accuracy"] == pytest.approx(3000 / 3600)
+    assert training["hours_all_runs"] == pytest.approx(6000 / 3600)
+
+
 # --------------------------------------------------------------------------- the scorer
 
 def write_generate_output(path, items):

@@ -16,7 +16,7 @@ from sut_fairseq.recipes import scoring
 from sut_fairseq.recipes.runs import RunDir, resume_command
 from sut_fairseq.recipes.summary import (format_mean_std, line_plot, markdown_table, mean_std, ranks,
                                          spearman)
-from sut_fairseq.recipes.train_log import best_valid, parse_train_log
+from sut_fairseq.recipes.train_log import best_valid, parse_train_log, training_hours
 
 
 def parse(*argv):
@@ -150,6 +150,24 @@ def test_train_log_parsing(tmp_path):
     assert best_valid(str(log), "accuracy") == 79.25
     assert best_valid(str(log), "nll_loss", maximize=False) == 0.9
     assert best_valid(str(log), "exact_match") is None
+
+
+def _inner(updates, ups):
+    return (f"2026-12-04 00:41:37 | INFO | train_inner | epoch 001:    {updates} / 1913 loss=1.6, "
+            f"accuracy=57.7, wps=1275, ups={ups}, wpb=1843.8, bsz=64, num_updates={updates}, lr=0.0007\n")
+
+
+def test_training_hours_sums_the_logged_intervals_once_each(tmp_path):
+    """100 updates at 2/s, 100 at 1/s (a validation), then a restart from update 100 that
+    logs 200 again at 0.5/s (its record replaces the first), 300 suspended (0.01/s, below a
+    quarter of the median: counted at the median 0.5/s) and 50 more updates after the last
+    record (at its rate): 50 + 200 + 200 + 100 seconds."""
+    log = tmp_path / "train.log"
+    log.write_text(_inner(100, 2) + _inner(200, 1) + "restart\n" + _inner(200, 0.5) + _inner(300, 0.01)
+                   + "valid on 'valid' subset | accuracy 60 | num_updates 350\n")
+    assert training_hours(str(log)) == pytest.approx((50 + 200 + 200 + 100) / 3600)
+    (tmp_path / "empty.log").write_text("no interval logged\n")
+    assert training_hours(str(tmp_path / "empty.log")) is None
 
 
 def test_run_dir_skips_what_is_done_and_resumes(tmp_path, capsys):
