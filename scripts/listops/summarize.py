@@ -5,7 +5,8 @@
 
 For every model in WORK (its seeds averaged) the accuracy on each test split, set beside
 the most frequent label of that split (from the generator's ``DATA/stats.json``) and the
-paper's Table 1, and the mean executed encoder steps. Output, written atomically:
+paper's Table 1, the mean executed encoder steps, and what each model's runs cost and
+reached (updates, best validation accuracy, hours of one core). Output, written atomically:
 ``WORK/table1.md`` (the tables), ``WORK/table1.json`` (their numbers) and
 ``WORK/accuracy.png``.
 """
@@ -17,7 +18,7 @@ import listops_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_json  # noqa: E402
 from sut_fairseq.recipes.split_grid import (STEP_METRICS, add_rows, collect, metric_table,  # noqa: E402
                                             ordered_splits, reference_row, report_main,
-                                            steps_text, write_report)
+                                            steps_text, training_text, write_report)
 
 
 def summarize(work_dir: str, data_dir: str) -> str:
@@ -36,7 +37,7 @@ def summarize(work_dir: str, data_dir: str) -> str:
     text = ("Accuracy (%, exact value) per test split; trained on length <= "
             f"{stats.get('config', {}).get('train_max_length', 100)}, at most 5 arguments, "
             f"generator depth 20 (the paper's rows: its Table 1, trained on the original data):\n\n"
-            f"{accuracy}\n\n" + steps_text(models, splits))
+            f"{accuracy}\n\n" + steps_text(models, splits) + "\n" + training_text(models))
     return write_report(work_dir, "table1", text, models, splits, "ListOps accuracy per test split",
                         {"majority": majority, "paper": recipe.PAPER_TABLE1})
 

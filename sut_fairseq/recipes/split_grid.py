@@ -34,7 +34,8 @@ from .grid import ModelGrid
 from .runs import RunDir, add_budget_arguments, parse_grid_args, train_grid_run
 from .scoring import exact_match
 from .stages import recipe_parser, run_grid
-from .summary import markdown_table, mean_std
+from .summary import format_mean_std, markdown_table, mean_std
+from .train_log import best_valid, training_hours
 
 #: Greedy decoding of the one target token (at most 2 tokens before the forced </s>: a
 #: second token makes the answer wrong) over every example of a split.
@@ -337,7 +338,30 @@ def collect(work_dir: str, grid: ModelGrid, metrics: Sequence[str]) -> "OrderedD
             models[name][metric] = {s: mean_std([r["splits"][s][metric] for r in runs
                                                  if r["splits"].get(s, {}).get(metric) is not None])
                                     for s in splits}
+        logs = [os.path.join(os.path.dirname(r["_path"]), "train.log") for r in runs]
+        logs = [log for log in logs if os.path.exists(log)]
+        hours = [h for h in map(training_hours, logs) if h is not None]
+        models[name]["training"] = {
+            "valid": mean_std([v for v in (best_valid(log, "accuracy") for log in logs) if v is not None]),
+            "hours": mean_std(hours)}
+        models[name]["hours_all_runs"] = sum(hours) if hours else None
     return models
+
+
+def training_text(models: Dict[str, Dict]) -> str:
+    """What each model's runs cost and reached (:func:`collect`'s ``training``): the
+    updates of each seed, the best validation accuracy and the hours of one core per run
+    (mean ± sd over the seeds; ``train_log.training_hours``) and for all its runs."""
+    seeds = max((len(m["seeds"]) for m in models.values()), default=1)
+    rows = [[m["label"], "/".join(f"{u:,}" for u in m["updates"] if u is not None) or "–",
+             format_mean_std(m["training"]["valid"], seeds),
+             "–" if m["training"]["hours"] is None else f"{m['training']['hours'][0]:.2f}",
+             "–" if m["hours_all_runs"] is None else f"{m['hours_all_runs']:.2f}"]
+            for m in models.values()]
+    return ("Training per run: the updates of each seed, the best validation accuracy (%, mean "
+            "± sd over the seeds), and the hours of one core per run (fairseq's update rates) and "
+            "for all the runs of the model:\n\n"
+            + markdown_table(["model", "updates", "valid", "core-h per run", "core-h, all runs"], rows) + "\n")
 
 
 def metric_table(models: Dict[str, Dict], splits: Sequence[str], metric: str,

@@ -72,7 +72,14 @@ def test_report_sets_models_beside_the_majority_and_the_paper(tmp_path):
             "model": model, "label": label, "seed": seed, "params": 2000, "updates": 40, "max_steps": 10,
             "splits": {s: {"accuracy": acc if s == "test-iid" else 20.0, "mean_encoder_steps": 4.0}
                        for s in SPLITS}}))
+    # GUT's train.logs: seed 1 at 1 update/s validating at 50 then 60 %, seed 2 at 0.5/s at 40 %
+    for seed, ups, valids in ((1, 1.0, (50, 60)), (2, 0.5, (40,))):
+        (work / "gut" / f"seed{seed}" / "train.log").write_text(
+            f"| train_inner | epoch 001:  40 / 469 loss=1.6, ups={ups}, wpb=900, num_updates=40, lr=7e-4\n"
+            + "".join(f"| valid on 'valid' subset | loss 1.3 | accuracy {v} | num_updates 40\n" for v in valids))
     text = summarize.summarize(str(work), str(data))
+    # the training table: best validations 60 and 40 (50.0 ± 14.1), 40 s and 80 s of training
+    assert "| GUT | 40/40 | 50.0 ± 14.1 | 0.02 | 0.03 |" in text and "| UT | 40 | – | – | – |" in text
     # two seeds: mean ± sample standard deviation (80 and 70: 75.0 ± 7.1; equal values: ± 0.0)
     assert "| GUT | 2,000 | 40/40 | 75.0 ± 7.1 | " + " | ".join(["20.0 ± 0.0"] * 5) + " |" in text
     assert "| UT | 2,000 | 40 | 60.0 | 20.0 |" in text  # one seed: the value alone
