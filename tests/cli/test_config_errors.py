@@ -110,6 +110,18 @@ def test_unknown_halting_rule_from_a_config_or_checkpoint_is_refused_at_build():
         ("rel_pos", "relative", "--rel-pos='relative' is invalid: choose from ('clipped', 't5', 'none')"),
         ("halting_threshold", 2, "--halting-threshold=2 is invalid: must be in (0, 1]"),
         ("att_heads", 2.0, "--att-heads=2.0 is invalid: must be a positive integer"),
+        ("encoder_halting", "pabee",
+         "--encoder-halting='pabee' is invalid: choose from ('stick-breaking', 'global-mean', 'act', "
+         "'none') (the exit rules ('pabee', 'entropy') are for the decoder)"),
+        ("encoder_halting_kv", "states", "--encoder-halting-kv='states' is invalid: choose from ('mixture', 'state')"),
+        ("decoder_halting_kv", "h", "--decoder-halting-kv='h' is invalid: choose from ('mixture', 'state')"),
+        ("decoder_step_embedding", "sinusoid",
+         "--decoder-step-embedding='sinusoid' is invalid: choose from ('none', 'timestep', 'coordinate')"),
+        ("encoder_chunk_positions", "middle",
+         "--encoder-chunk-positions='middle' is invalid: choose from ('local', 'global')"),
+        ("decoder_chunk_positions", "start",
+         "--decoder-chunk-positions='start' is invalid: choose from ('local', 'global')"),
+        ("tlb_encoder_out", "all", "--tlb-encoder-out='all' is invalid: choose from ('tokens', 'memory', 'both')"),
     ]:
         args = model_args("sut_tiny", share_all_embeddings=True)
         setattr(args, option, value)
