@@ -104,8 +104,7 @@ def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
     rows = {}
     grid = recipe.grid_for(setup)
     for model in _order(set(acc) | set(meta), setup):
-        cells = {key: {"accuracy": statistics.mean(v), "sd": statistics.stdev(v) if len(v) > 1 else 0.0,
-                       "n": len(v)} for key, v in acc[model].items()}
+        cells = {key: _mean_sd(v) for key, v in acc[model].items()}
         params = sorted(meta[model]["params"])
         rows[model] = {"label": grid.label(model), "halting": _halting(grid, model),
                        "configs": sorted(meta[model]["configs"]),
@@ -146,6 +145,7 @@ def run_training(result: Dict) -> Dict:
 
 
 def _mean_sd(values: List[float]) -> Dict:
+    """A cell: the mean (``accuracy``, whatever the quantity), the sample sd and n."""
     return {"accuracy": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
             "n": len(values)}
 
