@@ -581,6 +581,9 @@ _NO_MEMORY = ("--tlb-encoder-out='both' is invalid: 'both' needs --encoder-memor
     (dict(tlb_memory_reset=True),
      "--tlb-memory-reset=True is invalid: needs a side with a memory (--encoder-chunk-size or "
      "--decoder-chunk-size > 0 and memory slots > 0)"),
+    (dict(encoder_chunk_size=4, encoder_memory_slots=0, tlb_encoder_out="tokens", tlb_memory_reset=True),
+     "--tlb-memory-reset=True is invalid: needs a side with a memory (--encoder-chunk-size or "
+     "--decoder-chunk-size > 0 and memory slots > 0)"),
     (dict(encoder_chunk_size=4, encoder_memory_slots=0), _NO_MEMORY),  # 'both': sut_tiny's default
     (dict(encoder_chunk_size=4, encoder_memory_slots=0, tlb_encoder_out="both"), _NO_MEMORY),
     (dict(tlb_unshared=True),

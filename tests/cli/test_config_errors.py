@@ -9,6 +9,7 @@ import pytest
 
 from sut_fairseq.demo import fairseq_tool
 from sut_fairseq.models.standalone import build_model, model_args, synthetic_dictionary
+from sut_fairseq.models.validation import validate_args
 from sut_fairseq.user_dir import user_dir
 
 # (overrides of sut_tiny, the exact message); sut_tiny: d = 64, MoMHA (4, 2, 2, 16, 4),
@@ -148,6 +149,20 @@ def test_the_boundaries_of_every_range_are_accepted():
                         encoder_embed_dim=64, decoder_embed_dim=32)
     assert model.decoder.output_projection.weight.shape == (50, 32)
     assert model.decoder.side.block.cross_attn.k_proj.in_features == 64
+
+
+@pytest.mark.parametrize("options", [
+    dict(encoder_chunk_size=1, encoder_memory_slots=1, tlb_encoder_out="memory"),
+    dict(encoder_chunk_size=1, encoder_memory_slots=1, tlb_encoder_out="both"),
+    dict(encoder_chunk_size=0, encoder_memory_slots=0, tlb_encoder_out="both"),  # no chunks: tokens only
+    dict(encoder_chunk_size=1, tlb_unshared=True),
+    dict(encoder_chunk_size=1, encoder_memory_slots=1, tlb_memory_reset=True),
+    dict(decoder_chunk_size=1, decoder_memory_slots=1, tlb_memory_reset=True, tlb_encoder_out="tokens"),
+], ids=["memory", "both", "both unchunked", "unshared", "reset", "reset decoder"])
+def test_the_chunk_options_boundaries_are_accepted(options):
+    """The smallest chunk, the smallest memory, each option that needs them (the checks
+    alone: ``validate_args`` on what ``fairseq-train --arch sut_tiny`` parses)."""
+    validate_args(model_args("sut_tiny", share_all_embeddings=True, **options))
 
 
 def test_one_step_side_builds_no_halting_unit():
