@@ -25,6 +25,9 @@ BAD_CONFIGS = {
                   "--ffd-topk=-1 is invalid: must satisfy 1 <= k <= --ffd-experts (4)"),
     "E < 1": (dict(ffd_experts=0), "--ffd-experts=0 is invalid: must be a positive integer"),
     "W < 0": (dict(rel_window=-1), "--rel-window=-1 is invalid: must be an integer >= 0"),
+    "router width < 0": (dict(router_hidden_dim=-1),
+                         "--router-hidden-dim=-1 is invalid: must be an integer >= 0 (0 = model width)"),
+    "dropout < 0": (dict(activation_dropout=-0.1), "--activation-dropout=-0.1 is invalid: must be in [0, 1)"),
     "flex with attention dropout": (
         dict(flex_attention=True, attention_dropout=0.1),
         "--attention-dropout=0.1 is invalid: --flex-attention needs 0 (FlexAttention has no dropout)"),
