@@ -114,6 +114,8 @@ def test_unknown_halting_rule_from_a_config_or_checkpoint_is_refused_at_build():
         ("rel_pos", "relative", "--rel-pos='relative' is invalid: choose from ('clipped', 't5', 'none')"),
         ("halting_threshold", 2, "--halting-threshold=2 is invalid: must be in (0, 1]"),
         ("att_heads", 2.0, "--att-heads=2.0 is invalid: must be a positive integer"),
+        ("halting_threshold", "0.5", "--halting-threshold='0.5' is invalid: must be in (0, 1]"),
+        ("halting_threshold", True, "--halting-threshold=True is invalid: must be in (0, 1]"),
         ("encoder_halting", "pabee",
          "--encoder-halting='pabee' is invalid: choose from ('stick-breaking', 'global-mean', 'act', "
          "'none') (the exit rules ('pabee', 'entropy') are for the decoder)"),
@@ -169,6 +171,10 @@ def test_the_chunk_and_exit_options_boundaries_are_accepted(options):
     at two decoder steps and their options at 0 (the checks alone: ``validate_args`` on
     what ``fairseq-train --arch sut_tiny`` parses)."""
     validate_args(model_args("sut_tiny", share_all_embeddings=True, **options))
+
+
+def test_the_hyper_modules_smallest_widths_are_accepted():
+    validate_args(model_args("hyper_ut_cpvr", hyper_embed_dim=1, hyper_key_dim=0))
 
 
 def test_one_step_side_builds_no_halting_unit():

@@ -306,6 +306,9 @@ _DENSE = "is invalid: --hyper-modules 4 needs dense experts: E = k = 1 (hyper-mo
     (dict(hyper_components="qkv,mlp"),
      "--hyper-components='qkv,mlp' is invalid: unknown component(s) mlp; choose a comma list from "
      "('qkv', 'out', 'ffn')"),
+    (dict(hyper_components="qkv,mlp,attn"),
+     "--hyper-components='qkv,mlp,attn' is invalid: unknown component(s) mlp, attn; choose a comma list "
+     "from ('qkv', 'out', 'ffn')"),
     (dict(hyper_components=","),
      "--hyper-components=',' is invalid: --hyper-modules 4 needs at least one of ('qkv', 'out', 'ffn')"),
     (dict(hyper_modules=-1), "--hyper-modules=-1 is invalid: must be an integer >= 0 (0 = off)"),
