@@ -586,6 +586,7 @@ _NO_MEMORY = ("--tlb-encoder-out='both' is invalid: 'both' needs --encoder-memor
      "--decoder-chunk-size > 0 and memory slots > 0)"),
     (dict(encoder_chunk_size=4, encoder_memory_slots=0), _NO_MEMORY),  # 'both': sut_tiny's default
     (dict(encoder_chunk_size=4, encoder_memory_slots=0, tlb_encoder_out="both"), _NO_MEMORY),
+    (dict(encoder_chunk_size=1, encoder_memory_slots=0), _NO_MEMORY.replace("chunk-size 4", "chunk-size 1")),
     (dict(tlb_unshared=True),
      "--tlb-unshared=True is invalid: needs --encoder-chunk-size > 0: it gives each step of the "
      "chunked encoder its own block (TLB); without chunks the encoder is a Universal Transformer, "

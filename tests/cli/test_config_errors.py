@@ -165,11 +165,12 @@ def test_the_boundaries_of_every_range_are_accepted():
     dict(decoder_chunk_size=1, decoder_memory_slots=1, tlb_memory_reset=True, tlb_encoder_out="tokens"),
     dict(decoder_halting="pabee", decoder_layers=2, exit_patience=0),
     dict(decoder_halting="entropy", decoder_layers=2, exit_entropy=0.0),
-], ids=["memory", "both", "both unchunked", "unshared", "reset", "reset decoder", "pabee", "entropy"])
-def test_the_chunk_and_exit_options_boundaries_are_accepted(options):
+    dict(flex_attention=True, attention_dropout=0.0),
+], ids=["memory", "both", "both unchunked", "unshared", "reset", "reset decoder", "pabee", "entropy", "flex"])
+def test_the_boundaries_of_the_options_that_need_others_are_accepted(options):
     """The smallest chunk, the smallest memory, each option that needs them; the exit rules
-    at two decoder steps and their options at 0 (the checks alone: ``validate_args`` on
-    what ``fairseq-train --arch sut_tiny`` parses)."""
+    at two decoder steps and their options at 0; FlexAttention with what it needs (the
+    checks alone: ``validate_args`` on what ``fairseq-train --arch sut_tiny`` parses)."""
     validate_args(model_args("sut_tiny", share_all_embeddings=True, **options))
 
 
