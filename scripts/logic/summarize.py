@@ -252,18 +252,22 @@ def plot_figure4(summary: Dict, path: str) -> bool:
 
 
 def plot_accuracy(summary: Dict, path: str) -> bool:
-    """Relation accuracy per number of operators (standard protocol's buckets 0..12), one
-    line per model (the mean over its seeds), as a PNG (atomically); False when no model
-    has a bucket."""
-    series = {}
+    """Relation accuracy per number of operators (the standard protocol's buckets that were
+    scored), one line per model: the mean over its seeds, with error bars of ± one sample
+    sd where it has more than one; a PNG (atomically); False when no model has a bucket."""
+    series, errors = {}, {}
     for model, row in summary["rows"].items():
         keys = sorted((k for k in row["cells"] if k.isdigit()), key=int)
         if keys:
-            series[row["label"]] = ([int(k) for k in keys], [row["cells"][k]["accuracy"] for k in keys])
+            cells = [row["cells"][k] for k in keys]
+            series[row["label"]] = ([int(k) for k in keys], [c["accuracy"] for c in cells])
+            if any(c["n"] > 1 for c in cells):
+                errors[row["label"]] = [c["sd"] for c in cells]
     if not series:
         return False
+    buckets = sorted({x for xs, _ in series.values() for x in xs})
     line_plot(path, series, "number of operators (trained on 0-6)", "relation accuracy %",
-              "Logical inference, standard protocol", xticks=list(range(13)))
+              "Logical inference, standard protocol", xticks=buckets, errors=errors)
     return True
 
 
