@@ -17,9 +17,10 @@ deviation ``(n=K)``. Printed:
 * the in-distribution buckets 0..6 when they were evaluated, and their pooled accuracy
   (``0-6``: correct over total pairs of the seven test files, the figure "in distribution"
   refers to);
-* what each model's runs cost and reached, from the train.log beside each result.json:
-  updates, the best validation accuracy, the executed encoder steps at 7 and 12 operators,
-  the hours of one core per run and for all its runs (``train_log.training_hours``);
+* what each model's runs of the standard protocol cost and reached, from the train.log
+  beside each result.json: updates, the best validation accuracy, the executed encoder
+  steps at 7 and 12 operators, the hours of one core per run and for all its runs
+  (``train_log.training_hours``);
 * the average halting depth per operator count (teacher-forced, standard protocol) of the
   encoder and of the decoder: the executed steps, and the expected depth (the ACT loss's
   summand) where the results have it, each row with Spearman's rho against the operator
@@ -86,7 +87,7 @@ def summarize_results(results: List[Dict], setup: str = "seq2seq") -> Dict:
     training = defaultdict(lambda: defaultdict(list))  # model -> quantity -> [value per run]
     for r in results:
         model = r["model"]
-        for name, value in run_training(r).items():
+        for name, value in (run_training(r).items() if r["protocol"] == "standard" else ()):
             if value is not None:
                 training[model][name].append(value)
         meta[model]["configs"].add(r.get("config", "?"))
@@ -200,10 +201,10 @@ def format_tables(summary: Dict) -> str:
                                for row in rows.values()])]
     trained = [(row, row.get("training", {})) for row in rows.values()]
     if any(t.get("hours") or t.get("valid") for _, t in trained):
-        parts += ["Training per run (mean ± sd over the seeds): updates, the best validation "
-                  "accuracy (%, in distribution), the executed encoder steps per position at 7 and "
-                  "12 operators, and the hours of one core per run (from fairseq's update rates) "
-                  "and for all the runs of the row", markdown_table(
+        parts += ["Training per run of the standard protocol (mean ± sd over the seeds): updates, "
+                  "the best validation accuracy (%, in distribution), the executed encoder steps "
+                  "per position at 7 and 12 operators, and the hours of one core per run (from "
+                  "fairseq's update rates) and for all the runs of the row", markdown_table(
             ["Model", "updates", "valid", "steps (7)", "steps (12)", "core-h per run", "core-h, all runs"],
             [[_row_label(row), _number(t.get("updates"), "{:,.0f}"), _cell(t.get("valid")),
               _number(t.get("steps_7"), "{:.1f}"), _number(t.get("steps_12"), "{:.1f}"),

@@ -339,6 +339,10 @@ def test_classify_summary_states_what_each_run_cost_and_reached(tmp_path):
             + "".join(f"valid | epoch 001 | valid on 'valid' subset | loss 1.3 | accuracy {v} | num_updates 2000\n"
                       for v in valids))
     fake_result(tmp_path, "transformer", "standard", 1, {"7": 42.0})  # no train.log: "–"
+    fake_result(tmp_path, "ut", "A", 1, {"A": 55.0})  # another protocol: not in the training table
+    (tmp_path / "ut" / "A" / "seed1" / "train.log").write_text(
+        "| train_inner | epoch 001:  2000 / 1913 loss=1.6, ups=0.1, wpb=1843.8, num_updates=2000, lr=7e-4\n"
+        "valid | epoch 001 | valid on 'valid' subset | loss 1.3 | accuracy 99 | num_updates 2000\n")
     text = summarize.summarize(str(tmp_path), setup="classify")
     assert "| UT (ours, reduced) | 2,000 | 65.0 ± 7.1 (n=2) | 5.0 | 4.0 | 0.83 | 1.67 |" in text
     assert "| Transformer (ours, reduced) | – | – | – | – | – | – |" in text
