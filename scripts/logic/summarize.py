@@ -43,7 +43,7 @@ from typing import Dict, List
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_results as load_all  # noqa: E402
-from sut_fairseq.recipes.summary import line_plot, markdown_table, spearman  # noqa: E402
+from sut_fairseq.recipes.summary import line_plot, markdown_table, mean_std, spearman  # noqa: E402
 from sut_fairseq.recipes.train_log import best_valid, training_hours  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
@@ -137,8 +137,8 @@ def run_training(result: Dict) -> Dict:
     accuracy, %, of its train.log), ``hours`` (of one core, ``training_hours``) and the
     executed encoder steps per position at 7 and 12 operators (``steps_7``, ``steps_12``,
     where the scoring recorded them); the train.log is the one beside result.json."""
-    log = os.path.join(os.path.dirname(result.get("_path", "")), "train.log")
-    has_log = bool(result.get("_path")) and os.path.exists(log)
+    log = os.path.join(os.path.dirname(result["_path"]), "train.log")
+    has_log = os.path.exists(log)
     steps = {f"steps_{k}": result["accuracy"].get(k, {}).get("mean_encoder_steps") for k in ("7", "12")}
     return {"updates": result.get("updates"), **steps,
             "valid": best_valid(log, "accuracy") if has_log else None,
@@ -146,9 +146,10 @@ def run_training(result: Dict) -> Dict:
 
 
 def _mean_sd(values: List[float]) -> Dict:
-    """A cell: the mean (``accuracy``, whatever the quantity), the sample sd and n."""
-    return {"accuracy": statistics.mean(values), "sd": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values)}
+    """A cell: ``summary.mean_std`` of ``values`` as a dict (the mean under ``accuracy``,
+    whatever the quantity)."""
+    mean, sd, n = mean_std(values)
+    return {"accuracy": mean, "sd": sd, "n": n}
 
 
 def pooled_accuracy(accuracy: Dict, keys: List[str]):
