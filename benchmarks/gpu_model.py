@@ -208,15 +208,15 @@ class _FusedAttention(torch.autograd.Function):
         S = k.size(-2)
         ctx.recorder, ctx.name, ctx.shape = recorder, name, (B, H, T, S, D)
         ctx.extra_shape = None if extra is None else extra.shape
-        ctx.extra_bytes = 0 if extra is None or name != "flex" else extra.numel()
-        io = (q.numel() * 2 + k.numel() + v.numel() + ctx.extra_bytes) * q.element_size()
+        ctx.extra_numel = 0 if extra is None or name != "flex" else extra.numel()
+        io = (q.numel() * 2 + k.numel() + v.numel() + ctx.extra_numel) * q.element_size()
         recorder.add_synthetic("attention", f"{name}_fwd", ATTENTION_LAUNCHES[0], 4 * B * H * T * S * D, io)
         return q.new_empty(B, H, T, v.size(-1))
 
     @staticmethod
     def backward(ctx, do):
         B, H, T, S, D = ctx.shape
-        io = (2 * (2 * B * H * T * D + 2 * B * H * S * D) + 2 * ctx.extra_bytes) * do.element_size()
+        io = (2 * (2 * B * H * T * D + 2 * B * H * S * D) + 2 * ctx.extra_numel) * do.element_size()
         ctx.recorder.add_synthetic("attention", f"{ctx.name}_bwd", ATTENTION_LAUNCHES[1],
                                    10 * B * H * T * S * D, io)
         shape_q, shape_kv = (B, H, T, D), (B, H, S, D)
