@@ -1,8 +1,5 @@
-"""fairseq models of the plugin: ``sut_transformer`` and its architecture presets, and
-``sut_classifier`` (encoder-only classification) and its presets, and
-``transformer_classifier`` (fairseq's transformer encoder under the same head).
-
-Importing ``sut_transformer`` registers the model and then every preset of
-``architectures.PRESETS`` as an ``--arch``.
+"""fairseq models of the plugin, registered on import: ``sut_transformer`` and its presets,
+``sut_classifier`` (encoder-only classification) and its presets, ``transformer_classifier``
+(fairseq's transformer encoder under the same head) and the ``baselines`` archs.
 """
-from . import baselines, sut_classifier, sut_transformer, transformer_classifier  # noqa: F401  (registration)
+from . import baselines, sut_classifier, sut_transformer, transformer_classifier  # noqa: F401

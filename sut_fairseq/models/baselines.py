@@ -1,28 +1,19 @@
 """fairseq's own transformer at the scales of this plugin's presets, registered as
 ``--arch`` names of fairseq's ``transformer`` model (nothing of the plugin in it), so that
-a recipe compares the SUT with the baseline the paper uses under one name.
-
-| arch                   | d   | layers enc/dec | FFN   | heads | dropout (attention, activation) |
-|------------------------|-----|----------------|-------|-------|---------------------------------|
-| ``transformer_multi30k`` | 256 | 3/3          | 1,024 | 4     | 0.3 (0.1, 0.1)                  |
-
-``transformer_multi30k`` is ``transformer_wmt_en_de`` at half its width and half its
-depth, the baseline of ``sut_multi30k`` and ``ut_multi30k`` (docs/multi30k.md).
+a recipe compares the SUT with the paper's baseline under one name.
 """
 from fairseq.models import register_model_architecture
 from fairseq.models.transformer import base_architecture
 
-from .architectures import _default
+from .architectures import _set
 
 
 @register_model_architecture("transformer", "transformer_multi30k")
 def transformer_multi30k(args):
+    """``transformer_wmt_en_de`` at half its width and depth, the baseline of
+    ``sut_multi30k`` and ``ut_multi30k`` (docs/multi30k.md)."""
     for side in ("encoder", "decoder"):
-        _default(args, f"{side}_embed_dim", 256)
-        _default(args, f"{side}_ffn_embed_dim", 1024)
-        _default(args, f"{side}_attention_heads", 4)
-        _default(args, f"{side}_layers", 3)
-    _default(args, "dropout", 0.3)
-    _default(args, "attention_dropout", 0.1)
-    _default(args, "activation_dropout", 0.1)
+        _set(args, **{f"{side}_embed_dim": 256, f"{side}_ffn_embed_dim": 1024,
+                      f"{side}_attention_heads": 4, f"{side}_layers": 3})
+    _set(args, dropout=0.3, attention_dropout=0.1, activation_dropout=0.1)
     base_architecture(args)

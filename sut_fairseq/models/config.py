@@ -1,19 +1,12 @@
 """The options of ``sut_transformer`` (and ``sut_classifier``'s encoder) as one dataclass.
 
-``SUTConfig`` holds the options both sides share and one ``SideConfig`` per side
-(``encoder``, ``decoder``). On the command line and in checkpoints the options keep their
-flat names: the side options are ``--encoder-X`` / ``--decoder-X`` for each field X of
-``SideConfig`` (``--encoder-layers``, ``--decoder-halting``, ...), generated from the
-dataclass as fairseq's own ``TransformerConfig`` does (``add_args``), so every command
-line, preset and checkpoint of the flat options reads unchanged; ``fairseq-hydra-train``
-takes them as flat keys under ``model:`` (``configs/hydra/``).
-
-Defaults: each field's default is ``sut_base``'s (``--arch sut_transformer``); the decoder
-side's ``FOLLOWS_ENCODER`` fields default to the encoder's value. Presets
-(``architectures.py``) are plain functions that fill unset options before these defaults.
-``from_namespace`` builds the dataclass from the filled flat namespace (argparse's, a
-checkpoint's, or hydra's ``DictConfig``), and ``cfg.encoder_layers`` etc. still read as flat
-names.
+``SUTConfig`` holds the shared options and one ``SideConfig`` per side. On the command line,
+in checkpoints and under hydra's ``model:`` the options keep their flat names
+(``--encoder-X`` / ``--decoder-X`` for each field X of ``SideConfig``), generated from the
+dataclass as fairseq's ``TransformerConfig`` does. Each default is ``sut_base``'s; the
+decoder's ``follows_encoder`` fields default to the encoder's value. Presets
+(``architectures.py``) fill unset options before these defaults; ``from_namespace`` builds
+the dataclass from the filled flat namespace, and ``cfg.encoder_layers`` etc. still read.
 """
 from dataclasses import MISSING, dataclass, field, fields
 from typing import Any, Dict
@@ -34,11 +27,10 @@ SIDES = ("encoder", "decoder")
 
 
 def option(default, help: str, follows_encoder: bool = False):
-    """A field whose help ends with its default (``follows_encoder``: the decoder's
-    default is the encoder's value)."""
+    """A field whose help states its default; ``follows_encoder``: the decoder's = the encoder's."""
     shown = f"{default}; the decoder's: the encoder's" if follows_encoder else default
-    return field(default=default, metadata={"help": f"{help} (default: {shown}; presets may differ)",
-                                            "follows_encoder": follows_encoder})
+    help = f"{help} (default: {shown}; presets may differ)"
+    return field(default=default, metadata={"help": help, "follows_encoder": follows_encoder})
 
 
 @dataclass
@@ -60,10 +52,9 @@ class SideConfig(FairseqDataclass):
     step_embedding: ChoiceEnum(STEP_EMBEDDINGS) = option(
         "none", "UT step embedding added before every step: the sinusoid TE(l) of the step "
         "(timestep), or PE(position) + TE(l) instead of the input positions (coordinate)", True)
-    chunk_size: int = option(
-        0, "chunk-wise recurrence (TLB / GUTLB, docs/chunked.md): run the recurrence over "
-        "chunks of G real tokens one after the other, each reading a memory written by the "
-        "earlier chunks (0 = off)")
+    chunk_size: int = option(0, "chunk-wise recurrence (TLB / GUTLB, docs/chunked.md): run the "
+                             "recurrence over chunks of G real tokens one after the other, each "
+                             "reading a memory written by the earlier chunks (0 = off)")
     memory_slots: int = option(10, "memory slots k of the chunk-wise recurrence (0 = no "
                                "memory: independent chunks)")
     memory_update_layers: int = option(1, "unshared write blocks U of the memory update")
@@ -80,7 +71,8 @@ class SUTConfig(FairseqDataclass):
     decoder: SideConfig = field(default_factory=SideConfig)
     share_all_embeddings: bool = option(
         False, "share encoder, decoder and output embeddings (needs a joined dictionary)")
-    share_decoder_input_output_embed: bool = option(False, "share decoder input and output embeddings")
+    share_decoder_input_output_embed: bool = option(
+        False, "share decoder input and output embeddings")
     activation_fn: ChoiceEnum(utils.get_available_activation_fns()) = option(
         "gelu", "activation of the feed-forward experts")
     # mixture of multi-head attention (E, k, H, D, W)
@@ -116,10 +108,9 @@ class SUTConfig(FairseqDataclass):
         0.0, "initial bias B of the halting unit's output layer: â = sigmoid(B) at every "
         "position at initialisation (0: â = 0.5, the stick-breaking weights of steps 1, 2, 3 "
         "... start at 1/2, 1/4, 1/8 ...; negative B spreads them over the later steps)")
-    exit_patience: int = option(
-        3, "pabee: exit once the off-ramps' argmax has stayed unchanged P times in a row "
-        "(earliest exit after step P+1; 0 = never); change after training with "
-        "--model-overrides \"{'exit_patience': 2}\"")
+    exit_patience: int = option(3, "pabee: exit once the off-ramps' argmax has stayed unchanged P "
+                                "times in a row (earliest exit after step P+1; 0 = never); change "
+                                "after training with --model-overrides \"{'exit_patience': 2}\"")
     exit_entropy: float = option(
         0.1, "entropy: exit once the off-ramp's entropy (nats) is below S (0 = never); change "
         "after training with --model-overrides \"{'exit_entropy': 0.1}\"")
@@ -149,11 +140,10 @@ class SUTConfig(FairseqDataclass):
         "block (the TLB paper's Algorithm 2: L unshared layers, L times the block's "
         "parameters) instead of one block shared by the steps (docs/chunked.md#unshared-steps)")
     # execution
-    compile_step: bool = option(
-        False, "run each side's recurrence step as one torch.compile graph "
-        "(docs/performance.md#compiled-steps): the full forward of training and validation; "
-        "chunk-wise, hyper-module and early-exit sides and incremental decoding keep the "
-        "eager step")
+    compile_step: bool = option(False, "run each side's recurrence step as one torch.compile "
+                                "graph (docs/performance.md#compiled-steps): the full forward of "
+                                "training and validation; chunk-wise, hyper-module and early-exit "
+                                "sides and incremental decoding keep the eager step")
     compile_loop: bool = option(
         False, "like --compile-step, but all L steps of a side as one compiled graph "
         "(unrolled, no host read between steps, no early exit; exact: steps after every "
@@ -178,8 +168,7 @@ class SUTConfig(FairseqDataclass):
 
     @classmethod
     def from_namespace(cls, args) -> "SUTConfig":
-        """From flat options with every value filled (``base_architecture``): an argparse
-        Namespace, a checkpoint's, or hydra's ``DictConfig``."""
+        """From filled flat options (argparse's, a checkpoint's or hydra's ``DictConfig``)."""
         sides = {side: SideConfig(**{f: getattr(args, f"{side}_{f}") for f in SIDE_FIELDS})
                  for side in SIDES}
         shared = {f.name: getattr(args, f.name) for f in options(cls) if f.name not in SIDES}
@@ -195,17 +184,14 @@ SIDE_FIELDS = tuple(f.name for f in options(SideConfig))
 
 
 def flat_defaults() -> Dict[str, Any]:
-    """``--arch sut_transformer``'s default of every flat option name whose default is not
-    the encoder's value."""
-    out = {f.name: f.default for f in options(SUTConfig) if f.default is not MISSING}
-    for f in options(SideConfig):
-        out[f"encoder_{f.name}"] = f.default
-        if not f.metadata["follows_encoder"]:
-            out[f"decoder_{f.name}"] = f.default
-    return out
+    """Flat option -> ``--arch sut_transformer``'s default (not the decoder's that follow the
+    encoder)."""
+    shared = {f.name: f.default for f in options(SUTConfig) if f.default is not MISSING}
+    sides = {f"{side}_{f.name}": f.default for f in options(SideConfig) for side in SIDES
+             if side == "encoder" or not f.metadata["follows_encoder"]}
+    return {**shared, **sides}
 
 
-#: flat option -> default (decoder options that follow the encoder not included)
 BASE_DEFAULTS = flat_defaults()
 #: decoder option -> the encoder option whose value it takes by default
 DECODER_FOLLOWS_ENCODER = {f"decoder_{f.name}": f"encoder_{f.name}" for f in options(SideConfig)

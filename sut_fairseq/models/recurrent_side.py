@@ -5,12 +5,8 @@ model's ``SUTConfig`` and its own side's ``SideConfig``.
     S_L = the recurrence of the shared block over h_0 = dropout(x)   (modules/recurrence.py)
     out = LN(S_L) under pre-LN, else S_L
 
-It holds the token embedding, the sinusoidal positions, the shared block (and under
-``--tlb-unshared`` the later steps' own blocks), the halting rule, the step embedding, the
-final norm, the chunk-wise recurrence's memory and settings, and the recurrence (its step
-and, with ``--compile-step``, the compiled step). ``SUTEncoder`` and ``SUTDecoder``
-(``sut_transformer.py``) own one each and hold only what is their own: fairseq's
-encoder-out dict, the decoder's output projection and its incremental state.
+It holds the embeddings, the shared block (and ``--tlb-unshared``'s later blocks), the
+halting rule, the step embedding, the final norm, the chunk memory and the recurrence.
 """
 import logging
 from typing import Optional
@@ -19,7 +15,7 @@ import torch
 import torch.nn as nn
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
-from ..modules.chunked_recurrence import local_positions
+from ..modules.chunked_recurrence import ChunkLayout, chunked_recurrence, local_positions
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
 from ..modules.halting import build_halting
@@ -31,16 +27,15 @@ from .config import SideConfig, SUTConfig
 
 logger = logging.getLogger(__name__)
 
-#: the side's submodules, named in checkpoints ``{encoder,decoder}.side.NAME`` (before the
-#: side was a module: ``{encoder,decoder}.NAME``; ``upgrade_state_dict_named`` renames them)
+#: the side's submodules, ``{encoder,decoder}.side.NAME`` in checkpoints (older ones:
+#: ``{encoder,decoder}.NAME``, which ``upgrade_state_dict_named`` renames)
 SIDE_MODULES = ("embed_tokens", "embed_positions", "block", "later_blocks", "halting",
                 "step_embedding", "final_norm", "memory")
 
 
 class RecurrentSide(nn.Module):
-    """One side of the model: embeddings, the shared block under a halting rule, the
-    recurrence (module docstring). ``decoder``: causal self-attention, cross-attention,
-    causal halting decisions and the exit rules."""
+    """One side of the model (module docstring). ``decoder``: causal self-attention,
+    cross-attention, causal halting decisions and the exit rules."""
 
     def __init__(self, cfg: SUTConfig, side: SideConfig, embed_tokens: nn.Embedding, decoder: bool,
                  max_positions: int):
@@ -73,7 +68,20 @@ class RecurrentSide(nn.Module):
         self.recurrence = SideRecurrence(RecurrenceStep(blocks, self.halting, self.step_embedding,
                                                         self.kv_from_state, decoder), self.num_steps)
         self.final_norm = LayerNorm(d) if side.normalize_before else None
-        self._init_chunks(cfg, side, name)
+        # chunk-wise recurrence (docs/chunked.md; g = 0: off): the memory M^0 and its update (the
+        # block holds the memory attention); GUTLB's cap of min(L, n_c + 1) steps per chunk
+        self.chunk_size = side.chunk_size
+        self.memory = None
+        if self.chunk_size:
+            self.chunk_local_positions = side.chunk_positions == "local"
+            self.memory_reset = bool(cfg.tlb_memory_reset)
+            self.cap_steps = getattr(self.halting, "rule", None) == "global-mean"
+            if side.memory_slots > 0:
+                reads_out = not decoder and cfg.tlb_encoder_out != "tokens"
+                self.memory = ChunkMemory(d, side.memory_slots, side.memory_update_layers,
+                                          cfg.att_heads, cfg.att_head_dim, cfg.dropout,
+                                          cfg.attention_dropout, cfg.activation_dropout,
+                                          out_norm=reads_out)
         self.compiled_step = None
         self.step_meter = None  # the model's StepMeter (evaluation forwards count their steps)
         if cfg.compile_step or cfg.compile_loop:
@@ -84,24 +92,6 @@ class RecurrentSide(nn.Module):
             else:
                 self.compiled_step = build_compiled(
                     self.recurrence.step, name, max_steps=self.num_steps if cfg.compile_loop else None)
-
-    def _init_chunks(self, cfg: SUTConfig, side: SideConfig, name: str) -> None:
-        """Chunk-wise recurrence (docs/chunked.md): chunk size g (0 = off), positions, the
-        memory (M^0 and its update; the block holds the memory attention), the reset
-        control, and GUTLB's step cap (global-mean halting: at most min(L, n_c + 1) steps)."""
-        self.chunk_size = side.chunk_size
-        self.memory = None
-        if not self.chunk_size:
-            return
-        self.chunk_local_positions = side.chunk_positions == "local"
-        self.memory_reset = bool(cfg.tlb_memory_reset)
-        self.cap_steps = getattr(self.halting, "rule", None) == "global-mean"
-        if side.memory_slots > 0:
-            reads_out = name == "encoder" and cfg.tlb_encoder_out != "tokens"
-            self.memory = ChunkMemory(side.embed_dim, side.memory_slots, side.memory_update_layers,
-                                      cfg.att_heads, cfg.att_head_dim, cfg.dropout,
-                                      cfg.attention_dropout, cfg.activation_dropout,
-                                      out_norm=reads_out)
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """sqrt(d) · E[tokens] + the input positions (B, T, d), before dropout: PE(t), or
@@ -123,27 +113,29 @@ class RecurrentSide(nn.Module):
         return None if emb is None else emb.table(self.num_steps, like)
 
     def run(self, x: torch.Tensor, inputs: StepInputs, rule=None, **options):
-        """The recurrence over h_0 = x (B, T, d) (``SideRecurrence.run``: compiled in a full
-        forward when ``--compile-step`` covers the side; ``options``: ``on_early_exit``,
-        ``prefix_in``). Returns S_L, the HaltingResult and the final HaltingState."""
+        """``SideRecurrence.run`` over h_0 = x (B, T, d), compiled in a full forward when
+        ``--compile-step`` covers the side. Returns S_L, the HaltingResult, the HaltingState."""
         return self.recurrence.run(x, inputs, rule, compiled=self.compiled_step, **options)
 
-    def chunk_steps(self, **inputs):
-        """``(C_0, real_c, M^c, rule) -> (S_L, HaltingResult, state)`` for
-        ``chunked_recurrence``: the recurrence over one chunk, reading the memory with keys
-        and values of M^c projected once per chunk, and the side's other block inputs
-        (``inputs``: the decoder's cross-attention keys, values and mask)."""
+    def run_chunks(self, tokens: torch.Tensor, real: torch.Tensor, inputs: dict, **options):
+        """``chunked_recurrence`` over tokens (B, T) with real positions ``real`` (B, T): each
+        chunk's recurrence reads the memory with keys and values of M^c projected once per
+        chunk, and ``inputs`` (the decoder's cross-attention keys, values and mask). Returns
+        S_L and the ChunkedHaltingResult."""
         def run_chunk(x: torch.Tensor, real: torch.Tensor, M: Optional[torch.Tensor], rule):
             memory_kv = None if M is None else self.recurrence.step.memory_kv(M)
             step_inputs = StepInputs(self_padding_mask=~real, real=real, memory_kv=memory_kv, **inputs)
             return self.recurrence.run(x, step_inputs, rule)
-        return run_chunk
+
+        layout = ChunkLayout(real, self.chunk_size)
+        x = self.embed(tokens, self.chunk_positions(tokens, layout.slot))
+        return chunked_recurrence(run_chunk, self.dropout(x), layout, self.halting, self.num_steps,
+                                  self.memory, memory_reset=self.memory_reset,
+                                  cap_steps=self.cap_steps, **options)
 
     def upgrade_state_dict_named(self, state_dict: dict, name: str) -> None:
-        """Checkpoints written before the side was a module name its parameters
-        ``encoder.block...``; they are ``encoder.side.block...`` (``name`` is this side's,
-        ``encoder.side`` / ``decoder.side``; renamed in place before fairseq's loader goes on
-        to the side's own layers)."""
+        """Rename an older checkpoint's ``encoder.block...`` to ``encoder.side.block...`` in
+        place (``name``: ``encoder.side`` / ``decoder.side``)."""
         owner = name[: -len("side")]  # "encoder."
         for key in list(state_dict):
             if key.startswith(owner) and key[len(owner):].partition(".")[0] in SIDE_MODULES:

@@ -1,8 +1,6 @@
-"""Build any registered fairseq architecture outside ``fairseq-train``.
-
-Used by the benchmarks, the tests and the analysis tools: the arguments are what
-``fairseq-train --arch ARCH`` would give (the model's defaults, then the preset), over a
-synthetic dictionary of a chosen size.
+"""Build any registered fairseq architecture outside ``fairseq-train`` (for the benchmarks,
+tests and analysis tools), from the arguments ``fairseq-train --arch ARCH`` would give, over
+synthetic dictionaries of a chosen size.
 """
 import argparse
 from typing import Optional
@@ -48,5 +46,4 @@ def build_model(arch: str, dict_size: int = 32768, joined: bool = True,
     """Build ``arch`` over synthetic dictionaries (one shared dictionary when ``joined``)."""
     src = synthetic_dictionary(dict_size)
     tgt = src if joined else synthetic_dictionary(tgt_dict_size or dict_size)
-    args = model_args(arch, **overrides)
-    return ARCH_MODEL_REGISTRY[arch].build_model(args, _Task(src, tgt))
+    return ARCH_MODEL_REGISTRY[arch].build_model(model_args(arch, **overrides), _Task(src, tgt))

@@ -9,26 +9,20 @@ GUTLB on ListOps (one sequence) and logical inference (a Siamese pair).
     single: f = u                                                            (B, d)
     logits = W_2 dropout(tanh(W_1 f + b_1)) + b_2                          (B, C)
 
-The two sentences of a pair run through the encoder as one batch of 2B rows (each
-right-padded to the longer of the two), so the encoder's HaltingResult covers both and
-the criterion's L_ACT is the mean over all their real positions. The pooled rows are the
-encoder's output rows: with ``--encoder-chunk-size`` and ``--tlb-encoder-out memory`` the
-k memory slots (``end`` = the last slot, ``mean`` = the mean over slots, as the TLB code
-classifies from LN(M)), with ``both`` the real tokens followed by the slots.
-
-Every encoder option of ``sut_transformer`` applies (its presets' sizes through the
-``sut_classifier*`` presets below, the GUT / TLB / GUTLB settings by option); the decoder
-options exist on the command line (the option table is ``SUTConfig``, ``config.py``)
-but a classifier has no decoder: one set away from its default is refused.
+A pair runs through the encoder as one batch of 2B rows (right-padded to one length), so
+the encoder's HaltingResult, and the criterion's L_ACT, cover both sentences. The pooled
+rows are the encoder's output rows: under ``--tlb-encoder-out memory`` the k memory slots
+(as the TLB code classifies from LN(M)), under ``both`` the real tokens, then the slots.
+Every encoder option of ``sut_transformer`` applies; its decoder options must keep defaults.
 """
 import torch
 import torch.nn as nn
 from fairseq.models import BaseFairseqModel, register_model, register_model_architecture
 
-from .architectures import _default, base_architecture, sut_logic, sut_tiny
+from .architectures import _set, base_architecture, sut_logic, sut_tiny
 from .config import BASE_DEFAULTS, DECODER_FOLLOWS_ENCODER, SUTConfig
 from .sut_transformer import SUTEncoder, SUTTransformerModel, build_embedding
-from .validation import validate_args
+from .validation import _check, _equal, _require, validate_args
 
 POOLINGS = ("mean", "end")
 #: options read only by the decoder (or by sharing with it), at their defaults here
@@ -58,14 +52,10 @@ def siamese_features(u: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
 
 
 def stack_pair(src_tokens: torch.Tensor, pair_tokens: torch.Tensor, pad: int) -> torch.Tensor:
-    """Right-padded (B, S1) and (B, S2) -> (2B, max(S1, S2)): the first sentences, then
-    the second ones, right-padded to one length."""
+    """Right-padded (B, S1) and (B, S2) -> (2B, max(S1, S2)), the first sentences first."""
     width = max(src_tokens.size(1), pair_tokens.size(1))
-
-    def widen(tokens):
-        return nn.functional.pad(tokens, (0, width - tokens.size(1)), value=pad)
-
-    return torch.cat([widen(src_tokens), widen(pair_tokens)], 0)
+    return torch.cat([nn.functional.pad(tokens, (0, width - tokens.size(1)), value=pad)
+                      for tokens in (src_tokens, pair_tokens)], 0)
 
 
 class ClassificationHead(nn.Module):
@@ -93,7 +83,8 @@ class SUTClassifierModel(BaseFairseqModel):
 
     @classmethod
     def build_model(cls, args, task):
-        classifier_architecture(args)
+        base_architecture(args)  # whatever the preset left unset
+        classifier_defaults(args)
         validate_args(args)
         _refuse_decoder_options(args)
         dictionary = task.source_dictionary
@@ -106,10 +97,9 @@ class SUTClassifierModel(BaseFairseqModel):
         self.encoder, self.head, self.pooling, self.pair = encoder, head, pooling, pair
 
     def forward(self, src_tokens, src_lengths, pair_tokens=None, pair_lengths=None):
-        """src_tokens (B, S1) right-padded; pair_tokens (B, S2) for a pair model. Returns
-        logits (B, C) and {"halting_encoder": HaltingResult over the encoded rows (B, or
-        2B for pairs; None for an encoder without halting), "features": the head's input
-        (B, d or 4d)}."""
+        """src_tokens (B, S1) right-padded; pair_tokens (B, S2) for a pair model. Returns logits
+        (B, C) and {"halting_encoder": HaltingResult over the B (pairs: 2B) encoded rows, or
+        None without halting, "features": the head's input (B, d or 4d)}."""
         if self.pair != (pair_tokens is not None):
             raise ValueError(f"this model classifies {'pairs' if self.pair else 'single sentences'}"
                              f" but was given {'a pair' if pair_tokens is not None else 'one sentence'}")
@@ -120,11 +110,7 @@ class SUTClassifierModel(BaseFairseqModel):
         out = self.encoder(tokens, lengths)
         pooled = pool(out["encoder_out"][0].transpose(0, 1), out["encoder_padding_mask"][0],
                       self.pooling)
-        if self.pair:
-            u, v = pooled.chunk(2, 0)
-            features = siamese_features(u, v)
-        else:
-            features = pooled
+        features = siamese_features(*pooled.chunk(2, 0)) if self.pair else pooled
         halting = out["halting"][0] if "halting" in out else None
         return self.head(features), {"halting_encoder": halting, "features": features}
 
@@ -139,18 +125,14 @@ def add_classifier_args(parser) -> None:
                         "at the last one (end: the </s>; the paper's choice for GUT/GUTLB) "
                         "(default: mean)")
     parser.add_argument("--classifier-hidden-dim", type=int, metavar="N",
-                        help="hidden width of the classification MLP (default: the "
-                        "encoder width)")
+                        help="hidden width of the classification MLP (default: the encoder width)")
 
 
 def build_head(args, task) -> ClassificationHead:
-    """The head over the pooled width d = ``--encoder-embed-dim`` (4d for pairs), after
-    checking the pooling and head options."""
-    if args.pooling not in POOLINGS:
-        raise ValueError(f"--pooling={args.pooling!r} is invalid: choose from {POOLINGS}")
-    if not (isinstance(args.classifier_hidden_dim, int) and args.classifier_hidden_dim >= 1):
-        raise ValueError(f"--classifier-hidden-dim={args.classifier_hidden_dim!r} is "
-                         "invalid: must be a positive integer")
+    """The head over the pooled width d (4d for pairs), after checking the head's options."""
+    _require(args.pooling in POOLINGS, "--pooling", args.pooling, f"choose from {POOLINGS}")
+    _check(args, "classifier_hidden_dim", lambda h: isinstance(h, int) and h >= 1,
+           "must be a positive integer")
     d = args.encoder_embed_dim
     return ClassificationHead(4 * d if task.pair else d, args.classifier_hidden_dim,
                               task.num_classes, args.dropout)
@@ -159,41 +141,28 @@ def build_head(args, task) -> ClassificationHead:
 def _refuse_decoder_options(args) -> None:
     """A classifier has no decoder: its options must keep the values the encoder-decoder
     would give them by default (so a checkpoint's filled-in arguments pass)."""
-    for opt in DECODER_ONLY:
-        if getattr(args, opt) != BASE_DEFAULTS[opt]:
-            raise ValueError(f"--{opt.replace('_', '-')}={getattr(args, opt)!r} is invalid: "
-                             "sut_classifier has no decoder (leave it at its default "
-                             f"{BASE_DEFAULTS[opt]!r})")
+    for name in DECODER_ONLY:
+        _check(args, name, _equal(BASE_DEFAULTS[name]), "sut_classifier has no decoder "
+               f"(leave it at its default {BASE_DEFAULTS[name]!r})")
     for dec, enc in DECODER_FOLLOWS_ENCODER.items():
-        if getattr(args, dec) != getattr(args, enc):
-            raise ValueError(f"--{dec.replace('_', '-')}={getattr(args, dec)!r} is invalid: "
-                             "sut_classifier has no decoder (leave it unset)")
-
-
-def classifier_architecture(args):
-    """The classifier's own options; the encoder's come from the preset that called it
-    (``base_architecture``: ``sut_base``'s sizes, when called alone at build time)."""
-    base_architecture(args)
-    classifier_defaults(args)
+        _check(args, dec, _equal(getattr(args, enc)),
+               "sut_classifier has no decoder (leave it unset)")
 
 
 def classifier_defaults(args) -> None:
     """Mean pooling and an MLP of the encoder's width, where unset."""
-    _default(args, "pooling", "mean")
-    _default(args, "classifier_hidden_dim", args.encoder_embed_dim)
+    _set(args, pooling="mean", classifier_hidden_dim=args.encoder_embed_dim)
 
 
 @register_model_architecture("sut_classifier", "sut_classifier")
 def sut_classifier(args):
-    """``sut_logic``'s encoder (d 128, MoMHA (12, 4, 2, 32, 1), MoE-FFD (12, 4, 128),
-    up to 12 steps, stick-breaking halting), mean pooling, MLP hidden d."""
+    """``sut_logic``'s encoder, mean pooling, MLP hidden d."""
     sut_logic(args)
-    classifier_architecture(args)
+    classifier_defaults(args)
 
 
 @register_model_architecture("sut_classifier", "sut_classifier_tiny")
 def sut_classifier_tiny(args):
-    """``sut_tiny``'s encoder (d 64, MoMHA (4, 2, 2, 16, 4), MoE-FFD (4, 2, 64), up to
-    3 steps), for tests."""
+    """``sut_tiny``'s encoder, for tests."""
     sut_tiny(args)
-    classifier_architecture(args)
+    classifier_defaults(args)

@@ -1,16 +1,12 @@
 """``sut_transformer``: the Sparse / dense Universal Transformer encoder-decoder.
 
-One shared SUT block per side applied up to L = ``--encoder-layers`` /
-``--decoder-layers`` times under a halting rule (``--encoder-halting`` /
-``--decoder-halting``); with ``--encoder-chunk-size`` / ``--decoder-chunk-size`` a side
-runs that recurrence chunk by chunk with a memory between chunks (TLB / GUTLB,
-docs/chunked.md). Shapes: B batch, T / S target / source length, d width, H heads of size
-D per expert, L maximum steps.
+One shared SUT block per side applied up to L = ``--encoder-layers`` / ``--decoder-layers``
+times under a halting rule, or chunk by chunk with a memory between chunks under
+``--{encoder,decoder}-chunk-size`` (TLB / GUTLB, docs/chunked.md). Shapes: B batch, T / S
+target / source length, d width, H heads of size D per expert, L maximum steps.
 
-The options are ``SUTConfig`` (``config.py``); what the two sides share — embeddings, the
-shared block, halting, the recurrence — is one ``RecurrentSide`` each
-(``recurrent_side.py``), and the encoder and decoder here add what is theirs: fairseq's
-encoder-out dict, the output projection and the incremental state.
+Each side is a ``RecurrentSide`` (``recurrent_side.py``); the encoder and decoder here add
+fairseq's encoder-out dict, the output projection and the incremental state.
 """
 import functools
 from typing import Dict, List, Optional
@@ -18,30 +14,21 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 from fairseq.dataclass.utils import gen_parser_from_dataclass
-from fairseq.models import (
-    FairseqEncoder,
-    FairseqEncoderDecoderModel,
-    FairseqIncrementalDecoder,
-    register_model,
-    register_model_architecture,
-)
+from fairseq.models import (FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder,
+                            register_model, register_model_architecture)
 
 from ..modules import chunk_cache
 from ..modules.accounting import StepMeter, register_for_exit_summary
-from ..modules.chunked_recurrence import (
-    ChunkedHaltingResult,
-    ChunkLayout,
-    StepCap,
-    chunked_recurrence,
-    local_positions,
-)
+from ..modules.chunked_recurrence import ChunkedHaltingResult, StepCap, local_positions
 from ..modules.decoder_cache import BufferedKeyCache, CrossKV, DecoderState
 from ..modules.exits import ExitHalting
+from ..modules.halting import check_threshold
 from ..modules.recurrence import StepInputs
 from .architectures import PRESETS, base_architecture
 from .config import SUTConfig
 from .recurrent_side import RecurrentSide
 from .validation import validate_args
+
 
 @register_model("sut_transformer")
 class SUTTransformerModel(FairseqEncoderDecoderModel):
@@ -49,8 +36,7 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
 
     @staticmethod
     def add_args(parser):
-        """Every option of ``SUTConfig`` under its flat name (``--encoder-layers`` ...), with
-        no argparse default: the preset, then ``base_architecture``, fills what is unset."""
+        """``SUTConfig``'s options, flat and with no argparse default (the preset fills them)."""
         gen_parser_from_dataclass(parser, SUTConfig(), delete_default=True, with_prefix="")
 
     @classmethod
@@ -81,21 +67,17 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
         """Change α_thresh of both sides after training (what --model-overrides does at load)."""
         for halting in (self.encoder.side.halting, self.decoder.side.halting):
             if hasattr(halting, "unit"):
-                from ..modules.halting import check_threshold
-
                 check_threshold(threshold)
                 halting.threshold = threshold
 
 
-# The ``--arch`` presets (models/architectures.py), registered once the model is.
 for _arch, _preset in PRESETS.items():
     register_model_architecture("sut_transformer", _arch)(_preset)
 del _arch, _preset
 
 
 def expert_slots(block) -> int:
-    """Expert rows one executed (position, step) costs: Σ over expert layers of k (a
-    hyper-module sub-layer, which has no expert router, counts 1)."""
+    """Expert rows per executed (position, step): Σ over the layers of k (hyper-modules: 1)."""
     layers = [block.self_attn, block.cross_attn, block.ffd]
     return sum(m.router.top_k if hasattr(m, "router") else 1 for m in layers if m is not None)
 
@@ -112,6 +94,12 @@ def meter(side: RecurrentSide, key: str, halting) -> None:
     """Count an evaluation forward's executed steps (``StepMeter``, the end-of-run summary)."""
     if not side.training and side.step_meter is not None:
         side.step_meter.add(key, halting)
+
+
+def encoder_out_dict(out: torch.Tensor, padding_mask: torch.Tensor, src_lengths, halting) -> dict:
+    """fairseq's encoder-out dict of the output rows (B, S', d) and their mask (B, S')."""
+    return {"encoder_out": [out.transpose(0, 1)], "encoder_padding_mask": [padding_mask],
+            "src_lengths": [] if src_lengths is None else [src_lengths], "halting": [halting]}
 
 
 class SUTEncoder(FairseqEncoder):
@@ -139,12 +127,7 @@ class SUTEncoder(FairseqEncoder):
                             te_table=side.step_embedding_table(x))
         S, halting, _ = side.run(x, inputs)
         meter(side, "enc", halting)
-        return {
-            "encoder_out": [side.output(S).transpose(0, 1)],
-            "encoder_padding_mask": [pad],
-            "src_lengths": [] if src_lengths is None else [src_lengths],
-            "halting": [halting],
-        }
+        return encoder_out_dict(side.output(S), pad, src_lengths, halting)
 
     def forward_chunks(self, src_tokens: torch.Tensor, src_lengths: Optional[torch.Tensor] = None):
         """Chunk-wise recurrence (docs/chunked.md). ``encoder_out`` is (S', B, d): the chunk
@@ -152,12 +135,8 @@ class SUTEncoder(FairseqEncoder):
         as ``--tlb-encoder-out`` says; ``halting`` is [ChunkedHaltingResult]."""
         side = self.side
         pad = src_tokens.eq(self.padding_idx)
-        layout = ChunkLayout(~pad, side.chunk_size)
-        x = side.embed_scale * side.embed_tokens(src_tokens) + side.chunk_positions(src_tokens, layout.slot)
         reads_out = side.memory is not None and self.tlb_encoder_out != "tokens"
-        S, halting = chunked_recurrence(
-            side.chunk_steps(), side.dropout(x), layout, side.halting, side.num_steps, side.memory,
-            memory_reset=side.memory_reset, write_last=reads_out, cap_steps=side.cap_steps)
+        S, halting = side.run_chunks(src_tokens, ~pad, {}, write_last=reads_out)
         meter(side, "enc", halting)
         rows, masks = [], []
         if self.tlb_encoder_out != "memory":
@@ -166,12 +145,7 @@ class SUTEncoder(FairseqEncoder):
         if reads_out:
             rows.append(side.memory.output(halting.final_memory))
             masks.append(pad.new_zeros(pad.size(0), side.memory.slots))
-        return {
-            "encoder_out": [torch.cat(rows, 1).transpose(0, 1)],
-            "encoder_padding_mask": [torch.cat(masks, 1)],
-            "src_lengths": [] if src_lengths is None else [src_lengths],
-            "halting": [halting],
-        }
+        return encoder_out_dict(torch.cat(rows, 1), torch.cat(masks, 1), src_lengths, halting)
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List], new_order: torch.Tensor):
         return {
@@ -201,10 +175,9 @@ class SUTDecoder(FairseqIncrementalDecoder):
 
     def forward(self, prev_output_tokens: torch.Tensor, encoder_out=None,
                 incremental_state=None, features_only: bool = False, **unused):
-        """prev_output_tokens: (B, T). Returns logits (B, T, V) (or (B, 1, V) when
-        incremental) and ``{"attn": [None], "inner_states": [...], "halting_encoder":
-        HaltingResult, "halting_decoder": HaltingResult}``, plus ``"decoder_exits":
-        ExitOutput`` with ``--decoder-halting pabee|entropy`` (an exited position's logits
+        """prev_output_tokens: (B, T). Returns logits (B, T, V) ((B, 1, V) when incremental)
+        and ``{"attn": [None], "inner_states": [...], "halting_encoder", "halting_decoder"}``,
+        plus ``"decoder_exits": ExitOutput`` under an exit rule (an exited position's logits
         are its off-ramp's; ``features_only`` returns the frozen states, see ExitOutput)."""
         x, extra = self.extract_features(prev_output_tokens, encoder_out, incremental_state)
         if not features_only:
@@ -215,8 +188,7 @@ class SUTDecoder(FairseqIncrementalDecoder):
 
     @property
     def caches_prefix_sums(self) -> bool:
-        """Global-mean halting reads causal prefix sums over the earlier positions, which
-        incremental decoding keeps in its cache (zero sums before the first position)."""
+        """Global-mean halting reads causal prefix sums, which incremental decoding caches."""
         return getattr(self.side.halting, "rule", None) == "global-mean"
 
     def extract_features(self, prev_output_tokens, encoder_out=None, incremental_state=None,
@@ -242,7 +214,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
             coords = None if coords is None else coords[:, -1:]
         real = prev_output_tokens.ne(self.padding_idx)
         x = side.dropout(side.embed(prev_output_tokens, positions))
-
         inputs = dict(self_padding_mask=key_pad, real=real, q_start=q_start, coords=coords,
                       te_table=side.step_embedding_table(x),
                       **self._cross_inputs(encoder_out, incremental_state))
@@ -274,12 +245,9 @@ class SUTDecoder(FairseqIncrementalDecoder):
 
     @staticmethod
     def _extra(S, encoder_out, halting) -> dict:
-        return {
-            "attn": [None],
-            "inner_states": [S.transpose(0, 1)],
-            "halting_encoder": encoder_out["halting"][0] if "halting" in encoder_out else None,
-            "halting_decoder": halting,
-        }
+        halting_encoder = encoder_out["halting"][0] if "halting" in encoder_out else None
+        return {"attn": [None], "inner_states": [S.transpose(0, 1)],
+                "halting_encoder": halting_encoder, "halting_decoder": halting}
 
     def chunk_features(self, prev_output_tokens, encoder_out, incremental_state=None):
         """Chunk-wise recurrence (docs/chunked.md): position t attends causally within its
@@ -291,22 +259,15 @@ class SUTDecoder(FairseqIncrementalDecoder):
             S, halting = self.chunk_step(prev_output_tokens, self.decoder_state(incremental_state), cross)
         else:
             real = prev_output_tokens.ne(self.padding_idx)
-            layout = ChunkLayout(real, side.chunk_size)
-            x = side.embed_scale * side.embed_tokens(prev_output_tokens) + side.chunk_positions(
-                prev_output_tokens, layout.slot)
-            S, halting = chunked_recurrence(
-                side.chunk_steps(**cross), side.dropout(x), layout, side.halting,
-                side.num_steps, side.memory, memory_reset=side.memory_reset,
-                cap_steps=side.cap_steps, causal=True)
+            S, halting = side.run_chunks(prev_output_tokens, real, cross, causal=True)
         meter(side, "dec", halting)
         return S, halting
 
     def chunk_step(self, prev_output_tokens, saved: DecoderState, cross):
-        """One incremental decoding step of a chunked decoder: the new token (the last of
-        ``prev_output_tokens``) against its chunk's cached keys and values (right-aligned,
-        ``modules/chunk_cache.py``, kept in ``saved.chunk``) and the memory of the completed chunks. Returns S_L
-        (B, 1, d) and a ``ChunkedHaltingResult`` whose per-chunk fields count the chunks the
-        new tokens open and the block applications they add to their chunk."""
+        """One incremental step of a chunked decoder: the new (last) token against its chunk's
+        cached keys and values (``saved.chunk``, ``modules/chunk_cache.py``) and the memory of
+        the completed chunks. Returns S_L (B, 1, d) and a ``ChunkedHaltingResult`` counting
+        the chunks the new tokens open and the block applications they add to their chunk."""
         side = self.side
         g, L = side.chunk_size, side.num_steps
         token = prev_output_tokens[:, -1:]
@@ -345,10 +306,9 @@ class SUTDecoder(FairseqIncrementalDecoder):
     def output_layer(self, features: torch.Tensor) -> torch.Tensor:
         return self.output_projection(features)
 
-    # ---- incremental decoding state: one ``DecoderState`` (``modules/decoder_cache.py``)
-    # under fairseq's incremental_state, reordered as one object ----
     def decoder_state(self, incremental_state) -> DecoderState:
-        """This decoder's state in fairseq's ``incremental_state`` (made at the first call)."""
+        """This decoder's ``DecoderState`` (``modules/decoder_cache.py``) in fairseq's
+        ``incremental_state``, made at the first call and reordered as one object."""
         state = self.get_incremental_state(incremental_state, "sut_state")
         if state is None:
             state = DecoderState(self.side.num_steps)
@@ -366,7 +326,8 @@ class SUTDecoder(FairseqIncrementalDecoder):
             return dict(cross_k=k, cross_v=v, cross_padding_mask=enc_pad)
         state = self.decoder_state(incremental_state)
         if state.cross is None:
-            state.cross = CrossKV.project(self.side.block, enc, enc_pad, getattr(self, "_beam_size", 1))
+            beam = getattr(self, "_beam_size", 1)
+            state.cross = CrossKV.project(self.side.block, enc, enc_pad, beam)
         cross = state.cross
         return dict(cross_k=cross.k, cross_v=cross.v, cross_padding_mask=cross.padding)
 

@@ -1,16 +1,13 @@
 """``transformer_classifier``: fairseq's own ``TransformerEncoder`` (L unshared layers, no
-halting, nothing of the plugin in it) under ``sut_classifier``'s pooling and head, the
-transformer baseline of the recurrent-transformers paper's classify setup
-(docs/classification.md#the-transformer-baseline).
+halting) under ``sut_classifier``'s pooling and head, the transformer baseline of the
+recurrent-transformers paper's classify setup (docs/classification.md#the-transformer-baseline).
 
     H = TransformerEncoder(x)                  (B, T, d), padding mask P (B, T)
     u = pool(H, P)  (mean / end, as ``sut_classifier``)
     logits = head(u), or head([u; v; u·v; |u − v|]) for a pair
 
-Its options are fairseq's ``transformer``'s (``--encoder-layers``,
-``--encoder-embed-dim``, ``--encoder-ffn-embed-dim``, ``--encoder-attention-heads``,
-``--encoder-normalize-before``, ...) and the classifier's ``--pooling`` /
-``--classifier-hidden-dim``; the decoder options of fairseq's parser are read by nothing.
+Its options are fairseq's ``transformer``'s encoder options (its decoder options are read by
+nothing) and the classifier's ``--pooling`` / ``--classifier-hidden-dim``.
 """
 from fairseq.models import register_model, register_model_architecture
 from fairseq.models.transformer import TransformerEncoder, TransformerModel

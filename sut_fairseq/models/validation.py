@@ -1,27 +1,13 @@
-"""Configuration checks at model build time: each error names the option, the bad value
-and what is allowed (instead of a shape error deep inside torch).
-
-``SUTTransformerModel.build_model`` calls ``validate_args`` after the preset has filled
-every option, so the checks see the values the model would be built with: those from the
-command line, from a preset, or from a checkpoint with ``--model-overrides``. Under
-``fairseq-train`` the error ends fairseq's traceback as its last line, e.g.::
-
-    ValueError: --att-topk=5 is invalid: must satisfy 1 <= k <= --att-experts (4)
-
-Besides single values, combinations that would be accepted and silently mean something
-else are refused (``_validate_exits``, ``_validate_chunks``): early exits with one decoder
-step, an exit option changed from its default under a rule that never reads it, and a
-chunked encoder that hands the decoder a memory it does not have. ``--exit-patience`` and
-``--exit-entropy`` under the *other* exit rule are meant: both rules share the off-ramps,
-and the exit sweep switches a checkpoint from one rule to the other with
-``--model-overrides`` while the first rule's value stays in its arguments.
-``--tlb-memory-reset`` is refused in training mode, at the first forward
-(``modules/chunked_recurrence.py``): a model cannot tell at build time whether it will be
-trained or evaluated.
+"""Configuration checks at model build time, once the preset has filled every option: each
+error names the option, the bad value and what is allowed (``--att-topk=5 is invalid: must
+satisfy 1 <= k <= --att-experts (4)``), also for combinations that would silently mean
+something else. Each exit rule accepts the other's option (``--exit-patience`` /
+``--exit-entropy``): the exit sweep switches a checkpoint's rule with ``--model-overrides``.
+``--tlb-memory-reset`` in training is refused at the first forward (chunked_recurrence.py).
 """
 import numbers
 
-from .config import BASE_DEFAULTS, CHUNK_POSITIONS, REL_POS, TLB_ENCODER_OUT
+from .config import BASE_DEFAULTS, CHUNK_POSITIONS, REL_POS, SIDES, TLB_ENCODER_OUT
 from ..modules.exits import EXIT_RULES
 from ..modules.halting import HALTING_RULES
 from ..modules.hyper_module import HYPER_COMPONENTS, parse_components
@@ -34,6 +20,7 @@ POSITIVE_INTEGERS = ("encoder_embed_dim", "decoder_embed_dim", "encoder_layers",
 PROBABILITIES = ("dropout", "attention_dropout", "activation_dropout", "gating_dropout",
                  "halting_dropout")
 TRANSITION_RULES = ("stick-breaking", "global-mean", "none")
+POSITIVE = "must be a positive integer"
 
 
 def _flag(name: str) -> str:
@@ -45,149 +32,140 @@ def _require(ok: bool, option: str, value, allowed: str) -> None:
         raise ValueError(f"{option}={value!r} is invalid: {allowed}")
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+def _check(args, name: str, ok, allowed: str) -> None:
+    """``_require`` on option ``name``'s value, tested by the predicate ``ok``."""
+    value = getattr(args, name)
+    _require(ok(value), _flag(name), value, allowed)
+
+
+def _choose(args, name: str, choices: tuple, note: str = "") -> None:
+    _check(args, name, lambda value: value in choices, f"choose from {choices}{note}")
 
 
 def _is_real(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def _int_in(low: int, high=float("inf")):
+    """An integer (not a bool) in [low, high]."""
+    return lambda value: (isinstance(value, numbers.Integral) and not isinstance(value, bool)
+                          and low <= value <= high)
+
+
+def _equal(expected):
+    return lambda value: value == expected
+
+
 def validate_args(args) -> None:
     """Raise ``ValueError("--option=value is invalid: what is allowed")`` on the first bad
     option."""
-    for opt in POSITIVE_INTEGERS:
-        value = getattr(args, opt)
-        _require(_is_int(value) and value >= 1, _flag(opt), value, "must be a positive integer")
-    _require(_is_int(args.att_topk) and 1 <= args.att_topk <= args.att_experts, "--att-topk",
-             args.att_topk, f"must satisfy 1 <= k <= --att-experts ({args.att_experts})")
-    _require(_is_int(args.ffd_topk) and 1 <= args.ffd_topk <= args.ffd_experts, "--ffd-topk",
-             args.ffd_topk, f"must satisfy 1 <= k <= --ffd-experts ({args.ffd_experts})")
-    _require(_is_int(args.sample_topk) and 0 <= args.sample_topk <= min(args.att_topk, args.ffd_topk),
-             "--sample-topk", args.sample_topk,
-             f"must be between 0 and the smaller top-k ({min(args.att_topk, args.ffd_topk)})")
-    _require(args.rel_pos in REL_POS, "--rel-pos", args.rel_pos, f"choose from {REL_POS}")
-    _require(_is_int(args.rel_window) and args.rel_window >= 0, "--rel-window", args.rel_window,
-             "must be an integer >= 0")
-    _require(_is_int(args.router_hidden_dim) and args.router_hidden_dim >= 0, "--router-hidden-dim",
-             args.router_hidden_dim, "must be an integer >= 0 (0 = model width)")
-    # `not (0 < x <= 1)` rather than `x <= 0 or x > 1`: also rejects NaN
-    _require(_is_real(args.halting_threshold)
-             and 0.0 < args.halting_threshold <= 1.0, "--halting-threshold",
-             args.halting_threshold, "must be in (0, 1]")
-    _require(args.encoder_halting in HALTING_RULES, "--encoder-halting", args.encoder_halting,
-             f"choose from {HALTING_RULES} (the exit rules {EXIT_RULES} are for the decoder)")
-    _require(args.decoder_halting in HALTING_RULES + EXIT_RULES, "--decoder-halting",
-             args.decoder_halting, f"choose from {HALTING_RULES + EXIT_RULES}")
-    for side in ("encoder_halting_kv", "decoder_halting_kv"):
-        _require(getattr(args, side) in HALTING_KV, _flag(side), getattr(args, side),
-                 f"choose from {HALTING_KV}")
-    _require(_is_int(args.exit_patience) and args.exit_patience >= 0, "--exit-patience",
-             args.exit_patience, "must be an integer >= 0 (0 = never exit)")
-    _require(_is_real(args.exit_entropy) and 0.0 <= args.exit_entropy < float("inf"),
-             "--exit-entropy", args.exit_entropy, "must be a finite number >= 0 (nats; 0 = never exit)")
+    for name in POSITIVE_INTEGERS:
+        _check(args, name, _int_in(1), POSITIVE)
+    for kind in ("att", "ffd"):
+        experts = getattr(args, f"{kind}_experts")
+        _check(args, f"{kind}_topk", _int_in(1, experts),
+               f"must satisfy 1 <= k <= --{kind}-experts ({experts})")
+    top_k = min(args.att_topk, args.ffd_topk)
+    _check(args, "sample_topk", _int_in(0, top_k),
+           f"must be between 0 and the smaller top-k ({top_k})")
+    _choose(args, "rel_pos", REL_POS)
+    _check(args, "rel_window", _int_in(0), "must be an integer >= 0")
+    _check(args, "router_hidden_dim", _int_in(0), "must be an integer >= 0 (0 = model width)")
+    # `0 < x <= 1` rather than `not (x <= 0 or x > 1)`: also rejects NaN
+    _check(args, "halting_threshold", lambda x: _is_real(x) and 0.0 < x <= 1.0,
+           "must be in (0, 1]")
+    _choose(args, "encoder_halting", HALTING_RULES,
+            f" (the exit rules {EXIT_RULES} are for the decoder)")
+    _choose(args, "decoder_halting", HALTING_RULES + EXIT_RULES)
+    for side in SIDES:
+        _choose(args, f"{side}_halting_kv", HALTING_KV)
+    _check(args, "exit_patience", _int_in(0), "must be an integer >= 0 (0 = never exit)")
+    _check(args, "exit_entropy", lambda x: _is_real(x) and 0.0 <= x < float("inf"),
+           "must be a finite number >= 0 (nats; 0 = never exit)")
     _validate_exits(args)
-    for side in ("encoder_step_embedding", "decoder_step_embedding"):
-        _require(getattr(args, side) in STEP_EMBEDDINGS, _flag(side), getattr(args, side),
-                 f"choose from {STEP_EMBEDDINGS}")
+    for side in SIDES:
+        _choose(args, f"{side}_step_embedding", STEP_EMBEDDINGS)
     if args.halting_transition:
-        for side in ("encoder_halting", "decoder_halting"):
-            _require(getattr(args, side) in TRANSITION_RULES, _flag(side), getattr(args, side),
-                     "--halting-transition needs 'stick-breaking' or 'global-mean' (or 'none')")
-    for opt in PROBABILITIES:
-        value = getattr(args, opt)
-        _require(_is_real(value) and 0.0 <= value < 1.0, _flag(opt), value,
-                 "must be in [0, 1)")
+        for side in SIDES:
+            _check(args, f"{side}_halting", lambda rule: rule in TRANSITION_RULES,
+                   "--halting-transition needs 'stick-breaking' or 'global-mean' (or 'none')")
+    for name in PROBABILITIES:
+        _check(args, name, lambda p: _is_real(p) and 0.0 <= p < 1.0, "must be in [0, 1)")
     _validate_hyper(args)
     _validate_chunks(args)
     if args.flex_attention:
-        _require(args.attention_dropout == 0.0, "--attention-dropout", args.attention_dropout,
-                 "--flex-attention needs 0 (FlexAttention has no dropout)")
-        _require(args.hyper_modules == 0, "--hyper-modules", args.hyper_modules,
-                 "--flex-attention needs 0 (the hyper-modules' self-attention has no FlexAttention form)")
+        _check(args, "attention_dropout", _equal(0.0),
+               "--flex-attention needs 0 (FlexAttention has no dropout)")
+        _check(args, "hyper_modules", _equal(0), "--flex-attention needs 0 (the hyper-modules' "
+               "self-attention has no FlexAttention form)")
     if args.share_all_embeddings:
-        _require(args.encoder_embed_dim == args.decoder_embed_dim, "--decoder-embed-dim",
-                 args.decoder_embed_dim,
-                 f"--share-all-embeddings needs it equal to --encoder-embed-dim ({args.encoder_embed_dim})")
+        _check(args, "decoder_embed_dim", _equal(args.encoder_embed_dim), "--share-all-embeddings "
+               f"needs it equal to --encoder-embed-dim ({args.encoder_embed_dim})")
 
 
 def _validate_exits(args) -> None:
-    """Early exits need a second decoder step to exit before; the exit options are read
-    only by the exit rules."""
+    """Early exits need a second decoder step; only the exit rules read the exit options."""
     rule = args.decoder_halting
     if rule in EXIT_RULES:
         _require(args.decoder_layers >= 2, "--decoder-halting", rule,
                  f"the exit rules need --decoder-layers >= 2 (got --decoder-layers "
                  f"{args.decoder_layers}: one step leaves nothing to exit before)")
         return
-    for opt in ("exit_patience", "exit_entropy"):
-        value = getattr(args, opt)
-        _require(value == BASE_DEFAULTS[opt], _flag(opt), value,
-                 f"it is read only by --decoder-halting pabee|entropy, and --decoder-halting "
-                 f"is {rule!r} (leave {_flag(opt)} at its default {BASE_DEFAULTS[opt]!r})")
+    for name in ("exit_patience", "exit_entropy"):
+        default = BASE_DEFAULTS[name]
+        _check(args, name, _equal(default),
+               f"it is read only by --decoder-halting pabee|entropy, and --decoder-halting "
+               f"is {rule!r} (leave {_flag(name)} at its default {default!r})")
 
 
 def _validate_hyper(args) -> None:
     """The hyper-module options (docs/hyper_ut.md); with ``--hyper-modules M > 0`` the
     block must be dense (E = k = 1) with no relative positions or step embeddings."""
-    m = args.hyper_modules
-    _require(_is_int(m) and m >= 0, "--hyper-modules", m, "must be an integer >= 0 (0 = off)")
-    d_e = args.hyper_embed_dim
-    _require(_is_int(d_e) and d_e >= 1, "--hyper-embed-dim", d_e, "must be a positive integer")
-    d_k = args.hyper_key_dim
-    _require(_is_int(d_k) and d_k >= 0, "--hyper-key-dim", d_k,
-             "must be an integer >= 0 (0 = the model width)")
-    tau = args.hyper_router_temp
-    _require(_is_real(tau) and 0.0 < tau < float("inf"), "--hyper-router-temp", tau,
-             "must be a finite number > 0")
+    _check(args, "hyper_modules", _int_in(0), "must be an integer >= 0 (0 = off)")
+    _check(args, "hyper_embed_dim", _int_in(1), POSITIVE)
+    _check(args, "hyper_key_dim", _int_in(0), "must be an integer >= 0 (0 = the model width)")
+    _check(args, "hyper_router_temp", lambda t: _is_real(t) and 0.0 < t < float("inf"),
+           "must be a finite number > 0")
     raw = args.hyper_components
     components = parse_components(raw)
     bad = [c for c in components if c not in HYPER_COMPONENTS]
     _require(not bad, "--hyper-components", raw,
              f"unknown component(s) {', '.join(bad)}; choose a comma list from {HYPER_COMPONENTS}")
+    m = args.hyper_modules
     if m == 0:
         return
     _require(len(components) > 0, "--hyper-components", raw,
              f"--hyper-modules {m} needs at least one of {HYPER_COMPONENTS}")
-    for opt in ("att_experts", "att_topk", "ffd_experts", "ffd_topk"):
-        _require(getattr(args, opt) == 1, _flag(opt), getattr(args, opt),
-                 f"--hyper-modules {m} needs dense experts: E = k = 1 (hyper-modules replace "
-                 "expert routing)")
-    _require(args.rel_pos == "none", "--rel-pos", args.rel_pos,
-             f"--hyper-modules {m} supports only 'none' (the hyper self-attention has no "
-             "relative position term)")
-    for side in ("encoder_step_embedding", "decoder_step_embedding"):
-        _require(getattr(args, side) == "none", _flag(side), getattr(args, side),
-                 f"--hyper-modules {m} supports only 'none'")
+    for name in ("att_experts", "att_topk", "ffd_experts", "ffd_topk"):
+        _check(args, name, _equal(1), f"--hyper-modules {m} needs dense experts: E = k = 1 "
+               "(hyper-modules replace expert routing)")
+    _check(args, "rel_pos", _equal("none"), f"--hyper-modules {m} supports only 'none' (the "
+           "hyper self-attention has no relative position term)")
+    for side in SIDES:
+        _check(args, f"{side}_step_embedding", _equal("none"),
+               f"--hyper-modules {m} supports only 'none'")
 
 
 def _validate_chunks(args) -> None:
     """The chunk-wise recurrence options (docs/chunked.md), per side."""
     chunked = []
-    for side in ("encoder", "decoder"):
+    for side in SIDES:
+        _check(args, f"{side}_chunk_size", _int_in(0), "must be an integer >= 0 (0 = off)")
+        _check(args, f"{side}_memory_slots", _int_in(0),
+               "must be an integer >= 0 (0 = no memory: the chunks are independent)")
+        _check(args, f"{side}_memory_update_layers", _int_in(1), POSITIVE)
+        _choose(args, f"{side}_chunk_positions", CHUNK_POSITIONS)
         g = getattr(args, f"{side}_chunk_size")
-        _require(_is_int(g) and g >= 0, f"--{side}-chunk-size", g, "must be an integer >= 0 (0 = off)")
-        k = getattr(args, f"{side}_memory_slots")
-        _require(_is_int(k) and k >= 0, f"--{side}-memory-slots", k,
-                 "must be an integer >= 0 (0 = no memory: the chunks are independent)")
-        u = getattr(args, f"{side}_memory_update_layers")
-        _require(_is_int(u) and u >= 1, f"--{side}-memory-update-layers", u, "must be a positive integer")
-        positions = getattr(args, f"{side}_chunk_positions")
-        _require(positions in CHUNK_POSITIONS, f"--{side}-chunk-positions", positions,
-                 f"choose from {CHUNK_POSITIONS}")
         if g == 0:
             continue
         chunked.append(side)
-        step_embedding = getattr(args, f"{side}_step_embedding")
-        _require(step_embedding == "none", f"--{side}-step-embedding", step_embedding,
-                 f"--{side}-chunk-size {g} supports only 'none'")
-        _require(args.hyper_modules == 0, "--hyper-modules", args.hyper_modules,
-                 f"--{side}-chunk-size {g} supports only 0 (no hyper-modules)")
-        halting = getattr(args, f"{side}_halting")
-        _require(halting in HALTING_RULES, f"--{side}-halting", halting,
-                 f"--{side}-chunk-size {g} supports {HALTING_RULES} (no early exits)")
+        needs = f"--{side}-chunk-size {g} supports"
+        _check(args, f"{side}_step_embedding", _equal("none"), f"{needs} only 'none'")
+        _check(args, "hyper_modules", _equal(0), f"{needs} only 0 (no hyper-modules)")
+        _check(args, f"{side}_halting", lambda rule: rule in HALTING_RULES,
+               f"{needs} {HALTING_RULES} (no early exits)")
     out = args.tlb_encoder_out
-    _require(out in TLB_ENCODER_OUT, "--tlb-encoder-out", out, f"choose from {TLB_ENCODER_OUT}")
+    _choose(args, "tlb_encoder_out", TLB_ENCODER_OUT)
     if out == "memory":
         _require(args.encoder_chunk_size > 0, "--tlb-encoder-out", out,
                  "'memory' needs --encoder-chunk-size > 0 (without chunks there is no memory)")

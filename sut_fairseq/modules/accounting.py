@@ -2,21 +2,14 @@
 
 Every eval-mode forward of a ``sut_transformer`` adds, per side, the executed
 (position, step) block applications and the maximum L × real positions to the model's
-``StepMeter``; each executed application routes the position to k experts in each of
-the block's expert layers, so expert rows = executed × Σ_layers k.
-
-``fairseq-generate`` (and ``fairseq-interactive``) print one summary line for the whole
-run when they exit, e.g.::
+``StepMeter`` (expert rows = executed × Σ_layers k). ``fairseq-generate`` and
+``fairseq-interactive`` print one summary line for the whole run when they exit, e.g.::
 
     | encoder steps executed 61.2% (1224/2000) | decoder steps executed 48.9% (...)
 
-A side with chunk-wise recurrence (docs/chunked.md) also counts its chunks and the block
-applications on each chunk (the most steps one of its tokens executed), and its part of
-the line ends with the means per position and per chunk, e.g.
-``(...; 1.62 steps per position, 1.80 per chunk over 412 chunks)``.
-
-In training, the criterion logs the same figures per batch (``steps_enc`` / ``steps_dec``,
-and ``chunk_steps_enc`` / ``chunk_steps_dec`` for chunked sides).
+A chunked side (docs/chunked.md) also counts its chunks and the block applications on each
+(the most steps one of its tokens executed). In training the criterion logs the same figures
+per batch (``steps_enc``, ``chunk_steps_enc``, ...).
 """
 import atexit
 import os
@@ -28,11 +21,7 @@ class StepMeter:
     def __init__(self, expert_slots: Dict[str, int]):
         """expert_slots: side -> Σ over the block's expert layers of k (rows per step)."""
         self.expert_slots = expert_slots
-        self.executed = {side: 0 for side in expert_slots}
-        self.maximum = {side: 0 for side in expert_slots}
-        self.positions = {side: 0 for side in expert_slots}
-        self.chunks = {side: 0 for side in expert_slots}
-        self.chunk_steps = {side: 0 for side in expert_slots}
+        self.reset()
 
     def add(self, side: str, halting) -> None:
         """halting: a HaltingResult; a ChunkedHaltingResult also adds its chunks."""
@@ -45,9 +34,8 @@ class StepMeter:
             self.chunk_steps[side] += int(halting.chunk_steps.sum())
 
     def reset(self) -> None:
-        for side in self.executed:
-            self.executed[side] = self.maximum[side] = self.positions[side] = 0
-            self.chunks[side] = self.chunk_steps[side] = 0
+        self.executed, self.maximum, self.positions, self.chunks, self.chunk_steps = (
+            dict.fromkeys(self.expert_slots, 0) for _ in range(5))
 
     def fraction(self, side: str) -> float:
         return self.executed[side] / self.maximum[side] if self.maximum[side] else float("nan")
@@ -56,11 +44,9 @@ class StepMeter:
         parts = []
         for side, name in (("enc", "encoder"), ("dec", "decoder")):
             if self.maximum[side]:
-                chunks = ""
-                if self.chunks[side]:
-                    chunks = (f"; {self.executed[side] / self.positions[side]:.2f} steps per "
-                              f"position, {self.chunk_steps[side] / self.chunks[side]:.2f} per "
-                              f"chunk over {self.chunks[side]} chunks")
+                chunks = (f"; {self.executed[side] / self.positions[side]:.2f} steps per "
+                          f"position, {self.chunk_steps[side] / self.chunks[side]:.2f} per "
+                          f"chunk over {self.chunks[side]} chunks") if self.chunks[side] else ""
                 parts.append(f"{name} steps executed {100 * self.fraction(side):.1f}% "
                              f"({self.executed[side]}/{self.maximum[side]}; "
                              f"{self.executed[side] * self.expert_slots[side]} expert rows{chunks})")

@@ -20,18 +20,17 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+#: step l -> (Σ over the earlier positions (B, d), their count (B,))
 Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]
 
 
 class StepKeyCache:
     """The recurrence's view of the cache for one incremental call (``StepInputs.cache``):
-    at step l the keys and values are those of the chunk's earlier positions,
-    ``past_k[l-1]`` (B, H, t, D), followed by the new position's (B, H, 1, D), which are
-    recorded (``new_k``, ``new_v``) for ``advance``.
-
-    ``prefix_in``: the causal prefix sums of global-mean halting over the earlier positions
-    (or None); ``frozen_prefix``: their continuation when every new position halted early
-    (``RecurrenceStep.freeze``)."""
+    at step l the keys and values of the chunk's earlier positions, ``past_k[l-1]``
+    (B, H, t, D), then the new position's (B, H, 1, D), recorded (``new_k``, ``new_v``) for
+    ``advance``. ``prefix_in``: global-mean halting's causal prefix sums over the earlier
+    positions (or None); ``frozen_prefix``: their continuation when every new position
+    halted early (``RecurrenceStep.freeze``)."""
 
     def __init__(self, num_steps: int, past_k: Optional[torch.Tensor] = None,
                  past_v: Optional[torch.Tensor] = None, prefix_in: Optional[Prefix] = None):
@@ -84,16 +83,11 @@ def key_padding(cache: Dict, size: int) -> torch.Tensor:
 def advance(cache: Dict, new_k: List[torch.Tensor], new_v: List[torch.Tensor], S: torch.Tensor,
             real: torch.Tensor, steps: torch.Tensor, size: int, memory=None,
             prefix: Optional[Prefix] = None) -> Tuple[Dict, torch.Tensor, torch.Tensor]:
-    """The cache after the new tokens.
-
-    Args:
-        new_k/new_v: per step, the new token's keys/values (B, H, 1, D); S: its S_L (B, 1, d);
-        real: (B,) bool, the new token is not padding (padding leaves the cache as it was);
-        steps: (B,) its executed steps; prefix: the halting rule's prefix sums after it.
-    Returns:
-        the new cache, whether each token opened a chunk (B,) bool, and how much it raised
-        its chunk's block applications (B,) long (the per-chunk accounting).
-    """
+    """The cache after the new tokens: new_k/new_v per step (B, H, 1, D); S its S_L
+    (B, 1, d); real (B,) bool, the token is not padding (padding leaves the cache as it
+    was); steps (B,) its executed steps; prefix: the halting rule's prefix sums after it.
+    Returns the new cache, whether each token opened a chunk (B,) bool, and how much it
+    raised its chunk's block applications (B,) long (the per-chunk accounting)."""
     keep = real.view(1, -1, 1, 1, 1)
     out = dict(cache)
     for name, new in (("self_k", new_k), ("self_v", new_v)):
@@ -107,15 +101,21 @@ def advance(cache: Dict, new_k: List[torch.Tensor], new_v: List[torch.Tensor], S
     if memory is not None:
         rows = torch.cat([cache["rows"], S], 1)  # (B, g, d): the chunk's rows when done
         out["rows"] = torch.where(real.view(-1, 1, 1), rows[:, 1:], cache["rows"])
-        if bool(done.any()):
-            written = memory.update(cache["memory"], rows, done.unsqueeze(1).expand(-1, size))
-            out["memory"] = written  # rows not done keep M (no real row)
+        if bool(done.any()):  # rows not done keep M (no real row)
+            out["memory"] = memory.update(cache["memory"], rows, done.unsqueeze(1).expand(-1, size))
     if prefix is not None:
         zero = (~done).to(S.dtype)
         out["prefix"] = {l: (s * zero.unsqueeze(1), c * zero) for l, (s, c) in prefix.items()}
     out["count"] = torch.where(done, torch.zeros_like(count), count)
     out["chunk_max"] = chunk_max + raised
     return out, opened, raised
+
+
+def reorder_prefix(prefix: Optional[Prefix], order: torch.Tensor) -> Optional[Prefix]:
+    """The prefix sums (or None) indexed by ``order`` (B',)."""
+    if prefix is None:
+        return None
+    return {l: (s.index_select(0, order), c.index_select(0, order)) for l, (s, c) in prefix.items()}
 
 
 def reorder(cache: Dict, order: torch.Tensor) -> Dict:
@@ -125,8 +125,7 @@ def reorder(cache: Dict, order: torch.Tensor) -> Dict:
         if name in ("self_k", "self_v"):
             out[name] = value.index_select(1, order)
         elif name == "prefix":
-            out[name] = {l: (s.index_select(0, order), c.index_select(0, order))
-                         for l, (s, c) in value.items()}
+            out[name] = reorder_prefix(value, order)
         else:
             out[name] = value.index_select(0, order)
     return out

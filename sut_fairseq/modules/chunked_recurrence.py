@@ -1,17 +1,16 @@
 """Chunk-wise recurrence: the universal recurrence run chunk after chunk, with a memory
 carried between chunks (TLB, GUTLB; docs/chunked.md).
 
-The real (non-padding) tokens of a sequence are cut into chunks of g: real token i (its
-rank among the real tokens of its row, 0-based) goes to chunk ⌊i/g⌋, slot i mod g. So an
-example gives the same chunks alone, left-padded, right-padded or beside any other
-example. For every chunk c = 0 .. N-1 (batched over the sequences):
+The real tokens of a sequence are cut into chunks of g: real token i (its 0-based rank among
+the real tokens of its row) goes to chunk ⌊i/g⌋, slot i mod g, so an example gives the same
+chunks however it is padded or batched. For every chunk c = 0 .. N-1 (batched):
 
     C_0 = the chunk's embeddings                                    (B, w, d)
     S_L, halting = the side's recurrence over C_0, reading the memory M^c (recurrence.py)
     M^{c+1} = write(M^c, S_L's real rows)                           (modules/memory.py)
 
-w = min(g, longest sequence's real tokens) is the chunk width of the batch; shorter
-chunks are padded. The outputs go back to the token layout.
+w = min(g, longest sequence's real tokens) is the batch's chunk width (shorter chunks are
+padded); the outputs go back to the token layout.
 """
 import math
 from dataclasses import dataclass
@@ -28,12 +27,9 @@ ChunkRecurrence = Callable[[torch.Tensor, torch.Tensor, Optional[torch.Tensor], 
 
 
 class ChunkLayout:
-    """Where each real token of a (B, T) batch goes among N chunks of width w.
-
-    Attributes:
-        real: (B, T) bool; slot: (B, T) long, the token's slot in its chunk (0 on padding);
-        num_chunks: N; width: w; chunk_real: (B, N, w) bool, which chunk slots hold a token.
-    """
+    """Where each real token of a (B, T) batch goes among N = ``num_chunks`` chunks of width
+    w = ``width``: ``slot`` (B, T) long, its slot in its chunk (0 on padding); ``chunk_real``
+    (B, N, w) bool, the slots that hold a token; ``real`` (B, T) bool."""
 
     def __init__(self, real: torch.Tensor, size: int):
         if size < 1:
@@ -60,8 +56,7 @@ class ChunkLayout:
         return flat[:, :-1].reshape(B, self.num_chunks, self.width, *rest)
 
     def scatter(self, y: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-        """y: (B, N, w, ...) in the chunk layout -> (B, T, ...); padding tokens take ``fill``
-        (B, T, ...)."""
+        """y: (B, N, w, ...) -> (B, T, ...) in the token layout; padding takes ``fill``."""
         B, rest = y.size(0), y.shape[3:]
         flat = y.reshape(B, self.num_chunks * self.width, *rest)
         flat = torch.cat([flat, flat.new_zeros(B, 1, *rest)], 1)
@@ -70,9 +65,8 @@ class ChunkLayout:
 
 
 def local_positions(embed_positions, slot: torch.Tensor, real: torch.Tensor, size: int) -> torch.Tensor:
-    """fairseq's sinusoidal positions (B, T, d) of the slots (B, T) long in their chunk:
-    positions restart at 0 in every chunk (``--encoder-chunk-positions local``); zero on
-    padding (``real`` False), as fairseq's."""
+    """fairseq's sinusoidal positions (B, T, d) of the slots (B, T) long, restarting at 0 in
+    every chunk (``--encoder-chunk-positions local``); zero on padding (``real`` False)."""
     fake = torch.full((1, size), embed_positions.padding_idx + 1, device=slot.device)
     table = embed_positions(fake)[0]  # (g, d): positions 0 .. g-1
     positions = table.index_select(0, slot.reshape(-1)).view(*slot.shape, -1)
@@ -80,24 +74,15 @@ def local_positions(embed_positions, slot: torch.Tensor, real: torch.Tensor, siz
 
 
 class StepCap:
-    """Wraps a halting rule so that a position runs at most ``cap`` (B, w) steps (GUTLB's
-    ``min(L, n_c + 1)``). A capped position stops as a halted one does: its remaining
-    halting mass goes to its last executed step."""
+    """A halting rule whose positions run at most ``cap`` (B, w) steps (GUTLB's min(L, n_c + 1));
+    a capped position stops as a halted one does (its remaining mass goes to its last step)."""
 
     def __init__(self, rule, cap: torch.Tensor):
         self.rule, self.cap = rule, cap
-
-    def begin(self, h0, real, prefix_in=None):
-        return self.rule.begin(h0, real, prefix_in)
+        self.begin, self.mix, self.finish = rule.begin, rule.mix, rule.finish
 
     def decide(self, h, running, state, step, threshold=None):
         return self.rule.decide(h, running, state, step, threshold) & (self.cap >= step)
-
-    def mix(self, h, S, running, state):
-        return self.rule.mix(h, S, running, state)
-
-    def finish(self, state, max_steps):
-        return self.rule.finish(state, max_steps)
 
 
 def step_cap(real: torch.Tensor, max_steps: int, causal: bool) -> torch.Tensor:
@@ -110,17 +95,14 @@ def step_cap(real: torch.Tensor, max_steps: int, causal: bool) -> torch.Tensor:
 
 @dataclass
 class ChunkedHaltingResult(HaltingResult):
-    """A ``HaltingResult`` in the token layout (B, T), plus per chunk (B, N):
-
-    chunk_real: the chunk holds a real token; chunk_depth: mean expected depth over its
-    real tokens (GUTLB's encoder: the chunk's one decision); chunk_steps: block
-    applications on the chunk (its tokens' largest executed steps; 0 for a chunk without
-    real tokens). The incremental decoder's per-token result has N = 1: chunk_real says
-    whether the token opened a chunk, chunk_steps how much it raised its chunk's count,
-    so that the sums over decoding steps are those of the full forward;
-    memories: M^c read by chunk c, c = 0..N-1 (B, k, d) each (empty without memory);
-    final_memory: M^N, or None when it was not needed.
-    """
+    """A ``HaltingResult`` in the token layout (B, T), plus per chunk (B, N): chunk_real, the
+    chunk holds a real token; chunk_depth, the mean expected depth of its real tokens
+    (GUTLB's encoder: the chunk's one decision); chunk_steps, the block applications on the
+    chunk (its tokens' largest executed steps; 0 without real tokens). The incremental
+    decoder's per-token result has N = 1: chunk_real says whether the token opened a chunk,
+    chunk_steps how much it raised its chunk's count (so that the sums over decoding steps
+    are the full forward's). memories: M^c read by chunk c, (B, k, d) each (empty without
+    memory); final_memory: M^N, or None when it was not needed."""
 
     chunk_real: torch.Tensor = None
     chunk_depth: torch.Tensor = None
@@ -145,63 +127,40 @@ class ChunkedHaltingResult(HaltingResult):
 
         B, T = layout.real.shape
         L = results[0].max_steps
-        weights = tokens("weights", layout.real.new_zeros(B, T, L, dtype=torch.float32))
         depth_c = torch.stack([r.expected_depth for r in results], 1)  # (B, N, w)
         steps_c = torch.stack([r.steps for r in results], 1)
         real_c = layout.chunk_real.to(depth_c.dtype)
-        return cls(
-            weights=weights,
-            expected_depth=tokens("expected_depth", depth_c.new_zeros(B, T)),
-            steps=tokens("steps", steps_c.new_zeros(B, T)),
-            real=layout.real, max_steps=L,
-            chunk_real=layout.chunk_real.any(2),
-            chunk_depth=(depth_c * real_c).sum(2) / real_c.sum(2).clamp_min(1),
-            chunk_steps=(steps_c * layout.chunk_real).amax(2),
-            memories=memories, final_memory=final_memory)
+        return cls(weights=tokens("weights", layout.real.new_zeros(B, T, L, dtype=torch.float32)),
+                   expected_depth=tokens("expected_depth", depth_c.new_zeros(B, T)),
+                   steps=tokens("steps", steps_c.new_zeros(B, T)), real=layout.real, max_steps=L,
+                   chunk_real=layout.chunk_real.any(2),
+                   chunk_depth=(depth_c * real_c).sum(2) / real_c.sum(2).clamp_min(1),
+                   chunk_steps=(steps_c * layout.chunk_real).amax(2),
+                   memories=memories, final_memory=final_memory)
 
 
-def chunked_recurrence(
-    run_chunk: ChunkRecurrence,
-    h0: torch.Tensor,
-    layout: ChunkLayout,
-    halting,
-    max_steps: int,
-    memory=None,
-    memory_reset: bool = False,
-    write_last: bool = False,
-    cap_steps: bool = False,
-    causal: bool = False,
-) -> Tuple[torch.Tensor, ChunkedHaltingResult]:
-    """Run the recurrence chunk after chunk.
-
-    Args:
-        run_chunk: ``(C_0, real_c (B, w), M^c, rule) -> (S_L, HaltingResult, state)``, the
-            side's recurrence over one chunk.
-        h0: (B, T, d) embeddings in the token layout; layout: their ``ChunkLayout``.
-        halting: the side's rule; max_steps: L.
-        memory: a ``ChunkMemory`` (None: no memory, the chunks are independent).
-        memory_reset: every chunk reads M^0 (the control of the flip-flop experiment).
-        write_last: also write the last chunk into the memory (M^N, for the encoder's output).
-        cap_steps: at most min(L, n_c + 1) steps per position (``StepCap``).
-        causal: the cap counts the chunk's tokens up to each position (decoder).
-    Returns:
-        S_L (B, T, d) (padding rows: h0) and the ``ChunkedHaltingResult``.
-    Raises:
-        ValueError: ``memory_reset`` with a memory in training mode (the reset is a
-            test-time control: nothing would pass between the chunks of a training run).
-    """
+def chunked_recurrence(run_chunk: ChunkRecurrence, h0: torch.Tensor, layout: ChunkLayout,
+                       halting, max_steps: int, memory=None, memory_reset: bool = False,
+                       write_last: bool = False, cap_steps: bool = False, causal: bool = False,
+                       ) -> Tuple[torch.Tensor, ChunkedHaltingResult]:
+    """Run the side's recurrence ``run_chunk`` chunk after chunk over h0 (B, T, d), the
+    embeddings in the token layout of ``layout``; halting: the side's rule; max_steps: L;
+    memory: a ``ChunkMemory`` (None: the chunks are independent). memory_reset: every chunk
+    reads M^0 (the flip-flop experiment's test-time control; a ValueError in training mode,
+    where nothing would pass between the chunks); write_last: also write the last chunk
+    (M^N, for the encoder's output); cap_steps: at most min(L, n_c + 1) steps per position
+    (``StepCap``), counting the chunk's tokens up to each position if ``causal`` (decoder).
+    Returns S_L (B, T, d) (padding rows: h0) and the ``ChunkedHaltingResult``."""
     if memory_reset and memory is not None and memory.training:
-        raise ValueError(
-            "--tlb-memory-reset is a test-time control and the model is in training mode "
-            "(fairseq-train): train without it and set it for evaluation with "
-            "--model-overrides \"{'tlb_memory_reset': True}\"")
+        raise ValueError("--tlb-memory-reset is a test-time control and the model is in training "
+                         "mode (fairseq-train): train without it and set it for evaluation with "
+                         "--model-overrides \"{'tlb_memory_reset': True}\"")
     chunks = layout.gather(h0)  # (B, N, w, d)
     M0 = memory.begin(h0) if memory is not None else None
     M, read, outputs, results = M0, [], [], []
     for c in range(layout.num_chunks):
         real_c = layout.chunk_real[:, c]
-        if memory_reset:
-            M = M0
+        M = M0 if memory_reset else M
         rule = StepCap(halting, step_cap(real_c, max_steps, causal)) if cap_steps else halting
         S, result, _ = run_chunk(chunks[:, c], real_c, M, rule)
         outputs.append(S)

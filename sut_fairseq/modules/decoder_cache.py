@@ -1,35 +1,23 @@
-"""Incremental decoding's caches for the (unchunked) SUT decoder: the self-attention keys
-and values of every step, preallocated and written in place, and the encoder output's
-cross-attention keys and values, projected once per sentence.
-
-Beam search calls the decoder once per generated position t and reorders its state
-between calls (``reorder_incremental_state``: row b of the next call continues row
-``order[b]``). Growing the caches by concatenation and reordering them by copying
-costs two copies of everything cached per position (what fairseq's transformer does);
-here:
+"""Incremental decoding's state for the (unchunked) SUT decoder. Beam search calls the
+decoder once per generated position t and reorders its state between calls
+(``reorder_incremental_state``: row b of the next call continues row ``order[b]``); rather
+than growing the caches by concatenation and reordering them by copying:
 
 * ``KeyValueBuffer``: keys and values of all L steps in one time-major buffer
   (T_cap, 2, L, B, H, D); step l of position t writes its row (B, H, D) in place and
   attends over a view of positions 0..t; a reorder is one ``index_select`` of the
-  filled prefix into a second buffer of the same shape, and the two swap (no allocation
-  while the beams keep their number).
-* ``CrossKV``: with beam search (``set_beam_size`` > 1) the encoder output reaches the
-  decoder repeated for each of a sentence's beams; its keys and values are projected
-  from one copy per sentence (B / beam rows), the beams' queries attend to them as one
-  group (``MixtureOfMultiHeadAttention``), and a reorder within the sentences moves
-  nothing. Only when finished sentences leave the batch are the rows selected.
-* ``DecoderState``: everything the decoder keeps between its calls, as one object with
-  one ``reorder`` (the buffer, the cross-attention keys/values, the prefix sums of
-  global-mean halting and Hyper-UT, or the chunked decoder's cache).
+  filled prefix into a second buffer of the same shape, and the two swap.
+* ``CrossKV``: under beam search the encoder output's keys and values are projected from
+  one copy per sentence (B / beam rows), the beams' queries attend to them as one group
+  (``MixtureOfMultiHeadAttention``), and a reorder within the sentences moves nothing.
+* ``DecoderState``: everything the decoder keeps between its calls, with one ``reorder``.
 """
 from typing import Dict, Optional, Tuple
 
 import torch
 
 from . import chunk_cache
-
-#: step l -> (Σ over the earlier positions (B, d), their count (B,))
-Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]
+from .chunk_cache import Prefix, reorder_prefix
 
 #: positions added to the buffer at a time (a copy of the filled part each time)
 CAPACITY_STEP = 32
@@ -80,11 +68,10 @@ class KeyValueBuffer:
 
 
 class BufferedKeyCache:
-    """The recurrence's view of ``KeyValueBuffer`` for one incremental call at position t:
-    ``extend`` writes the new position's keys/values of step l and returns those of
-    positions 0..t (B, H, t + 1, D); ``record`` only writes (``RecurrenceStep.freeze``: the
-    steps a halted position skips). ``prefix_in`` / ``frozen_prefix``: as
-    ``chunk_cache.StepKeyCache``."""
+    """``chunk_cache.StepKeyCache``'s interface on ``KeyValueBuffer`` for one incremental
+    call at position t: ``extend`` writes step l's new keys/values and returns those of
+    positions 0..t (B, H, t + 1, D); ``record`` only writes (the steps a halted position
+    skips)."""
 
     def __init__(self, buffer: KeyValueBuffer, t: int, prefix_in=None):
         if buffer.length != t:
@@ -117,7 +104,10 @@ class CrossKV:
         its rows come in groups of ``beam_size`` equal copies (one group per sentence,
         what ``reorder_encoder_out`` gives beam search), one row per group is projected;
         otherwise every row."""
-        beams = beam_size if beam_size > 1 and _repeated(enc, beam_size) else 1
+        beams = 1
+        if beam_size > 1 and enc.size(0) % beam_size == 0:  # compared once, at the first call
+            groups = enc.view(-1, beam_size, *enc.shape[1:])
+            beams = beam_size if bool((groups == groups[:, :1]).all()) else 1
         if beams > 1:
             enc = enc[::beams]
             padding = None if padding is None else padding[::beams]
@@ -128,36 +118,20 @@ class CrossKV:
         """Row b of the next call continues row ``order[b]`` (B',). With beams, a reorder
         within the sentences (order[b] // beams == b // beams) moves nothing; when
         sentences left the batch, row group i takes the sentence order[i * beams] // beams."""
-        if self.beams > 1:
-            if order.numel() == self.k.size(0) * self.beams:
-                return
-            rows = order.view(-1, self.beams)[:, 0] // self.beams
-        else:
-            rows = order
+        if self.beams > 1 and order.numel() == self.k.size(0) * self.beams:
+            return
+        rows = order.view(-1, self.beams)[:, 0] // self.beams if self.beams > 1 else order
         self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
         if self.padding is not None:
             self.padding = self.padding.index_select(0, rows)
 
 
-def _repeated(enc: torch.Tensor, beams: int) -> bool:
-    """Whether the rows of ``enc`` (B, ...) come in consecutive groups of ``beams`` equal
-    rows (compared once per batch, at the first position)."""
-    if enc.size(0) % beams:
-        return False
-    groups = enc.view(-1, beams, *enc.shape[1:])
-    return bool((groups == groups[:, :1]).all())
-
-
 class DecoderState:
-    """The incremental state of one decoder over a batch of B rows (hypotheses).
-
-    ``cross``: the encoder output's keys/values (``CrossKV``), set at the first call;
-    ``kv``: the self-attention keys/values of every step (``KeyValueBuffer``);
-    ``prefix``: global-mean halting's causal prefix sums per step l (``Prefix``), None
-    for the other rules; ``hyper_prefix``: Hyper-UT's (Σ h_{l-1}, count) per step l over
-    the real prefix, None without hyper-modules; ``chunk``: the chunked decoder's cache
-    (``chunk_cache.py``; then ``kv`` and the prefixes are unused).
-    """
+    """The incremental state of one decoder over a batch of B rows (hypotheses):
+    ``cross`` (``CrossKV``, set at the first call); ``kv`` (``KeyValueBuffer``); ``prefix``:
+    global-mean halting's causal prefix sums per step l, else None; ``hyper_prefix``:
+    Hyper-UT's (Σ h_{l-1}, count) per step l over the real prefix, else None; ``chunk``: the
+    chunked decoder's cache (``chunk_cache.py``; then ``kv`` and the prefixes are unused)."""
 
     def __init__(self, num_steps: int):
         self.cross: Optional[CrossKV] = None
@@ -171,13 +145,7 @@ class DecoderState:
         if self.cross is not None:
             self.cross.reorder(order)
         self.kv.reorder(order)
-        self.prefix = _reorder_prefix(self.prefix, order)
-        self.hyper_prefix = _reorder_prefix(self.hyper_prefix, order)
+        self.prefix = reorder_prefix(self.prefix, order)
+        self.hyper_prefix = reorder_prefix(self.hyper_prefix, order)
         if self.chunk is not None:
             self.chunk = chunk_cache.reorder(self.chunk, order)
-
-
-def _reorder_prefix(prefix: Optional[Prefix], order: torch.Tensor) -> Optional[Prefix]:
-    if prefix is None:
-        return None
-    return {l: (s.index_select(0, order), c.index_select(0, order)) for l, (s, c) in prefix.items()}

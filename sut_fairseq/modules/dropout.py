@@ -2,23 +2,14 @@
 
     y = x · m / (1 - p),   m ~ Bernoulli(1 - p) per element
 
-On CPU, ``torch.nn.functional.dropout`` draws one Bernoulli per element and keeps a
-float mask; drawing the mask was 5-9 % of a ``sut_base`` training step (dropout 0.2 on
-residuals, on the (k·N, D) expert hidden units and on every router). Here one 32-bit draw
-of the generator gives two 16-bit uniform integers u, an element is kept when
-u >= round(p · 2^16): the forward takes about a third of ``F.dropout``'s time and the
-backward (dy times the saved scaled mask) is the same. The drop probability is p rounded to a multiple of
-2^-16 (|error| <= 2^-17) and the scale uses that same probability, so E[y] = x exactly.
-CUDA tensors and p within 2^-17 of 1 use ``F.dropout``; evaluation and p = 0 are the
-identity.
-
-Under ``torch.compile`` the mask is drawn by the custom op ``sut::keep_mask`` (the same
-draw, opaque to the compiler; tagged ``nondeterministic_seeded`` so that it is neither
-merged with another call nor recomputed in the backward) and ``x · m / (1 - p)`` is
-traced around it. Left to itself, inductor draws a dropout mask in its fused CPU kernels
-with one Philox evaluation per element (``normalized_rand_cpu``), about 8 ms per (2,044,
-128) mask on one core: more than the whole compiled step's saving on the logic model
-(``docs/performance.md``).
+On CPU one 32-bit draw gives two 16-bit uniform integers u and an element is kept when
+u >= round(p · 2^16), much cheaper than ``F.dropout``'s per-element Bernoulli (timings:
+docs/performance.md). The drop probability is p rounded to a multiple of 2^-16 (|error| <=
+2^-17) and the scale uses that same probability, so E[y] = x exactly. CUDA tensors and p
+within 2^-17 of 1 use ``F.dropout``; evaluation and p = 0 are the identity. Under
+``torch.compile`` the mask is drawn by the custom op ``sut::keep_mask`` (the same draw,
+opaque to the compiler; ``nondeterministic_seeded`` so that it is neither merged with another
+call nor recomputed in the backward), not by inductor's per-element Philox.
 """
 import torch
 import torch.nn as nn
@@ -32,9 +23,8 @@ _LEVELS = 1 << 16
 def _keep_mask(x: torch.Tensor, dropped_levels: int) -> torch.Tensor:
     """Bool mask of x's shape, True with probability 1 - dropped_levels / 2^16."""
     n = x.numel()
-    # one draw of the default generator seeds this call's own stream, so a call consumes
-    # the same randomness whatever its size (as CPU ``bernoulli_`` does): two runs that
-    # differ in one tensor's size (e.g. how many rows a router saw) keep the other masks
+    # one draw of the default generator seeds this call's stream: a call consumes the same
+    # randomness whatever its size, so runs that differ in one tensor's size keep other masks
     stream = torch.Generator(device=x.device)
     stream.manual_seed(int(torch.empty((), dtype=torch.int64).random_()))
     words = torch.empty((n + 1) // 2, dtype=torch.int32, device=x.device)
@@ -46,8 +36,7 @@ def _keep_mask(x: torch.Tensor, dropped_levels: int) -> torch.Tensor:
 @torch.library.custom_op("sut::keep_mask", mutates_args=(),
                          tags=(torch.Tag.nondeterministic_seeded,))
 def keep_mask_op(x: torch.Tensor, dropped_levels: int) -> torch.Tensor:
-    """``_keep_mask`` as an operator the compiler calls as it is (x is read for its shape
-    and device only)."""
+    """``_keep_mask`` as an operator opaque to the compiler (x gives the shape and device)."""
     return _keep_mask(x, dropped_levels)
 
 

@@ -1,49 +1,28 @@
-"""Early exits for the decoder's shared block: PABEE patience and DeeBERT entropy.
-
-``--decoder-halting pabee|entropy`` replaces the halting unit of the decoder recurrence by
+"""Early exits for the decoder's shared block: PABEE patience and DeeBERT entropy
+(docs/exits.md). ``--decoder-halting pabee|entropy`` replaces the decoder's halting unit by
 an off-ramp after every step l < L (per target position t, dropping t)::
 
     o_l = W_out · LN_l(h_l)          (l = 1 .. L-1)
 
-LN_l is a LayerNorm of its own per step and W_out the decoder's (tied) output projection,
-so an off-ramp adds 2d parameters (a V × d head per step would add V·d each). The main
-output head after step L is unchanged: ``o_L = W_out · S_L`` (``W_out · LN(S_L)`` with
-pre-LN blocks).
-
-Before step l+1 every running position evaluates o_l and decides:
+with a LayerNorm of its own per step and the decoder's (tied) output projection W_out (2d
+parameters per off-ramp; the main head after step L is unchanged). Before step l+1 every
+running position evaluates o_l and decides:
 
 * ``pabee`` (Zhou et al. 2020, patience-based early exit), with ŷ_l = argmax o_l::
 
       cnt_1 = 0;   cnt_l = cnt_{l-1} + 1 if ŷ_l = ŷ_{l-1}, else 0   (l >= 2)
       exit after step l when cnt_l = P       (--exit-patience P; P = 0: never)
 
-  so the earliest exit is after step P + 1, and an argmax sequence (a, b, b, b) with
-  P = 2 exits after step 4.
 * ``entropy`` (Xin et al. 2020, DeeBERT)::
 
       H_l = −Σ_v p_v ln p_v,   p = softmax(o_l)   (nats)
       exit after step l when H_l < S          (--exit-entropy S; S = 0: never)
 
-  Any distribution over V symbols has H <= ln V, so S > ln V exits every position after
-  step 1.
-
-An exited position is frozen as a halted one is (h and S keep their values, its expert
-layers route it to no expert, later positions read its frozen state as keys/values) and
-the decoder emits its off-ramp's logits o_exit instead of the main head's. A position
-that never exits runs all L steps and emits the main head's logits, so with P = 0 or
-S = 0 decoding is exactly the no-exit model's (the off-ramps are then not evaluated at
-all). Decisions are per position and per hypothesis: under beam search every
-hypothesis' new position decides for itself, and nothing besides the per-step keys and
-values is cached.
-
-In training mode nothing exits: every position runs all L steps and the states
-h_1 .. h_{L-1} are handed to the criterion, which trains the off-ramps
-(``--exit-loss weighted|offramps``). Positions that read an exited position's frozen
-state at inference see something training never showed them.
-
-P and S are read at every forward, so ``--model-overrides "{'exit_patience': 2}"``,
-``"{'exit_entropy': 0.1}"`` and even ``"{'decoder_halting': 'entropy'}"`` (both rules
-share the off-ramps) change them after training.
+An exited position is frozen as a halted one is and the decoder emits its off-ramp's logits
+instead of the main head's, per position and per beam hypothesis; with P = 0 or S = 0 the
+off-ramps are not evaluated and decoding is exactly the no-exit model's. In training nothing
+exits: h_1 .. h_{L-1} go to the criterion, which trains the off-ramps (``--exit-loss``).
+P, S and the rule are read at every forward, so ``--model-overrides`` can change them.
 """
 import math
 import numbers
@@ -61,7 +40,7 @@ EXIT_RULES = ("pabee", "entropy")
 
 
 def check_patience(patience) -> None:
-    if not (isinstance(patience, numbers.Integral) and not isinstance(patience, bool) and patience >= 0):
+    if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 0:
         raise ValueError(f"--exit-patience={patience!r} is invalid: must be an integer >= 0 "
                          "(0 = never exit)")
 
@@ -74,9 +53,8 @@ def check_entropy(entropy) -> None:
 
 
 class OffRampProjection(nn.Module):
-    """``x (N, d) -> x Wᵀ (N, V)`` with the decoder's output projection W (V, d), passed in
-    at each call (the weight is the decoder's, not a parameter of this module). A module
-    of its own so that ``sut_fairseq.analysis.macs`` counts its V·d MACs per row."""
+    """``x (N, d) -> x Wᵀ (N, V)`` with the decoder's output projection W (V, d) passed in; a
+    module of its own so that ``sut_fairseq.analysis.macs`` counts its V·d MACs per row."""
 
     def forward(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         return F.linear(x, weight)
@@ -84,14 +62,10 @@ class OffRampProjection(nn.Module):
 
 @dataclass
 class ExitOutput:
-    """What the exit rule hands to the decoder's output and to the criterion.
-
-    exit_step: (B, T) long, the step l < L whose off-ramp a position emitted; 0 where it
-        ran all L steps (the main head's logits stand).
-    logits: (B, T, V) off-ramp logits o_exit on the exited positions (other rows are
-        zeros); None when no position exited.
-    hidden: training only: [h_1, ..., h_{L-1}], each (B, T, d), for the exit losses.
-    """
+    """What the exit rule hands to the decoder's output and to the criterion: exit_step
+    (B, T) long, the step l < L whose off-ramp a position emitted (0: it ran all L steps);
+    logits (B, T, V), the off-ramp logits o_exit on exited positions (zeros elsewhere; None
+    when none exited); hidden, in training only, [h_1, ..., h_{L-1}] each (B, T, d)."""
 
     exit_step: torch.Tensor
     logits: Optional[torch.Tensor] = None
@@ -120,12 +94,8 @@ class ExitState(HaltingState):
 
 class ExitHalting(nn.Module):
     """The ``pabee`` / ``entropy`` rules on the recurrence's halting interface (``begin``,
-    ``decide``, ``mix``, ``finish``); the decoder passes W_out through ``bind``.
-
-    Args:
-        rule: ``pabee`` or ``entropy``. embed_dim: d. max_steps: L (off-ramps after steps
-        1 .. L-1). patience: P >= 0. entropy: S >= 0 (nats).
-    """
+    ``decide``, ``mix``, ``finish``), with off-ramps after steps 1 .. L-1 (L = max_steps);
+    the decoder passes W_out through ``bind``."""
 
     threshold = None  # no α_thresh: ``--halting-threshold`` leaves this side alone
 
@@ -164,31 +134,25 @@ class ExitHalting(nn.Module):
 
     def decide(self, h: torch.Tensor, running: torch.Tensor, state: ExitState, step: int,
                threshold=None) -> torch.Tensor:
-        """Before step ``step``: off-ramp l = step − 1 on h_l (B, T, d) of the running
-        positions; returns who computes step ``step`` (B, T) bool (no threshold: the
-        rules' patience and entropy bound decide)."""
+        """Before step ``step``: off-ramp l = step − 1 on h_l (B, T, d) of the running positions
+        decides who computes step ``step`` (B, T) bool; ``threshold`` is unused."""
         l = step - 1
         if self.training:
             state.output.hidden.append(h)
-            return running
-        if self.never_exits():
+        if self.training or self.never_exits():
             return running
         rows = running.reshape(-1).nonzero().squeeze(1)
         logits = self.offramp(h.reshape(-1, h.size(-1)).index_select(0, rows), l, state.weight)
         if self.rule == "pabee":
             pred = logits.argmax(-1)
-            if l == 1:
-                count = torch.zeros_like(pred)
-            else:
-                count = torch.where(pred.eq(state.prev_pred.index_select(0, rows)),
-                                    state.count.index_select(0, rows) + 1, torch.zeros_like(pred))
+            same = pred.eq(state.prev_pred.index_select(0, rows)) & (l > 1)  # cnt_1 = 0
+            count = torch.where(same, state.count.index_select(0, rows) + 1, torch.zeros_like(pred))
             state.prev_pred = state.prev_pred.index_copy(0, rows, pred)
             state.count = state.count.index_copy(0, rows, count)
             stop = count.eq(self.patience)
         else:
             logp = F.log_softmax(logits.float(), -1)
-            entropy = -(logp.exp() * logp).sum(-1)
-            stop = entropy < self.entropy
+            stop = -(logp.exp() * logp).sum(-1) < self.entropy  # H_l < S
         if not bool(stop.any()):
             return running
         out = state.output
@@ -198,8 +162,7 @@ class ExitHalting(nn.Module):
             out.logits = logits.new_zeros(B, T, logits.size(-1))
         out.logits = out.logits.view(B * T, -1).index_copy(0, exit_rows, logits[stop]).view(B, T, -1)
         out.exit_step = out.exit_step.view(-1).index_fill(0, exit_rows, l).view(B, T)
-        halts = torch.zeros_like(running.reshape(-1)).index_fill(0, exit_rows, True)
-        return running & ~halts.view(B, T)
+        return running.reshape(-1).index_fill(0, exit_rows, False).view(B, T)
 
     def mix(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, state: ExitState) -> torch.Tensor:
         """S_l = h_l (frozen rows keep their h, hence their S)."""
@@ -221,15 +184,10 @@ class BoundExitHalting:
 
     def __init__(self, rule: ExitHalting, weight: torch.Tensor):
         self.rule, self.weight = rule, weight
+        self.mix, self.finish = rule.mix, rule.finish
 
     def begin(self, h0, real, prefix_in=None) -> ExitState:
         return self.rule.begin(h0, real, prefix_in, self.weight)
 
     def decide(self, h, running, state, step, threshold=None):
         return self.rule.decide(h, running, state, step)
-
-    def mix(self, h, S, running, state):
-        return self.rule.mix(h, S, running, state)
-
-    def finish(self, state, max_steps):
-        return self.rule.finish(state, max_steps)

@@ -2,10 +2,8 @@
 
     y_s = x_s W[e_s] + b[e_s]        W (E, in, out), b (E, out): every expert's in one tensor
 
-The layer of MoE-FFD's up and down projections and of MoMHA's query and output
-projections; it owns the parameters and their initialisation, and calls the one custom
-op, ``sut::routed_linear`` (``ops/routed_linear.py``: row layouts, backends), with a
-``Routing`` (``ops/routing.py``).
+MoE-FFD's up/down and MoMHA's query/output projections; it owns the parameters and calls
+the custom op ``sut::routed_linear`` (``ops/routed_linear.py``: row layouts, backends).
 """
 import math
 from typing import Optional
@@ -18,17 +16,15 @@ from ..ops.routing import Routing
 
 
 def init_expert_weight_(weight: torch.Tensor) -> torch.Tensor:
-    """Xavier-uniform per expert, as fairseq initialises a dense nn.Linear(in, out):
-    U(-a, a) with a = sqrt(6 / (in + out)) on each (in, out) slice."""
+    """Xavier-uniform U(-a, a), a = sqrt(6 / (in + out)), on each expert's (in, out) slice."""
     bound = math.sqrt(6.0 / (weight.size(1) + weight.size(2)))
     with torch.no_grad():
         return weight.uniform_(-bound, bound)
 
 
 class ExpertLinear(nn.Module):
-    """``num_experts`` maps ``in_dim -> out_dim``: weight (E, in, out), Xavier-uniform per
-    expert, and a zero bias: one per expert, (E, out), or with ``shared_bias`` one (out,)
-    added once after the gated sum of a token's slots (MoMHA's b_o):
+    """Weight (E, in, out), Xavier-uniform per expert; zero bias (E, out), or with
+    ``shared_bias`` one (out,) added after the gated sum of a token's slots (MoMHA's b_o):
 
         y_s = x_s W[e_s] + b[e_s]            or, shared:  y_n = Σ_j g_nj x_nj W[e_nj] + b
     """
@@ -43,10 +39,9 @@ class ExpertLinear(nn.Module):
                 grouped_out: bool = False, gates: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x and the result in the layouts of ``routed_linear`` (token, slot or sorted rows;
         (M, out), or (N, out) summed over each token's slots with ``gates`` (N, k))."""
-        if self.shared_bias:
-            return routed_linear(x, self.weight, None, routing, fan_out, grouped_in, grouped_out,
-                                 gates) + self.bias
-        return routed_linear(x, self.weight, self.bias, routing, fan_out, grouped_in, grouped_out, gates)
+        bias = None if self.shared_bias else self.bias
+        y = routed_linear(x, self.weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+        return y + self.bias if self.shared_bias else y
 
     def extra_repr(self) -> str:
         E, i, o = self.weight.shape
@@ -54,8 +49,7 @@ class ExpertLinear(nn.Module):
 
 
 def rename_parameters(state_dict: dict, prefix: str, renames: dict) -> None:
-    """Checkpoints written before the expert layers were ``ExpertLinear``s: rename
-    ``{prefix}.{old}`` to ``{prefix}.{new}`` for each (old, new) of ``renames`` (in place)."""
+    """In place, ``{prefix}.{old}`` -> ``{prefix}.{new}`` (checkpoints before ExpertLinear)."""
     for old, new in renames.items():
         key = f"{prefix}.{old}" if prefix else old
         if key in state_dict:

@@ -4,21 +4,10 @@ The logits of query row m (position i_m = q_start + m // k) and key j are
 
     logits_mj = q_m · k_j / √D + rel_mj     (-inf where the key is hidden)
 
-with ``rel`` the clipped relative term ``q_m · r_{clip(j - i_m)} / √D`` or the T5 bias
-``b_h[bucket(j - i_m)]``. The default path materialises rel and the mask as a (B, H, T·k, S)
-bias for ``scaled_dot_product_attention``, whose backward writes that bias's gradient
-(B, H, T·k, S) and scatters it back to the O offsets. Here the term enters inside the kernel
-through a ``score_mod``: for the clipped term the O' (aligned) scores ``q·r / √D`` per row,
-(B, H, T·k, O'), are one product beforehand and the kernel gathers ``qr[b, h, m, offset]``;
-the T5 bias is a (1, H, T, S) table; the hidden keys read -inf from the (B|1, 1, T·k|1, S)
-mask. The gradient of ``qr`` (or of the T5 table) comes back from FlexAttention's backward,
-so no (B, H, T·k, S) tensor is made in either direction.
-
-No block mask: at the recipes' lengths one 128 x 128 tile covers a sentence's queries
-and keys, so skipping masked tiles saves nothing; the masks go through the ``score_mod``.
-FlexAttention has no dropout (the option needs ``--attention-dropout 0``) and no backward
-on a CPU: there the default path runs (``MixtureOfMultiHeadAttention.forward``), and the
-tests compare the two forwards on the CPU without gradients.
+with ``rel`` the clipped term ``q_m · r_{clip(j - i_m)} / √D`` (gathered from the offset
+scores ``qr`` (B, H, T·k, O')) or the T5 bias ``b_h[bucket(j - i_m)]`` (a (1, H, T, S)
+table), added with the hidden-key mask in a ``score_mod``: unlike the SDPA path, no
+(B, H, T·k, S) bias or gradient is made. No dropout; no CPU backward (the default path runs).
 """
 from typing import Optional
 
@@ -28,12 +17,6 @@ from torch.nn.attention.flex_attention import flex_attention
 from .. import compiler
 
 
-def kernel(q: torch.Tensor):
-    """FlexAttention for q's device: compiled on CUDA (one fused Triton kernel; inside a
-    compiled step, compiled with the step), the eager reference on a CPU."""
-    return compiler.fused(flex_attention) if q.is_cuda else flex_attention
-
-
 def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, picks: int, q_start: int,
            hidden: Optional[torch.Tensor], qr: Optional[torch.Tensor] = None, window: int = 0,
            lo: int = 0, t5: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -41,8 +24,7 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, picks: int, 
     None (``momha.hidden_keys``); one relative term at most: ``qr`` (B, H, M, O') the
     scaled scores of the offsets from ``lo`` (window W), or ``t5`` (1, H, T, S).
     Returns (B, H, M, D)."""
-    B, H, M, _ = q.shape
-    S = key.size(2)
+    B, M, S = q.size(0), q.size(2), key.size(2)
     mask = None if hidden is None else hidden.expand(B, 1, M, S)
 
     def score_mod(score, b, h, m, j):
@@ -54,4 +36,5 @@ def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, picks: int, 
             score = torch.where(mask[b, 0, m, j], float("-inf"), score)
         return score
 
-    return kernel(q)(q, key, value, score_mod=score_mod)
+    kernel = compiler.fused(flex_attention) if q.is_cuda else flex_attention  # eager on CPU
+    return kernel(q, key, value, score_mod=score_mod)

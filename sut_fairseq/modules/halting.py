@@ -10,24 +10,18 @@ Rules (``--encoder-halting`` / ``--decoder-halting``):
   ``α_{l-1} = â_{l-1} Π_{j<l-1} (1 - â_j)``, ``c_{l-1} = Σ_{j<=l-1} α_j``; a position with
   ``c_{l-1} >= α_thresh`` has halted (h and S frozen); otherwise
   ``h_l = Block(h_{l-1}, S_{l-1})`` and ``S_l = (1 - c_{l-1}) h_l + Σ_{j<=l-1} α_j h_j`` (Eq. 3).
-* ``global-mean`` (GUT, Ray Chowdhury & Caragea 2024, §5.1): the same stick
-  breaking, but the halting unit reads the masked mean of the states over the sequence,
-  so the encoder makes one decision per sequence; the decoder reads the causal prefix
-  mean (positions <= t), so no future token leaks and incremental decoding stays exact.
+* ``global-mean`` (GUT, Ray Chowdhury & Caragea 2024, §5.1): the same stick breaking on
+  the masked mean of the states: one decision per sequence (encoder), or per causal
+  prefix (decoder, positions <= t: no future token leaks, incremental decoding is exact).
 * ``act`` (Graves 2016 / Dehghani et al. 2019): ``p_{l-1} = sigmoid(MLP(h_{l-1}))``; a
   position halts at the first step n where ``Σ_{j<=n} p_j >= α_thresh`` (= 1 − ε); its
   weights are p_1..p_{n-1} and the remainder ``R = 1 - Σ_{j<n} p_j`` on step n. The ponder
   cost N + R (N executed steps) replaces the expected depth in L_ACT.
 * ``none``: every real position runs all L steps; S_l = h_l (a plain UT).
 
-``--halting-transition`` (with ``stick-breaking`` or ``global-mean``) makes the halting
-unit read the last transition ``[x(h_{l-2}); x(h_{l-1})]`` (x = the rule's reading:
-the state, or its mean) instead of x(h_{l-1}) alone (GUT's transition-aware halting;
-GUT indexes the pair one step later, which would compute step l before deciding to skip
-it — we read the last completed transition so that the decision saves the step).
-
-Every rule exposes per position the halting weights over steps (non-negative, summing
-to 1), the L_ACT summand, and the number of executed steps.
+``--halting-transition`` (``stick-breaking``, ``global-mean``; GUT's transition-aware
+halting) makes the unit read ``[x(h_{l-2}); x(h_{l-1})]`` (x: the state, or its mean), the
+last completed transition, so that the decision can still skip step l.
 """
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
@@ -44,31 +38,23 @@ HALTING_RULES = ("stick-breaking", "global-mean", "act", "none")
 
 @dataclass
 class HaltingResult:
-    """Per-position halting outcome of one recurrence; (B, T) unless stated.
+    """Per-position halting outcome of one recurrence."""
 
-    weights: (B, T, L) fp32 halting distribution over steps (0 on pad positions).
-    expected_depth: the L_ACT summand: Σ_l l · weights_l, or N + R for ``act``.
-    steps: executed block applications per position (long).
-    real: bool mask of non-pad positions.
-    max_steps: L.
-    """
-
-    weights: torch.Tensor
-    expected_depth: torch.Tensor
-    steps: torch.Tensor
-    real: torch.Tensor
-    max_steps: int
+    weights: torch.Tensor  # (B, T, L) fp32 halting distribution over steps (0 on padding)
+    expected_depth: torch.Tensor  # (B, T) L_ACT summand: Σ_l l · weights_l, or N + R (act)
+    steps: torch.Tensor  # (B, T) long: executed block applications
+    real: torch.Tensor  # (B, T) bool: non-pad positions
+    max_steps: int  # L
 
     def num_positions(self) -> torch.Tensor:
+        """Real positions; ``act_units``: what ``act_loss`` averages over (chunked: chunks)."""
         return self.real.sum()
+
+    act_units = num_positions
 
     def act_loss(self) -> torch.Tensor:
         """L_ACT of Eq. 4: mean of the summand over real positions."""
         return (self.expected_depth * self.real).sum() / self.real.sum().clamp_min(1)
-
-    def act_units(self) -> torch.Tensor:
-        """What ``act_loss`` averages over: the real positions (chunks for chunked sides)."""
-        return self.real.sum()
 
     def executed_fraction(self) -> float:
         """Executed (position, step) pairs / (L × real positions)."""
@@ -76,26 +62,18 @@ class HaltingResult:
 
 
 class HaltingState:
-    """Running quantities of one recurrence for every position.
-
-    c: (B, T) cumulative halting mass; log_remain: log Π_j (1 - â_j);
-    weighted_sum: (B, T, d) Σ_j α_j h_j; alphas: list of (B, T) α_j;
-    steps: executed count; prev_h: h_{l-2} for transition-aware reading;
+    """Running quantities of one recurrence for every position, (B, T) unless stated.
     prefix_in / prefix_out: causal prefix sums of earlier positions' states per step
-    (incremental decoding), keyed by the step whose decision read them.
-    """
+    (incremental decoding), keyed by the step whose decision read them."""
 
     def __init__(self, h: torch.Tensor, real: torch.Tensor,
                  prefix_in: Optional[Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = None):
-        B, T = real.shape
-        self.real = real
-        self.c = h.new_zeros(B, T, dtype=torch.float32)
-        self.log_remain = h.new_zeros(B, T, dtype=torch.float32)
-        self.weighted_sum = torch.zeros_like(h, dtype=torch.float32)
-        self.alphas: List[torch.Tensor] = []
-        self.steps = torch.zeros(B, T, dtype=torch.long, device=h.device)
-        self.prev_h = h
-        self.prefix_in = prefix_in
+        self.real, self.prev_h, self.prefix_in = real, h, prefix_in  # prev_h: h_{l-2}
+        self.c = h.new_zeros(real.shape, dtype=torch.float32)  # cumulative halting mass
+        self.log_remain = h.new_zeros(real.shape, dtype=torch.float32)  # log Π_j (1 - â_j)
+        self.weighted_sum = torch.zeros_like(h, dtype=torch.float32)  # (B, T, d) Σ_j α_j h_j
+        self.alphas: List[torch.Tensor] = []  # α_j
+        self.steps = torch.zeros(real.shape, dtype=torch.long, device=h.device)  # executed
         self.prefix_out: Dict[int, Tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
@@ -111,17 +89,15 @@ class HaltingState:
 
 
 class HaltingUnit(nn.Module):
-    """â = sigmoid(Linear(d', 1)(dropout(GELU(Linear(d', d)(x))))) with d' = d, or 2d when
-    reading a transition. The last layer's weight starts at zero and its bias at
-    ``bias_init`` b, so â = sigmoid(b) everywhere at initialisation (0.5 for b = 0).
-    Returns the logit (..., ) in fp32."""
+    """â = sigmoid(Linear(d', 1)(dropout(GELU(Linear(d', d)(x))))), d' = d, or 2d reading a
+    transition; the last layer starts at weight 0 and bias ``bias_init`` b, so that
+    â = sigmoid(b) everywhere at initialisation. Returns the logit (...) in fp32."""
 
     def __init__(self, embed_dim: int, dropout: float, normalize_input: bool, transition: bool,
                  bias_init: float = 0.0):
         super().__init__()
-        in_dim = 2 * embed_dim if transition else embed_dim
         self.norm = nn.LayerNorm(embed_dim) if normalize_input else None
-        self.fc1 = nn.Linear(in_dim, embed_dim)
+        self.fc1 = nn.Linear(2 * embed_dim if transition else embed_dim, embed_dim)
         self.dropout = Dropout(dropout)
         self.fc2 = nn.Linear(embed_dim, 1)
         nn.init.zeros_(self.fc2.weight)
@@ -135,26 +111,17 @@ class HaltingUnit(nn.Module):
 
 
 def width_one_linear(a: torch.Tensor, linear: nn.Linear) -> torch.Tensor:
-    """``linear`` (d -> 1) of a (..., d) as an elementwise product and a sum, in fp32:
+    """``linear`` (d -> 1) of a (..., d) as a product and a sum, not a width-1 GEMM (which
+    cuBLAS runs misaligned in bf16); under autocast the product is fp32, not bf16:
 
         logit = Σ_i a_i w_i + b                                   -> (...) fp32
-
-    not a GEMM of width 1 (N = 1 forward, K = 1 / M = 1 backward: misaligned for cuBLAS
-    in bf16); inductor fuses the product and the sum with what makes ``a``. The same
-    parameters (weight (1, d), bias (1,)); under autocast the product is in fp32 (a bf16
-    ``a`` times the fp32 weight), where ``nn.Linear`` rounded it to bf16."""
+    """
     return ((a * linear.weight[0]).sum(-1) + linear.bias[0]).float()
 
 
 class LearnedHalting(nn.Module):
-    """The rules with a halting unit (stick-breaking, global-mean, act).
-
-    Args:
-        rule: one of ``stick-breaking``, ``global-mean``, ``act``.
-        threshold: α_thresh in (0, 1].
-        transition: read ``[x(h_{l-2}); x(h_{l-1})]``.
-        causal: decoder side (global-mean reads the causal prefix mean).
-    """
+    """The rules with a halting unit (stick-breaking, global-mean, act); threshold:
+    α_thresh in (0, 1]; causal: decoder side (global-mean reads the causal prefix mean)."""
 
     def __init__(self, rule: str, embed_dim: int, dropout: float, threshold: float,
                  normalize_input: bool, transition: bool = False, causal: bool = False,
@@ -171,7 +138,6 @@ class LearnedHalting(nn.Module):
     def begin(self, h0: torch.Tensor, real: torch.Tensor, prefix_in=None) -> HaltingState:
         return HaltingState(h0, real, prefix_in)
 
-    # -- what the halting unit reads -------------------------------------------------
     def _reading(self, h: torch.Tensor, state: HaltingState, step: int) -> torch.Tensor:
         """(B, T, d) or, for the encoder's global mean, (B, 1, d)."""
         if self.unit.norm is not None:
@@ -192,7 +158,7 @@ class LearnedHalting(nn.Module):
                step: int, threshold: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Before step l: add α_{l-1} from h_{l-1} (B, T, d) and return which positions
         compute step l (B, T) bool. ``threshold``: α_thresh as a 0-d tensor (a compiled
-        step's input, so that changing it compiles nothing again); default ``self.threshold``."""
+        step's input, so that changing it compiles nothing again)."""
         threshold = self.threshold if threshold is None else threshold
         x = self._reading(h, state, step)
         if self.transition:
@@ -224,15 +190,12 @@ class LearnedHalting(nn.Module):
 
     def finish(self, state: HaltingState, max_steps: int) -> HaltingResult:
         """The remaining mass 1 - c goes to the last executed step of each position."""
-        B, T = state.real.shape
-        weights = torch.zeros(B, T, max_steps, device=state.c.device)
+        weights = torch.zeros(*state.real.shape, max_steps, device=state.c.device)
         if state.alphas:
             weights[:, :, : len(state.alphas)] = torch.stack(state.alphas, -1)
         last = (state.steps - 1).clamp(min=0).unsqueeze(-1)
-        remainder = ((1.0 - state.c) * state.real).unsqueeze(-1)
-        weights = weights.scatter_add(2, last, remainder)
-        if self.rule == "act":
-            # ponder cost N + R: executed steps plus the remainder on the last one
+        weights = weights.scatter_add(2, last, ((1.0 - state.c) * state.real).unsqueeze(-1))
+        if self.rule == "act":  # ponder cost N + R: the remainder R on the last step N
             depth = state.steps.float() + weights.gather(2, last).squeeze(-1) * state.real
             return HaltingResult(weights, depth * state.real, state.steps, state.real, max_steps)
         return _result(weights, state, max_steps)
@@ -242,9 +205,7 @@ class NoHalting(nn.Module):
     """All L steps for every real position; the output is h_L."""
 
     threshold = None
-
-    def begin(self, h0: torch.Tensor, real: torch.Tensor, prefix_in=None) -> HaltingState:
-        return HaltingState(h0, real, prefix_in)
+    begin = LearnedHalting.begin
 
     def decide(self, h, running, state, step, threshold=None):
         return running
@@ -253,8 +214,7 @@ class NoHalting(nn.Module):
         return h
 
     def finish(self, state: HaltingState, max_steps: int) -> HaltingResult:
-        B, T = state.real.shape
-        weights = torch.zeros(B, T, max_steps, device=state.c.device)
+        weights = torch.zeros(*state.real.shape, max_steps, device=state.c.device)
         weights[:, :, -1] = state.real.float()
         return _result(weights, state, max_steps)
 

@@ -2,15 +2,13 @@
 feed-forward network whose linear maps are hyper-modules (``hyper_module.HyperLinear``).
 
 ``--hyper-components`` chooses which maps are composed per step: ``qkv`` (the query, key
-and value projections, three hyper-modules), ``out`` (the attention output projection),
-``ffn`` (both feed-forward maps, two hyper-modules); the others are dense ``nn.Linear``
-initialised as the dense MoMHA / MoE-FFD (E = k = 1) would be. Every hyper-linear call
-takes the step's example embedding z: (B, d) per example (encoder) or (B, T, d) per
-token (decoder). The attention is plain multi-head scaled dot-product attention (no
-relative positions); cross-attention stays a dense MoMHA in ``SUTBlock``.
-
-Halted and padding rows are computed like running ones (their outputs are discarded by
-the recurrence): a per-example weight set serves the whole sentence in one batched GEMM.
+and value projections), ``out`` (the attention output projection), ``ffn`` (both
+feed-forward maps); the others are dense ``nn.Linear`` initialised as the dense MoMHA /
+MoE-FFD (E = k = 1) would be. Every hyper-linear call takes the step's example embedding
+z: (B, d) per example (encoder) or (B, T, d) per token (decoder). The attention is plain
+multi-head scaled dot-product attention (no relative positions); cross-attention stays a
+dense MoMHA in ``SUTBlock``. Halted and padding rows are computed like running ones (the
+recurrence discards them): a per-example weight set serves the whole sentence in one GEMM.
 """
 from typing import Optional, Tuple
 
@@ -35,8 +33,7 @@ class HyperConfig:
 
     @classmethod
     def from_args(cls, args) -> Optional["HyperConfig"]:
-        """None when hyper-modules are off (``--hyper-modules 0``); ``args`` carries the
-        architecture's defaults (``base_architecture``)."""
+        """None when hyper-modules are off (``--hyper-modules 0``)."""
         if args.hyper_modules <= 0:
             return None
         return cls(args.hyper_modules, args.hyper_embed_dim, args.hyper_key_dim,
@@ -64,10 +61,8 @@ def apply_linear(layer: nn.Module, x: torch.Tensor, z: Optional[torch.Tensor]) -
 
 
 class HyperSelfAttention(nn.Module):
-    """Multi-head self-attention (H heads of D) with hyper-module projections.
-
-    ``project_kv(S, z)`` gives keys/values (B, H, S, D); ``forward(query, key, value,
-    active, key_padding_mask, q_start, z)`` mirrors ``MixtureOfMultiHeadAttention``."""
+    """Multi-head self-attention (H heads of D) with hyper-module projections and the
+    interface of ``MixtureOfMultiHeadAttention``: ``project_kv`` gives (B, H, S, D)."""
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, config: HyperConfig,
                  attention_dropout: float = 0.0, causal: bool = False):

@@ -9,15 +9,11 @@ For one component c (a linear map d_in -> d_out) and an example embedding z (wid
     W = reshape(G_c e + g_c)   (d_out, d_in)        G_c: d_e -> d_out·d_in, g_c (d_out·d_in)
     y = x Wᵀ + b_c                                  b_c (d_out) static
 
-Since G_c is linear, ``W = Σ_m s_m W^(m) + g_c`` with ``W^(m) = reshape(G_c V_c[m])``.
-G_c is stored as ``generator`` (d_e, d_out, d_in): ``generator[j]`` is column j of G_c
-reshaped (d_out, d_in), i.e. G^(j); g_c as ``generator_bias`` (d_out, d_in).
-
-W has two exact factorings, ``Σ_m s_m W^(m) + g_c`` over the M module matrices and
-``Σ_j e_j G^(j) + g_c`` over the d_e generator matrices; every application takes the one
-with fewer terms, r = min(M, d_e) (``basis``): ``"modules"`` when M < d_e (the M module
-matrices composed once per call, coefficients s, no mixture e), else ``"generator"``
-(coefficients e = s V). Two applications:
+G_c is stored as ``generator`` (d_e, d_out, d_in), ``generator[j]`` = G^(j) (column j of
+G_c reshaped), g_c as ``generator_bias`` (d_out, d_in). G_c being linear, W has two exact
+factorings, ``Σ_m s_m W^(m) + g_c`` with ``W^(m) = reshape(G_c V_c[m])`` and
+``Σ_j e_j G^(j) + g_c``; every application takes the one with fewer terms, r = min(M, d_e)
+(``basis``). Two applications:
 
 * per example (encoder), z (B, d): one weight set per sentence, materialised (transposed,
   (B, d_in, d_out)) from the r basis matrices and g in one product; x (B, T, d_in) ->
@@ -44,9 +40,8 @@ def parse_components(value) -> tuple:
 
 
 class HyperRouter(nn.Module):
-    """One-head attention of the example embedding over the M module keys:
-    ``s = softmax((W_r LN(z)) Kᵀ / (τ √d_k))``; returns s (..., M) in z's dtype (the
-    softmax runs in fp32 for half-precision inputs)."""
+    """``s = softmax((W_r LN(z)) Kᵀ / (τ √d_k))`` over the M module keys: s (..., M) in z's
+    dtype (the softmax in at least fp32)."""
 
     def __init__(self, ctx_dim: int, key_dim: int, num_modules: int, temperature: float = 1.0):
         super().__init__()
@@ -62,22 +57,16 @@ class HyperRouter(nn.Module):
     def forward(self, z: torch.Tensor) -> torch.Tensor:
         scale = 1.0 / (self.temperature * math.sqrt(self.keys.size(1)))  # 1 / (τ √d_k)
         logits = F.linear(self.query(self.norm(z)), self.keys) * scale
-        # at least fp32 (fp64 stays fp64)
         return logits.softmax(-1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(z.dtype)
 
 
 class HyperLinear(nn.Module):
-    """A linear map d_in -> d_out whose weight a hyper-module composes from z.
-
-    Args:
-        in_dim, out_dim: d_in, d_out. ctx_dim: width d of the example embedding z.
-        num_modules: M. embed_dim: d_e. key_dim: d_k. temperature: τ.
-        gain: Xavier gain of every module's matrix W^(m) at initialisation.
-        category: what the MAC count files its x Wᵀ under (``analysis/macs.py``).
-
-    Initialisation: V ~ N(0, 1) and G ~ U(±a / √d_e) with the Xavier bound a of a dense
-    (d_out, d_in) layer, so every W^(m) = G V_m has a dense layer's variance; g = 0, b = 0.
-    """
+    """A linear map d_in -> d_out whose weight a hyper-module composes from z: in_dim,
+    out_dim, ctx_dim, num_modules, embed_dim, key_dim, temperature are d_in, d_out, d, M,
+    d_e, d_k, τ; ``category``: what the MAC count files x Wᵀ under (``analysis/macs.py``).
+    Initialisation: V ~ N(0, 1), G ~ U(±a / √d_e) with the Xavier bound a (times ``gain``)
+    of a dense (d_out, d_in) layer, so every W^(m) = G V_m has a dense layer's variance;
+    g = 0, b = 0."""
 
     def __init__(self, in_dim: int, out_dim: int, ctx_dim: int, num_modules: int,
                  embed_dim: int, key_dim: int, temperature: float = 1.0, gain: float = 1.0,
@@ -99,32 +88,26 @@ class HyperLinear(nn.Module):
         """Router scores s (..., M)."""
         return self.router(z)
 
-    def mixture(self, z: torch.Tensor) -> torch.Tensor:
-        """e = s V (..., d_e)."""
-        return torch.matmul(self.scores(z), self.values)
-
     def module_weights(self) -> torch.Tensor:
         """W^(m) = reshape(G V_m), (M, d_out, d_in): the module basis."""
         return torch.einsum("me,eoi->moi", self.values, self.generator)
 
     @property
     def basis(self) -> str:
-        """``"modules"`` when M < d_e, else ``"generator"``: the factoring of W with
-        r = min(M, d_e) terms (module docstring)."""
+        """``"modules"`` when M < d_e, else ``"generator"``: W's factoring with r terms."""
         return "modules" if self.num_modules < self.embed_dim else "generator"
 
     def coefficients_and_basis(self, z: torch.Tensor):
         """(c (N, r), basis (r, d_out, d_in)) with W = Σ_i c_i basis_i + g for each row of
-        z (N, d): (s, W^(1..M)) or (e, G^(1..d_e)), see ``basis``."""
+        z (N, d): (s, W^(1..M)) or (e = s V, G^(1..d_e)), see ``basis``."""
         if self.basis == "modules":
             return self.scores(z), self.module_weights()
-        return self.mixture(z), self.generator
+        return torch.matmul(self.scores(z), self.values), self.generator
 
     def compose_transposed(self, z: torch.Tensor) -> torch.Tensor:
         """Per-example weights, transposed: Wᵀ = Σ_i c_i basis_iᵀ + gᵀ, z (B, d) ->
-        (B, d_in, d_out) contiguous, as one product [c, 1] · [basisᵀ; gᵀ] (g's term folded
-        in, and the transposes taken on the r + 1 small matrices: no extra pass over the
-        (B, d_in, d_out) weights for the addition, the layout or their gradients)."""
+        (B, d_in, d_out) contiguous, as one product [c, 1] · [basisᵀ; gᵀ]: g folded in and
+        the transposes taken on the r + 1 small matrices, not the B large ones."""
         coeff, basis = self.coefficients_and_basis(z)
         coeff = torch.cat([coeff, coeff.new_ones(coeff.size(0), 1)], 1)  # (B, r + 1)
         basis = torch.cat([basis, self.generator_bias[None]])  # (r + 1, d_out, d_in)
@@ -135,32 +118,23 @@ class HyperLinear(nn.Module):
         """Per-example weights W = Σ_i c_i basis_i + g: z (B, d) -> (B, d_out, d_in)."""
         return self.compose_transposed(z).transpose(1, 2)
 
-    def apply_per_example(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """x (B, T, d_in), z (B, d) -> x W_bᵀ + b (B, T, d_out), one W_b per row b."""
-        return torch.baddbmm(self.bias, x, self.compose_transposed(z))
-
-    def apply_per_token(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """x (..., d_in), z (..., d) -> (..., d_out): y = Σ_i c_i basis_i x + g x + b
-        (= Σ_m s_m W^(m) x + g x + b): the GEMM x (N, d_in) · basis (r·d_out, d_in)ᵀ ->
-        (N, r, d_out), then the contraction with the coefficients c (N, r)."""
-        shape = x.shape[:-1]
+    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+        """Per example when z has one dimension fewer than x: x (B, T, d_in), z (B, d) ->
+        x W_bᵀ + b (B, T, d_out), one W_b per row b. Per token when z (..., d) has x's leading
+        shape: y = Σ_i c_i basis_i x + g x + b, the GEMM x (N, d_in) · basis (r·d_out, d_in)ᵀ
+        -> (N, r, d_out), then the contraction with the coefficients c (N, r)."""
+        if z.dim() == x.dim() - 1:
+            return torch.baddbmm(self.bias, x, self.compose_transposed(z))
+        if z.shape[:-1] != x.shape[:-1]:
+            raise ValueError(f"hyper context {tuple(z.shape)} fits neither per example nor "
+                             f"per token for input {tuple(x.shape)}")
         x2 = x.reshape(-1, self.in_dim)
         coeff, basis = self.coefficients_and_basis(z.reshape(-1, z.size(-1)))
         r = basis.size(0)
         proj = F.linear(x2, basis.reshape(r * self.out_dim, self.in_dim))
         y = torch.bmm(coeff.unsqueeze(1), proj.view(-1, r, self.out_dim)).squeeze(1)
         y = y + F.linear(x2, self.generator_bias, self.bias)
-        return y.view(*shape, self.out_dim)
-
-    def forward(self, x: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-        """Per example when z has one dimension fewer than x ((B, d) for x (B, T, d_in)),
-        per token when z has x's leading shape."""
-        if z.dim() == x.dim() - 1:
-            return self.apply_per_example(x, z)
-        if z.shape[:-1] != x.shape[:-1]:
-            raise ValueError(f"hyper context {tuple(z.shape)} fits neither per example nor "
-                             f"per token for input {tuple(x.shape)}")
-        return self.apply_per_token(x, z)
+        return y.view(*x.shape[:-1], self.out_dim)
 
     def extra_repr(self) -> str:
         return (f"in={self.in_dim}, out={self.out_dim}, modules={self.num_modules}, "

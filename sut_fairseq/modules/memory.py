@@ -24,20 +24,16 @@ from .momha import mask_bias, padding_hidden
 
 
 class MemoryAttention(nn.Module):
-    """MHA(LN_q(x), LN_kv(m), LN_kv(m)) with H heads of size D, no positions, no residual
-    (the caller adds it). Keys and values are projected once per memory
-    (``project_kv``) and reused by every step that reads it."""
+    """MHA(LN_q(x), LN_kv(m), LN_kv(m)) with H heads of size D, no positions, no residual;
+    keys and values are projected once per memory (``project_kv``)."""
 
     def __init__(self, embed_dim: int, num_heads: int, head_dim: int, attention_dropout: float = 0.0):
         super().__init__()
         inner = num_heads * head_dim
         self.num_heads, self.head_dim = num_heads, head_dim
         self.attention_dropout = attention_dropout
-        self.q_norm = LayerNorm(embed_dim)
-        self.kv_norm = LayerNorm(embed_dim)
-        self.q_proj = nn.Linear(embed_dim, inner)
-        self.k_proj = nn.Linear(embed_dim, inner)
-        self.v_proj = nn.Linear(embed_dim, inner)
+        self.q_norm, self.kv_norm = LayerNorm(embed_dim), LayerNorm(embed_dim)
+        self.q_proj, self.k_proj, self.v_proj = (nn.Linear(embed_dim, inner) for _ in range(3))
         self.out_proj = nn.Linear(inner, embed_dim)
         for proj in (self.q_proj, self.k_proj, self.v_proj):
             nn.init.xavier_uniform_(proj.weight, gain=2 ** -0.5)
@@ -81,14 +77,10 @@ class MemoryFeedForward(nn.Module):
 
 
 class ChunkMemory(nn.Module):
-    """M^0 and the memory update of one side.
-
-    Args:
-        embed_dim: d. slots: k >= 1. update_layers: U >= 1 unshared write blocks.
-        num_heads, head_dim: H and D of the write attention.
-        out_norm: also hold LN_out, applied to the final memory when the encoder hands it
-            to the decoder (``--tlb-encoder-out memory|both``).
-    """
+    """M^0 (k = ``slots``, d = ``embed_dim``) and the memory update of one side: U =
+    ``update_layers`` write blocks, their attention of H = ``num_heads`` heads of D =
+    ``head_dim``. ``out_norm``: hold LN_out, applied to the final memory the encoder hands to
+    the decoder (``--tlb-encoder-out memory|both``)."""
 
     def __init__(self, embed_dim: int, slots: int, update_layers: int, num_heads: int,
                  head_dim: int, dropout: float = 0.0, attention_dropout: float = 0.0,

@@ -24,10 +24,7 @@ class MoEFeedForward(nn.Module):
         router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk)
         self.up = ExpertLinear(num_experts, embed_dim, hidden_dim)
         self.down = ExpertLinear(num_experts, hidden_dim, embed_dim)
-        # the router is made first and registered after the experts: the initialisation
-        # draws and the parameters' order (the optimizer state of a checkpoint) are those
-        # of the layer before ExpertLinear
-        self.router = router
+        self.router = router  # registered after the experts: see MixtureOfMultiHeadAttention
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout = Dropout(activation_dropout)
 
@@ -38,14 +35,11 @@ class MoEFeedForward(nn.Module):
         routing = self.router(x, active.reshape(-1))
         h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
         if kernel_backend(h) == "reference" and not tracing():
-            # (M, D) in sorted order, the no-op slots (halted and padding positions) last:
-            # the reference down projection reads only the routed rows, so only they need
-            # the activation (the row count is read on the host, free on an eager CPU; the
-            # Triton kernels and a compiled step take all M rows, the no-op rows being 0)
+            # (M, D) sorted, the no-op slots last: the reference down projection reads only
+            # the routed rows, so only they need the activation (a host read, free on CPU)
             h = h[: int(routing.expert_offsets[-1])]
         h = self.activation_dropout(self.activation_fn(h))
-        y = self.down(h, routing, fan_out=1, grouped_in=True, gates=routing.gates)
-        return y.reshape(shape)
+        return self.down(h, routing, fan_out=1, grouped_in=True, gates=routing.gates).reshape(shape)
 
     def upgrade_state_dict_named(self, state_dict, name):
         """Checkpoints before ``ExpertLinear``: ``w1 b1 w2 b2`` -> ``up.*``, ``down.*``."""

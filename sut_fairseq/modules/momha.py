@@ -5,13 +5,10 @@ K and V are dense and shared (d -> H·D each); expert e owns ``Wq_e: d -> H·D``
 scaled dot-product attention against the shared K/V heads; the output is
 ``Σ_e g_e · Wo_e(concat heads) + b_o``. With E = k = 1 it is dense multi-head attention.
 
-The k picks of a position are laid out as k consecutive query rows per head (the slot
-order of the routed projections, so no reordering copy), and one attention over
-(B, H, T·k, D) queries serves all experts without copying K/V:
-``scaled_dot_product_attention``, or, on CPU with clipped relative positions, the same
-computation as plain tensor operations (``_attend_clipped``), or on CUDA with ``flex``
-(``--flex-attention``) one FlexAttention kernel with the relative term and the masks
-inside it (``flex_attention.py``).
+The k picks of a position are k consecutive query rows per head (the routed projections'
+slot order), so one attention over (B, H, T·k, D) queries serves all experts without
+copying K/V: ``scaled_dot_product_attention``, plain tensor operations on CPU with clipped
+relative positions (``_attend_clipped``), or FlexAttention on CUDA (``--flex-attention``).
 """
 from typing import Optional, Tuple
 
@@ -29,11 +26,8 @@ def hidden_keys(T: int, picks: int, q_start: int, S: int, causal: bool,
                 key_padding_mask: Optional[torch.Tensor], device) -> Optional[torch.Tensor]:
     """Which keys each query row m = t·picks + j (position q_start + t, pick j) may not
     see: bool (B|1, 1, T·picks|1, S), True = hidden (the causal and padding masks), or None.
-
-    A query whose every key is masked (an all-padding source row; a left-padding position
-    of the target, which sees only padding keys) would give NaN. Such rows never run, so
-    their keys are left unmasked instead: they attend without the masks, and their
-    (unused) output stays finite."""
+    A query whose every key is masked (all padding) would give NaN; such rows never run,
+    so their keys are left unmasked and their unused output stays finite."""
     hidden = None
     if causal:
         i = torch.arange(q_start, q_start + T, device=device)
@@ -52,29 +46,21 @@ def hidden_keys(T: int, picks: int, q_start: int, S: int, causal: bool,
 
 
 def padding_hidden(key_padding_mask: torch.Tensor) -> torch.Tensor:
-    """(B, S) bool, True = padding -> (B, 1, 1, S): the padding keys hidden, except in a
-    row that has no key at all (it would give NaN; such a row never runs and its output
-    is not used)."""
+    """(B, S) bool, True = padding -> (B, 1, 1, S): the padding keys hidden, except in an
+    all-padding row (see ``hidden_keys``)."""
     return (key_padding_mask & ~key_padding_mask.all(-1, keepdim=True))[:, None, None, :]
 
 
 def mask_bias(hidden: Optional[torch.Tensor], dtype: torch.dtype) -> Optional[torch.Tensor]:
     """Additive logits bias of a ``hidden_keys`` mask: -inf on hidden keys, 0 elsewhere."""
-    if hidden is None:
-        return None
-    return torch.zeros(hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(
-        hidden, float("-inf"))
+    return None if hidden is None else torch.zeros(
+        hidden.shape, dtype=dtype, device=hidden.device).masked_fill_(hidden, float("-inf"))
 
 
 class MixtureOfMultiHeadAttention(nn.Module):
-    """Args:
-        embed_dim: d (query and output width). kv_dim: width of the key/value input.
-        num_experts, top_k: E and k. num_heads, head_dim: H and D per expert.
-        relative: None, ``"clipped"`` (window W) or ``"t5"`` (bucketed bias); self-attention only.
-        causal: T5 buckets are unidirectional in causal attention.
-        flex: on CUDA, attend through FlexAttention (``flex_attention.py``; needs
-            attention_dropout 0). Not for cross-attention over shared keys (groups).
-    """
+    """MoMHA with query/output width d = embed_dim and key/value input width kv_dim.
+    relative: None, ``"clipped"`` (window W) or ``"t5"`` (self-attention only; T5 buckets
+    are unidirectional when causal); flex: FlexAttention on CUDA (no dropout, no groups)."""
 
     def __init__(self, embed_dim: int, kv_dim: int, num_experts: int, top_k: int,
                  num_heads: int, head_dim: int, router_hidden_dim: int,
@@ -90,36 +76,29 @@ class MixtureOfMultiHeadAttention(nn.Module):
         k_proj, v_proj = nn.Linear(kv_dim, inner), nn.Linear(kv_dim, inner)
         self.q_proj = ExpertLinear(num_experts, embed_dim, inner)
         self.o_proj = ExpertLinear(num_experts, inner, embed_dim, shared_bias=True)  # b_o after Σ_e
-        # made in this order, registered after the experts: the initialisation draws and the
-        # parameters' order (the optimizer state of a checkpoint) are those of the layer
-        # before ExpertLinear
+        # made first, registered after the experts: the initialisation draws and parameter
+        # order (a checkpoint's optimizer state) of the layer before ExpertLinear
         self.router, self.k_proj, self.v_proj = router, k_proj, v_proj
         self.attention_dropout = attention_dropout
-        nn.init.xavier_uniform_(self.k_proj.weight, gain=2 ** -0.5)
-        nn.init.xavier_uniform_(self.v_proj.weight, gain=2 ** -0.5)
-        nn.init.zeros_(self.k_proj.bias)
-        nn.init.zeros_(self.v_proj.bias)
-        if relative is None:
-            self.relative = None
-        elif relative == "clipped":
-            self.relative = ClippedRelativePosition(num_heads, head_dim, window)
-        elif relative == "t5":
-            self.relative = T5RelativeBias(num_heads, bidirectional=not causal)
-        else:
+        for proj in (self.k_proj, self.v_proj):
+            nn.init.xavier_uniform_(proj.weight, gain=2 ** -0.5)
+            nn.init.zeros_(proj.bias)
+        if relative not in (None, "clipped", "t5"):
             raise ValueError(f"relative position must be None, 'clipped' or 't5'; got {relative!r}")
+        self.relative = None if relative is None else (
+            ClippedRelativePosition(num_heads, head_dim, window) if relative == "clipped"
+            else T5RelativeBias(num_heads, bidirectional=not causal))
 
     def upgrade_state_dict_named(self, state_dict, name):
-        """Checkpoints before ``ExpertLinear``: ``q_weight q_bias o_weight o_bias`` ->
-        ``q_proj.*``, ``o_proj.*``."""
+        """Renames the parameters of checkpoints before ``ExpertLinear``."""
         rename_parameters(state_dict, name, {"q_weight": "q_proj.weight", "q_bias": "q_proj.bias",
                                              "o_weight": "o_proj.weight", "o_bias": "o_proj.bias"})
 
     def project_kv(self, kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D)."""
-        B, S, _ = kv.shape
-        k = self.k_proj(kv).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        v = self.v_proj(kv).view(B, S, self.num_heads, self.head_dim).transpose(1, 2)
-        return k, v
+        shape = (kv.size(0), kv.size(1), self.num_heads, self.head_dim)
+        return (self.k_proj(kv).view(shape).transpose(1, 2),
+                self.v_proj(kv).view(shape).transpose(1, 2))
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 active: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
@@ -146,16 +125,15 @@ class MixtureOfMultiHeadAttention(nn.Module):
                 B // groups, H, groups * T * k, D)
 
         hidden = self._hidden_keys(q, T, q_start, S, key_padding_mask)
+        key, value = key.to(q.dtype), value.to(q.dtype)
         if self.flex and q.is_cuda and groups == 1:
-            o = self._attend_flex(q, key.to(q.dtype), value.to(q.dtype), T, q_start, hidden)
+            o = self._attend_flex(q, key, value, T, q_start, hidden)
         elif isinstance(self.relative, ClippedRelativePosition) and not q.is_cuda:
-            o = self._attend_clipped(q, key.to(q.dtype), value.to(q.dtype), T, q_start, hidden)
+            o = self._attend_clipped(q, key, value, T, q_start, hidden)
         else:
             o = F.scaled_dot_product_attention(
-                q, key.to(q.dtype), value.to(q.dtype),
-                attn_mask=self._attention_bias(q, T, q_start, S, hidden),
-                dropout_p=self.attention_dropout if self.training else 0.0,
-            )
+                q, key, value, attn_mask=self._attention_bias(q, T, q_start, S, hidden),
+                dropout_p=self.attention_dropout if self.training else 0.0)
         if groups > 1:
             o = o.view(B // groups, H, groups, T * k, D).transpose(1, 2).reshape(B, H, T * k, D)
         o = o.transpose(1, 2).reshape(B * T * k, H * D)  # slot rows again
@@ -171,20 +149,18 @@ class MixtureOfMultiHeadAttention(nn.Module):
         """Additive logits bias (B|1, H|1, T·k, S): -inf on hidden keys, plus the
         relative terms."""
         bias = mask_bias(hidden, q.dtype)
-        k = q.size(2) // T
         if isinstance(self.relative, ClippedRelativePosition):
             rel = self.relative(q, T, q_start, S) * self.head_dim ** -0.5
-            bias = rel if bias is None else rel + bias
         elif isinstance(self.relative, T5RelativeBias):
-            rel = self.relative(T, q_start, S).repeat_interleave(k, 2).to(q.dtype)
-            bias = rel if bias is None else rel + bias
-        return bias
+            rel = self.relative(T, q_start, S).repeat_interleave(q.size(2) // T, 2).to(q.dtype)
+        else:
+            return bias
+        return rel if bias is None else rel + bias
 
     def _attend_flex(self, q, key, value, T: int, q_start: int,
                      hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        """The attention as one FlexAttention kernel, the relative term inside it: the
-        clipped term's scores of the O' aligned offsets ``q·r / √D`` (B, H, T·k, O') as one
-        product beforehand, or the T5 table (1, H, T, S). q: (B, H, T·k, D); key/value:
+        """``flex_attention.attend`` with the clipped term's offset scores ``q·r / √D``
+        (B, H, T·k, O') or the T5 table (1, H, T, S). q: (B, H, T·k, D); key/value:
         (B, H, S, D). Returns (B, H, T·k, D)."""
         S, qr, t5, lo, window = key.size(2), None, None, 0, 0
         if isinstance(self.relative, ClippedRelativePosition):
@@ -196,18 +172,14 @@ class MixtureOfMultiHeadAttention(nn.Module):
 
     def _attend_clipped(self, q, key, value, T: int, q_start: int,
                         hidden: Optional[torch.Tensor]) -> torch.Tensor:
-        """Attention with clipped relative positions, as plain tensor operations (CPU,
-        where ``scaled_dot_product_attention`` with a bias that needs a gradient takes its
-        slower math path):
+        """Attention with clipped relative positions as plain tensor operations (on CPU,
+        SDPA with a bias that needs a gradient takes its slow math path):
 
             logits_mj = (q_m · k_j + q_m · r_{clip(j - i_m)}) / √D  (-inf where hidden)
             o_m = Σ_j softmax_j(logits_m) v_j
 
-        The O relative vectors r are appended to the keys, so one matmul gives both
-        q·k (B, H, T·k, S) and q·r (B, H, T·k, O), instead of a separate matmul with
-        O <= 2W+1 output columns; for a single position (T = 1, incremental decoding,
-        where the keys are the cache's view) q·r is its own matmul, so that the cached
-        keys are not copied. q: (B, H, T·k, D); key/value: (B, H, S, D).
+        The O relative vectors r are appended to the keys: one matmul gives q·k
+        (B, H, T·k, S) and q·r (B, H, T·k, O). q: (B, H, T·k, D); key/value: (B, H, S, D).
         Returns (B, H, T·k, D)."""
         B, H, M, D = q.shape
         S = key.size(2)

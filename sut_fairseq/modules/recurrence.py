@@ -13,23 +13,12 @@ halting rule, as one step that runs eagerly or compiled.
         running = halting.decide(h_l)      who computes step l + 1 (l < L)
     output S_L
 
-Queries come from the un-halted states h, keys/values from the halted states S (paper
-Fig. 3 right; from h with ``--*-halting-kv state``, GUT's Algorithm 3). A halted position
-keeps its h and S, so its keys and values are carried from the step before
-(``KeyValueCarry``: only the rows that ran the previous step are projected again).
-Positions that do not run are passed to the block as ``running = False``, and every
-data-dependent saving happens inside the custom ops (``sut::routed_linear`` gives them no
-expert, ``sut::masked_linear`` skips their rows of the key/value projection, the routers'
-and the halting unit's hidden layers): the step itself has shapes that never depend on
-the data, so ``torch.compile(fullgraph=True)`` traces it whole (``--compile-step``,
-``TensorStep``) and the eager loop runs the very same step.
-
-The step's variants are chosen when the model is built (``RecurrenceStep.__init__``):
-its key/value source (carried projections of X, with the per-step vector W TE(l) of a
-post-LN step embedding; every row of X + E_l under pre-LN; Hyper-UT's projections of the
-step's mixture; block l's own under ``--tlb-unshared``) and its Hyper-UT mixture (the
-encoder's example mean, the decoder's causal prefix mean). What changes from forward to
-forward is a ``StepInputs``.
+A halted position keeps its h and S, so its keys and values are carried from the step before
+(``KeyValueCarry``). Positions that do not run reach the block as ``running = False``, and
+every data-dependent saving happens inside the custom ops (``sut::routed_linear``,
+``sut::masked_linear``): the step's shapes never depend on the data, so
+``torch.compile(fullgraph=True)`` traces it whole (``--compile-step``, ``TensorStep``) and
+the eager loop runs the very same step, reading a ``StepInputs``.
 """
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Tuple
@@ -44,9 +33,8 @@ from .step_embedding import add_embedding, step_kv_bias
 
 Prefix = Dict[int, Tuple[torch.Tensor, torch.Tensor]]  # step l -> (Σ h (B, d), count (B,))
 
-#: ``--encoder-halting-kv`` / ``--decoder-halting-kv``: the self-attention keys and values
-#: of step l are those of the halted mixture S_{l-1} (``mixture``, the default) or of the
-#: un-halted states h_{l-1} (``state``, GUT's Algorithm 3), docs/model.md#keys-and-values
+#: ``--{encoder,decoder}-halting-kv``: the keys and values of step l are S_{l-1}'s (``mixture``,
+#: the default) or h_{l-1}'s (``state``, GUT's Algorithm 3); docs/model.md#keys-and-values
 HALTING_KV = ("mixture", "state")
 
 
@@ -63,19 +51,14 @@ NO_CACHE = NoKeyCache()
 
 @dataclass
 class StepInputs:
-    """What the steps of one recurrence read besides (h, S, running). Shapes: B batch,
-    T query positions, T_k key positions (T, or the prefix in incremental decoding), S_src
-    the encoder output, H heads of D, k memory slots, L steps.
-
-    self_padding_mask (B, T_k) bool; real (B, T) bool, the query rows that are tokens;
-    q_start: the first query's position among the keys; coords: PE (B, T, d) of the
-    coordinate embedding, or None; te_table (L, d): TE(1..L) of the step embedding, or
-    None; cross_k / cross_v (B, H, S_src, D) and cross_padding_mask (B, S_src): the
-    decoder's; memory_kv: keys and values (B, H, k, D) of the chunk's memory (a list,
-    entry l - 1 for step l, under ``--tlb-unshared``); cache: ``NO_CACHE``, or in
-    incremental decoding ``decoder_cache.BufferedKeyCache`` / ``chunk_cache.StepKeyCache``;
-    hyper_prefix_in / hyper_prefix_out: the decoder's Hyper-UT prefix sums before /
-    through the new positions."""
+    """What the steps of one recurrence read besides (h, S, running): self_padding_mask
+    (B, T_k) bool over the T_k keys (T, or the prefix in incremental decoding); real (B, T)
+    bool, the query rows that are tokens; q_start: the first query's position among the keys;
+    coords: PE (B, T, d) or None; te_table (L, d): TE(1..L) or None; cross_k / cross_v
+    (B, H, S_src, D), cross_padding_mask (B, S_src): the decoder's; memory_kv: the chunk's
+    memory keys and values (B, H, k, D) (a list by step under ``--tlb-unshared``); cache:
+    ``NO_CACHE`` or an incremental-decoding key cache; hyper_prefix_in / _out: the decoder's
+    Hyper-UT prefix sums before / through the new positions."""
 
     self_padding_mask: torch.Tensor
     real: torch.Tensor
@@ -92,27 +75,23 @@ class StepInputs:
 
 
 def joint_kv(attn: nn.Module) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The key and value projections of ``attn`` as one linear map d -> 2·H·D, the weights
-    stacked: [K | V] = x [W_k; W_v]ᵀ + [b_k; b_v] (one GEMM forward, one per gradient,
-    instead of two each). Returns (weight (2·H·D, d), bias (2·H·D,)), built from the
-    parameters at each call (their names and shapes, hence checkpoints, are unchanged)."""
+    """The key and value projections of ``attn`` as one map d -> 2·H·D (one GEMM, not two):
+    [K | V] = x [W_k; W_v]ᵀ + [b_k; b_v]; returns (weight (2·H·D, d), bias (2·H·D,))."""
     return (torch.cat([attn.k_proj.weight, attn.v_proj.weight], 0),
             torch.cat([attn.k_proj.bias, attn.v_proj.bias], 0))
 
 
 class KeyValueCarry:
-    """Self-attention keys and values (B, T, H·D) of X over one recurrence, carried from
-    step to step: the rows whose X changed (those that ran the previous step, ``changed``
-    (B, T) bool; every row at step 1, ``changed`` None) are projected, inside
-    ``sut::masked_linear`` which skips the others, and the rest keep theirs."""
+    """Self-attention keys and values (B, T, H·D) of X carried from step to step: only the
+    rows whose X changed (``changed`` (B, T) bool, the rows that ran the previous step; None
+    at step 1: every row) are projected, ``sut::masked_linear`` skipping the others."""
 
-    def __init__(self, changed: Optional[torch.Tensor] = None,
-                 k_rows: Optional[torch.Tensor] = None, v_rows: Optional[torch.Tensor] = None):
+    def __init__(self, changed=None, k_rows=None, v_rows=None):
         self.changed, self.k_rows, self.v_rows = changed, k_rows, v_rows
 
     def __call__(self, block: nn.Module, x: torch.Tensor, running: torch.Tensor):
-        """Keys and values (B, H, T, D) of x (B, T, d) (LayerNormed first in a pre-LN
-        block); ``running`` (B, T): the rows whose x changes in this step."""
+        """K, V (B, H, T, D) of x (B, T, d) (LayerNormed in a pre-LN block); ``running``
+        (B, T): the rows whose x changes in this step."""
         x = block.self_attn_norm(x) if block.normalize_before else x
         k, v = block.kv_rows(x, *joint_kv(block.self_attn), self.changed).chunk(2, -1)
         if self.changed is not None:
@@ -174,14 +153,10 @@ def no_mixture(h, step, inputs):
 
 
 class RecurrenceStep(nn.Module):
-    """Step l of one side (module docstring). Holds no parameters of its own: the side's
-    block(s), halting rule and options, chosen when the model is built. It is kept out of
-    the side's registered modules (``SideRecurrence`` holds it), so the parameters are
-    named in checkpoints as before.
-
-    ``blocks``: the shared block, or under ``--tlb-unshared`` the L blocks of the steps;
-    ``step_embedding``: the side's (it chooses the key/value source; TE(l) itself comes
-    with each call); ``kv_from_state``: keys and values of h_{l-1} instead of S_{l-1}."""
+    """Step l of one side (module docstring), with no parameters of its own: ``blocks``, the
+    shared block or the L blocks of ``--tlb-unshared``; ``step_embedding`` chooses the
+    key/value source (TE(l) comes with each call); ``kv_from_state``: keys and values of
+    h_{l-1}, not S_{l-1}."""
 
     def __init__(self, blocks: List[nn.Module], halting: nn.Module, step_embedding=None,
                  kv_from_state: bool = False, decoder: bool = False):
@@ -210,18 +185,16 @@ class RecurrenceStep(nn.Module):
                 state: HaltingState, rule, carry: Optional[KeyValueCarry], inputs: StepInputs,
                 te: Optional[torch.Tensor] = None, decide_next: bool = True,
                 threshold: Optional[torch.Tensor] = None):
-        """h = h_{l-1}, S = S_{l-1} (B, T, d), running (B, T) bool, step l; ``state`` the
-        halting state, which ``rule`` updates; ``te``: TE(l) (d,) or None; ``threshold``:
-        α_thresh as a 0-d tensor (a compiled step's input) or None (the rule's own).
-        Returns h_l, S_l and who runs step l + 1 (``running`` itself when not
-        ``decide_next``, after the last step)."""
+        """h = h_{l-1}, S = S_{l-1} (B, T, d), running (B, T) bool; ``rule`` updates the
+        halting ``state``; te: TE(l) (d,) or None; threshold: α_thresh as a 0-d tensor (a
+        compiled step's input) or None (the rule's own). Returns h_l, S_l and who runs step
+        l + 1 (``running`` itself when not ``decide_next``)."""
         block = self.blocks[step - 1] if len(self.blocks) > 1 else self.blocks[0]
         z = self.mixture(h, step, inputs)
         x = h if self.kv_from_state else S
         k, v = inputs.cache.extend(step, *self.source(block, x, z, te, inputs, carry, running))
         memory_kv = inputs.memory_kv
-        if isinstance(memory_kv, list):
-            memory_kv = memory_kv[step - 1]
+        memory_kv = memory_kv[step - 1] if isinstance(memory_kv, list) else memory_kv
         query = h if te is None else add_embedding(h, te, inputs.coords)
         h_new = block(query, k, v, running, self_padding_mask=inputs.self_padding_mask,
                       q_start=inputs.q_start, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
@@ -229,20 +202,15 @@ class RecurrenceStep(nn.Module):
         return advance(h, h_new, S, running, step, state, rule, decide_next, threshold)
 
     def memory_kv(self, M: torch.Tensor):
-        """Keys and values (B, H, k, D) of the chunk's memory M^c (B, k, d), projected once
-        per chunk by the block's memory attention (per step l, block l's, a list, under
-        ``--tlb-unshared``)."""
-        if len(self.blocks) > 1:
-            return [block.memory_attn.project_kv(M) for block in self.blocks]
-        return self.blocks[0].memory_attn.project_kv(M)
+        """Keys and values (B, H, k, D) of the chunk's memory M^c (B, k, d), once per chunk
+        (a list by step under ``--tlb-unshared``)."""
+        kv = [block.memory_attn.project_kv(M) for block in self.blocks]
+        return kv if len(kv) > 1 else kv[0]
 
-    def freeze(self, S: torch.Tensor, h: torch.Tensor, first_skipped_step: int,
-               inputs: StepInputs) -> None:
-        """Incremental decoding when every new position halted before step l =
-        ``first_skipped_step``: steps l..L cache the keys/values of its frozen S (B, 1, d)
-        (of its frozen h with ``kv_from_state``; with the step's E_l, or the step-l mixture
-        of its frozen h), and the causal prefix sums (of global-mean halting, and of the
-        mixture) continue with the frozen h (B, 1, d)."""
+    def freeze(self, S: torch.Tensor, h: torch.Tensor, first_skipped_step: int, inputs: StepInputs):
+        """Every new position halted before step l = ``first_skipped_step`` (incremental
+        decoding): steps l..L cache the keys/values of its frozen X (B, 1, d) (with E_l or the
+        mixture), and the causal prefix sums continue with its frozen h (B, 1, d)."""
         cache = inputs.cache
         x = h if self.kv_from_state else S
         k = v = None
@@ -259,13 +227,12 @@ class RecurrenceStep(nn.Module):
 def advance(h: torch.Tensor, h_new: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
             step: int, state: HaltingState, rule, decide_next: bool = True,
             threshold: Optional[torch.Tensor] = None):
-    """The halting half of step l, after the block gave h_new (B, T, d):
+    """The halting half of step l, after the block gave h_new (B, T, d); returns h_l, S_l, running:
 
         h_l = h_new on running positions, h_{l-1} elsewhere;  steps += running
         S_l = rule.mix(h_l, S_{l-1})                                     (Eq. 3)
         running = rule.decide(h_l)        who computes step l + 1 (if ``decide_next``)
-
-    Returns h_l, S_l, running."""
+    """
     h = torch.where(running.unsqueeze(-1), h_new, h)
     state.steps = state.steps + running.long()
     S = rule.mix(h, S, running, state)
@@ -276,10 +243,9 @@ def advance(h: torch.Tensor, h_new: torch.Tensor, S: torch.Tensor, running: torc
 
 def frozen_prefix_sums(prefix_in: Optional[Prefix], h: torch.Tensor, real: torch.Tensor,
                        first_skipped_step: int, num_steps: int) -> Prefix:
-    """Incremental decoding when every new position halted before ``first_skipped_step``:
-    the causal prefix sums (Σ h, count) that the decisions of steps l + 1 (l >= that step)
-    read, continued with the new position's frozen h (B, 1, d) where ``real`` (B, 1); {}
-    without prefix sums (rules other than global-mean)."""
+    """``RecurrenceStep.freeze``'s causal prefix sums (Σ h, count) for the decisions of steps
+    l + 1 (l >= ``first_skipped_step``), continued with the frozen h (B, 1, d) where ``real``
+    (B, 1); {} without prefix sums (rules other than global-mean)."""
     if prefix_in is None:
         return {}
     r = real[:, -1]  # (B,) bool: the counts stay exact integers, as the halting's own sums
@@ -287,23 +253,18 @@ def frozen_prefix_sums(prefix_in: Optional[Prefix], h: torch.Tensor, real: torch
             for l in range(first_skipped_step, num_steps + 1) if l + 1 in prefix_in}
 
 
-# ---- the compiled forms: tensors in, tensors out (``compiler.CompiledStep`` compiles them)
-
 class TensorStep(nn.Module):
     """``RecurrenceStep`` with tensor inputs and outputs only (``--compile-step``): a full
     forward of a side without chunks, hyper-modules or early exits (``unsupported``).
 
-    Inputs: h = h_{l-1}, S, weighted_sum (B, T, d); running, real, self_padding_mask (B, T)
-    bool; c, log_remain (B, T) fp32; steps (B, T) long; threshold: α_thresh, a 0-d fp32
-    tensor (None for the rule ``none``); changed (B, T) bool, the rows whose X changed in
-    the previous step, and k_rows / v_rows (B, T, H·D) the carried keys and values
-    (``carries_kv``; else None); te: TE(l) (d,), coords PE (B, T, d); cross_k / cross_v
-    (B, H, S_src, D) and cross_padding_mask (B, S_src) on the decoder.
-
-    Returns h_l, S_l, steps, the decision for step l + 1: running (B, T), c, log_remain,
-    weighted_sum and α_l (None for the rule ``none``), and the carried k_rows / v_rows (or
-    None). (The decision after the last step is made and discarded by the caller: one
-    graph for every step.)"""
+    Inputs: h = h_{l-1}, S (B, T, d); running, real, self_padding_mask (B, T) bool; c,
+    log_remain, weighted_sum, steps: the ``HaltingState``'s; threshold: α_thresh, 0-d fp32
+    (None for the rule ``none``); changed (B, T) bool, the rows whose X changed in the
+    previous step, and k_rows / v_rows (B, T, H·D), the carried keys and values (None unless
+    ``carries_kv``); te: TE(l) (d,); coords, cross_*: as in ``StepInputs``. Returns h_l,
+    S_l, steps, the decision for step l + 1 (running, c, log_remain, weighted_sum, α_l or
+    None) and k_rows / v_rows; the caller discards the decision after the last step (one
+    graph for every step)."""
 
     def __init__(self, step: RecurrenceStep):
         super().__init__()
@@ -326,16 +287,11 @@ class TensorStep(nn.Module):
 
 
 class TensorLoop(nn.Module):
-    """All L steps of a side as one function (``--compile-loop``): ``TensorStep`` L times,
-    unrolled into one graph when compiled, with no host read between steps (for a GPU: one
-    graph for the whole recurrence, the shared weights' gradients summed inside it).
-
-    Exact: once no position runs, a step changes nothing (h, S, the step counts, c, the
-    weighted sum and the carried keys/values keep their values where ``running`` is
-    false, and α = 0 there), so it returns what the early-exiting loop returns; it gives
-    up the early exit's saving. Inputs: ``TensorStep``'s for step 1, with ``te_table``
-    (L, d) for ``te``. Returns S_L, steps, c, log_remain, weighted_sum and the α of the
-    decisions for steps 2..L (a tuple; empty for the rule ``none``)."""
+    """All L steps of a side as one function (``--compile-loop``), with no host read between
+    steps: ``TensorStep`` L times. Exact: once no position runs a step changes nothing (every
+    state keeps its value where ``running`` is false, α = 0 there), so it returns what the
+    early-exiting loop returns. Inputs: ``TensorStep``'s for step 1, with ``te_table`` (L, d)
+    for ``te``. Returns S_L, steps, c, log_remain, weighted_sum and the α of steps 2..L."""
 
     def __init__(self, step: TensorStep, max_steps: int):
         super().__init__()
@@ -347,14 +303,12 @@ class TensorLoop(nn.Module):
         alphas = []
         for l in range(1, self.max_steps + 1):
             te = None if te_table is None else te_table[l - 1]
-            (h, S, steps, running_next, c_next, log_remain_next, weighted_sum_next, alpha,
-             k_rows, v_rows) = self.step(h, S, running, real, c, log_remain, weighted_sum, steps,
-                                         self_padding_mask, threshold, changed, k_rows, v_rows,
-                                         te, **block_inputs)
+            h, S, steps, running_next, *decision, alpha, k_rows, v_rows = self.step(
+                h, S, running, real, c, log_remain, weighted_sum, steps, self_padding_mask,
+                threshold, changed, k_rows, v_rows, te, **block_inputs)
             changed = running if changed is not None else None  # the rows whose X changed
             if l < self.max_steps:  # the decision for step l + 1
-                running, c, log_remain, weighted_sum = (running_next, c_next, log_remain_next,
-                                                        weighted_sum_next)
+                running, (c, log_remain, weighted_sum) = running_next, decision
                 if alpha is not None:
                     alphas.append(alpha)
         return S, steps, c, log_remain, weighted_sum, tuple(alphas)
@@ -390,15 +344,12 @@ class SideRecurrence:
             compiled: Optional[compiler.CompiledStep] = None,
             on_early_exit: Optional[Callable] = None,
             prefix_in: Optional[Prefix] = None) -> Tuple[torch.Tensor, HaltingResult, HaltingState]:
-        """The recurrence over h_0 = h0 (B, T, d) with queries ``inputs.real`` (B, T).
-
-        rule: the halting rule it runs (the step's own by default; exits bound to the output
-        projection, a chunk's step cap); compiled: the side's compiled step, used in a full
-        forward (no cache) until compiling fails; on_early_exit: called as ``(S, h, l)``
-        when every position has halted before step l (``RecurrenceStep.freeze``);
-        prefix_in: causal prefix sums of earlier positions (incremental decoding with
-        global-mean halting). Returns S_L (B, T, d), the HaltingResult and the final
-        HaltingState."""
+        """The recurrence over h_0 = h0 (B, T, d), queries ``inputs.real`` (B, T). rule: the
+        step's own by default (or exits bound to the output projection, a chunk's step cap);
+        compiled: the side's compiled step, used in a full forward until compiling fails;
+        on_early_exit(S, h, l): called when every position halted before step l (``freeze``);
+        prefix_in: earlier positions' causal prefix sums (incremental decoding, global-mean
+        halting). Returns S_L (B, T, d), the HaltingResult and the final HaltingState."""
         rule = self.step.halting if rule is None else rule
         max_steps = self.num_steps
         state = rule.begin(h0, inputs.real, prefix_in)
@@ -446,9 +397,9 @@ class SideRecurrence:
 
 
 class CompiledCall:
-    """``RecurrenceStep``'s call signature over a compiled ``TensorStep``: the halting state,
-    the carried keys/values and the inputs as tensors in, the results written back. The
-    decision made after the last step is discarded (the eager step does not make it)."""
+    """``RecurrenceStep``'s call over a compiled ``TensorStep``: the halting state, carried
+    keys/values and inputs as tensors in, the results written back (but for the decision
+    after the last step, which the eager step does not make)."""
 
     def __init__(self, compiled: compiler.CompiledStep, rule):
         self.compiled = compiled
@@ -461,8 +412,8 @@ class CompiledCall:
         kv = {}
         if carry is not None:
             if carry.changed is None:  # step 1 projects every row
-                H, D = self._heads()
-                rows = h.new_zeros(*h.shape[:2], H * D)
+                attn = step_module(self.compiled).blocks[0].self_attn
+                rows = h.new_zeros(*h.shape[:2], attn.num_heads * attn.head_dim)
                 kv = dict(changed=torch.ones_like(inputs.real), k_rows=rows, v_rows=rows.clone())
             else:
                 kv = dict(changed=carry.changed, k_rows=carry.k_rows, v_rows=carry.v_rows)
@@ -471,10 +422,6 @@ class CompiledCall:
                     self_padding_mask=inputs.self_padding_mask, threshold=self.threshold, **kv,
                     te=te, coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
                     cross_padding_mask=inputs.cross_padding_mask)
-
-    def _heads(self):
-        attn = step_module(self.compiled).blocks[0].self_attn
-        return attn.num_heads, attn.head_dim
 
     def __call__(self, h, S, running, step, state, rule, carry, inputs, te=None, decide_next=True):
         (h_new, S, state.steps, running_next, c, log_remain, weighted_sum, alpha, k_rows,

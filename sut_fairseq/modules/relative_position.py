@@ -13,10 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-#: The relative vectors are padded with zero rows to a multiple of this many offsets, so
-#: that the products over the offsets (the term's gradient with respect to the queries
-#: sums over them) have aligned dimensions: cuBLAS runs an odd count such as 2W + 1 = 63
-#: in bf16/fp16 as an alignment-1 kernel. The padded offsets are never gathered.
+#: The relative vectors are padded with zero rows (never gathered) to a multiple of this
+#: many offsets: cuBLAS runs an odd count such as 2W + 1 in bf16 as an alignment-1 kernel.
 OFFSET_ALIGNMENT = 16
 
 
@@ -43,12 +41,10 @@ class ClippedRelativePosition(nn.Module):
         """``offsets`` with r padded by zero rows to a multiple of :data:`OFFSET_ALIGNMENT`:
         ``(lo, r)``, r (O', H, D) with O' >= O."""
         lo, r = self.offsets(T, q_start, S)
-        pad = -r.size(0) % OFFSET_ALIGNMENT
-        return lo, F.pad(r, (0, 0, 0, 0, 0, pad))
+        return lo, F.pad(r, (0, 0, 0, 0, 0, -r.size(0) % OFFSET_ALIGNMENT))
 
     def index(self, T: int, q_start: int, S: int, k: int, lo: int) -> torch.Tensor:
-        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use, on
-        the embeddings' device."""
+        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use."""
         device = self.embeddings.device
         i = torch.arange(q_start, q_start + T, device=device)
         j = torch.arange(S, device=device)
@@ -62,11 +58,8 @@ class ClippedRelativePosition(nn.Module):
         return lo, torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
 
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
-        """q: (B, H, T*k, D), query row m at position q_start + m // k.
-
-        Returns the logits term (B, H, T*k, S): ``q_m · r_{clip(j - i_m)}``, from the
-        scores of every (aligned) offset, (B, H, T*k, O'), gathered per key.
-        """
+        """q: (B, H, T*k, D), query row m at position q_start + m // k. Returns the logits
+        term ``q_m · r_{clip(j - i_m)}`` (B, H, T*k, S), gathered from ``offset_scores``."""
         lo, scores = self.offset_scores(q, T, q_start, S)
         idx = self.index(T, q_start, S, q.size(2) // T, lo)
         return scores.gather(3, idx.expand(q.size(0), q.size(1), -1, -1))
@@ -85,11 +78,9 @@ def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets:
     else:
         n = n.clamp(min=0)
     max_exact = num_buckets // 2
-    large = max_exact + (
+    large = (max_exact + (
         torch.log(n.float().clamp(min=1) / max_exact) / math.log(max_distance / max_exact)
-        * (num_buckets - max_exact)
-    ).long()
-    large = large.clamp(max=num_buckets - 1)
+        * (num_buckets - max_exact)).long()).clamp(max=num_buckets - 1)
     return bucket + torch.where(n < max_exact, n, large)
 
 

@@ -4,16 +4,14 @@
 router); the k largest gates are kept and renormalised to sum to 1. Inactive rows
 (halted or padding positions) go to the no-op expert E with gate 0.
 
-While recording (``RoutingStats`` is attached, see ``routing_stats.py``), each call adds,
+While recording (``RoutingStats`` attached, see ``routing_stats.py``), each call adds,
 over the active rows x in X, ``Σ_x g(·|x)``, ``Σ_x Σ_e g(e|x) log g(e|x)``, ``|X|`` and the
-per-expert assignment counts — sums only, so the L_MIM over all (position, step) pairs of
-a forward needs O(E) memory.
+per-expert assignment counts: sums only, O(E) memory for the L_MIM of a whole forward.
 """
 from typing import Optional
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ..ops import Routing, make_routing
 from ..compiler import tracing
@@ -27,12 +25,9 @@ class RouterStats:
     """Sums over the (position, step) pairs a router saw during one recorded forward."""
 
     def __init__(self, num_experts: int, device=None, grad: bool = False):
-        """The sums start at zero tensors on ``device`` (the same attribute types at every
-        call, which a compiled step needs; a router that saw nothing has zero losses).
-        ``grad``: the forward differentiates the router; the two sums of gates then carry
-        a gradient after the first call, and start as leaves requiring one, so that the
-        first step of a compiled recurrence is the later steps' graph (dynamo specialises
-        on ``requires_grad``)."""
+        """Zero tensors on ``device`` (fixed attribute types for a compiled step). ``grad``:
+        the two gate sums start as leaves requiring grad, as they are after the first call,
+        so that dynamo (which specialises on ``requires_grad``) compiles one step graph."""
         self.sum_probs = torch.zeros(num_experts, device=device, requires_grad=grad)  # (E,)  Σ_x g(e|x)
         self.sum_neg_entropy = torch.zeros((), device=device, requires_grad=grad)  # ()  Σ_x Σ_e g log g
         self.count = torch.zeros((), device=device)  # ()  |X|
@@ -41,38 +36,21 @@ class RouterStats:
     def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor,
             active: Optional[torch.Tensor] = None):
         """probs: (N, E) fp32 router distributions of one call; expert_idxs: (N, k) their
-        top-k picks; active: (N,) bool, the rows that count (None: all; the CPU router
-        sees only active rows, the CUDA one routes every row and masks). Padding and
-        halted rows never count. No host synchronisation."""
-        E = probs.size(1)
+        top-k picks; active: (N,) bool, the rows that count (None: all). No host sync."""
+        weight = probs.new_ones(probs.size(0)) if active is None else active.to(probs.dtype)
         neg_ent_rows = (probs * torch.log(probs + EPS)).sum(1)
-        if active is None:
-            weight = probs.new_ones(probs.size(0))
-            sum_probs, neg_ent = probs.sum(0), neg_ent_rows.sum()
-        else:
-            weight = active.to(probs.dtype)
-            sum_probs, neg_ent = (probs * weight.unsqueeze(1)).sum(0), (neg_ent_rows * weight).sum()
-        picks = probs.new_zeros(E).scatter_add_(
+        picks = probs.new_zeros(probs.size(1)).scatter_add_(
             0, expert_idxs.reshape(-1), weight.repeat_interleave(expert_idxs.size(1)))
-        count = weight.sum()
-        self.sum_probs = self.sum_probs + sum_probs
-        self.sum_neg_entropy = self.sum_neg_entropy + neg_ent
-        self.count = self.count + count
+        self.sum_probs = self.sum_probs + (probs * weight.unsqueeze(1)).sum(0)
+        self.sum_neg_entropy = self.sum_neg_entropy + (neg_ent_rows * weight).sum()
+        self.count = self.count + weight.sum()
         self.assignments = self.assignments + picks
 
 
 class Router(nn.Module):
-    """Picks k of E experts per row.
-
-    Args:
-        input_dim: d.
-        num_experts: E (E = 1 needs no parameters: every active row goes to expert 0).
-        top_k: k, 1 <= k <= E.
-        hidden_dim: width of the router MLP (the reference code uses d).
-        gating_dropout: dropout on the router's hidden activations.
-        sample_topk: how many of the k experts are sampled from g(·|h) instead of taken
-            greedily, during training only (``sut_big`` used 1).
-    """
+    """Picks k of E experts per row (E = 1: no parameters, every active row to expert 0).
+    ``sample_topk``: how many of the k are sampled from g(·|h) rather than taken greedily,
+    in training only (``sut_big`` used 1)."""
 
     def __init__(self, input_dim: int, num_experts: int, top_k: int, hidden_dim: int,
                  gating_dropout: float = 0.0, sample_topk: int = 0):
@@ -97,21 +75,17 @@ class Router(nn.Module):
         if E == 1:
             idx = torch.where(active, 0, 1).unsqueeze(1)
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
-        # shapes that never depend on the data: the hidden layer of inactive rows is skipped
-        # inside sut::masked_linear (on a CPU), their picks go to the no-op expert E with
-        # gate 0, and they are left out of the statistics
+        # data-independent shapes: inactive rows skip the hidden layer (sut::masked_linear),
+        # go to the no-op expert E with gate 0 and are left out of the statistics
         probs, top_idx, top_gates = self._route(x, active)
-        keep = active.unsqueeze(1)
-        idx = top_idx.masked_fill(~keep, E)
-        gates = top_gates * keep
         if self.stats is not None:
             self.stats.add(probs, top_idx, active)
-        return make_routing(idx, gates.to(x.dtype), E)
+        keep = active.unsqueeze(1)
+        return make_routing(top_idx.masked_fill(~keep, E), (top_gates * keep).to(x.dtype), E)
 
     def _route(self, x: torch.Tensor, active: Optional[torch.Tensor] = None):
-        """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates.
-        ``active`` (n,) bool: the hidden layer of the other rows is not computed (0; their
-        picks are discarded by the caller)."""
+        """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates;
+        rows outside ``active`` (n,) bool get a zero hidden layer (the caller drops them)."""
         hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
         logits = self.fc2(self.dropout(torch.tanh(hidden)))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
@@ -135,9 +109,8 @@ class Router(nn.Module):
 
 
 def _argmax_top_k(probs: torch.Tensor) -> bool:
-    """Whether ``_select`` picks by ``top_k_by_argmax`` (a compiled step on CUDA: fusible
-    reductions instead of ``topk``'s kernels) rather than ``topk`` (eager, where one
-    ``topk`` is fewer launches than 2k unfused ones, and the CPU)."""
+    """Whether ``_select`` picks by ``top_k_by_argmax`` (a compiled step on CUDA, where the
+    reductions fuse) rather than ``topk`` (eager, and the CPU)."""
     return probs.is_cuda and tracing()
 
 
@@ -147,9 +120,7 @@ def top_k_by_argmax(scores: torch.Tensor, k: int) -> torch.Tensor:
 
         i_j = argmax_e s^(j)_e,   s^(j+1) = s^(j) with s_{i_j} = -inf
 
-    = ``scores.topk(k).indices`` for distinct values (ties: the lowest index first).
-    Inductor fuses the passes with the softmax before them (one persistent reduction
-    over the E columns), where ``topk`` is a kernel chain of its own on a GPU."""
+    = ``scores.topk(k).indices`` for distinct values (ties: the lowest index first)."""
     picks, s = [], scores
     for _ in range(k):
         i = s.argmax(1, keepdim=True)

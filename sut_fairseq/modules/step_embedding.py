@@ -1,37 +1,26 @@
 """The Universal Transformer's step (timestep) and coordinate embeddings.
 
 The UT adds, before every application of the shared block, a sinusoid of the step index
-(Dehghani et al. 2019). With d the model width, j = 0 .. ⌈d/2⌉ − 1 and the interleaved
-sin/cos layout of the UT paper (not fairseq's layout, which puts all sines before all
-cosines)::
+(Dehghani et al. 2019) in the UT paper's interleaved layout (fairseq's puts all sines
+first); with d the model width and j = 0 .. ⌈d/2⌉ − 1::
 
     TE(t)_{2j}   = sin(t / 10000^{2j/d})
     TE(t)_{2j+1} = cos(t / 10000^{2j/d})
 
 ``--encoder-step-embedding`` / ``--decoder-step-embedding``:
 
-* ``none`` (default): nothing is added; the model is the one without this option.
-* ``timestep``: step l (1-based block application) reads ``h_{l-1} + TE(l)`` as its
-  queries and ``S_{l-1} + TE(l)`` as the source of its self-attention keys and values;
-  the token embedding and fairseq's sinusoidal positions form h_0 as before.
-* ``coordinate``: the UT's coordinate embedding ``P^l_i = PE(i) + TE(l)``, with
-  ``PE(i)`` the same interleaved sinusoid of the 1-based position i (i counts the real
-  tokens, so left padding does not shift it): h_0 is the scaled token embedding alone and
-  step l reads ``h_{l-1} + P^l`` and ``S_{l-1} + P^l``.
+* ``none`` (default): nothing is added.
+* ``timestep``: E_l = TE(l) for step l (1-based block application); h_0 is the token
+  embedding plus fairseq's sinusoidal positions.
+* ``coordinate``: the UT's coordinate embedding ``E_l = P^l_i = PE(i) + TE(l)``, with
+  ``PE(i)`` the same sinusoid of the 1-based position i (counting real tokens, so left
+  padding does not shift it); h_0 is the scaled token embedding alone.
 
-What is added enters the residual stream: ``h_l = Block(h_{l-1} + E_l, S_{l-1} + E_l)``.
-A halted (frozen) position computes nothing, so its h and S carry no embedding of the
-steps it skipped; the keys and values other positions read from it at step l are those of
-``S + E_l`` all the same. With post-LayerNorm blocks the key projection is affine,
-``W_k (S + E_l) + b = (W_k S' + b) + W_k TE(l)`` with ``S' = S`` (timestep) or
-``S + PE(i)`` (coordinate), so the keys of unchanged rows are kept from the previous step
-and only the per-step vector ``W_k TE(l)`` (and ``W_v TE(l)``) is added: exact, and halted
-rows still cost no projection. With pre-LayerNorm blocks the keys are ``W_k LN(S + E_l) +
-b``, which no per-step vector corrects, so every row is projected again at every step.
-
-The step (``recurrence.py``) reads ``h_{l-1} + E_l`` as its queries and takes its keys
-and values from the source ``carried_kv`` (post-LN: carried keys + W TE(l)) or
-``prenorm_stepped_kv`` (pre-LN).
+What is added enters the residual stream: ``h_l = Block(h_{l-1} + E_l, S_{l-1} + E_l)``
+(queries, and the source of the self-attention keys/values); halted positions carry no
+embedding of the steps they skipped. The keys: post-LN, carried keys + ``W_k TE(l)``
+(``step_kv_bias``; exact, the projection being affine), pre-LN every row projected again
+(``recurrence.carried_kv`` / ``prenorm_stepped_kv``).
 """
 from typing import Optional, Tuple
 
@@ -57,10 +46,8 @@ def sinusoid(index: torch.Tensor, dim: int) -> torch.Tensor:
 
 
 class StepEmbedding(nn.Module):
-    """The step embedding of one side (``timestep`` or ``coordinate``); built only when the
-    option is not ``none``. It holds no parameters or buffers: the sinusoids are computed
-    in float64 and cast to the states' dtype, once per forward for the positions and once
-    per step for TE(l)."""
+    """The step embedding of one side (``timestep`` or ``coordinate``); no parameters or
+    buffers: the sinusoids are computed in float64 and cast to the states' dtype."""
 
     def __init__(self, mode: str, embed_dim: int):
         super().__init__()
@@ -68,19 +55,15 @@ class StepEmbedding(nn.Module):
             raise ValueError(f"step embedding must be 'timestep' or 'coordinate' to build one; got {mode!r}")
         self.mode, self.embed_dim = mode, embed_dim
 
-    @property
-    def coordinate(self) -> bool:
-        return self.mode == "coordinate"
-
     def input_positions(self, positions: torch.Tensor):
         """What h_0 adds to the scaled token embedding: fairseq's positions, or 0 with the
         coordinate embedding (its positions enter at every step instead)."""
-        return 0 if self.coordinate else positions
+        return 0 if self.mode == "coordinate" else positions
 
     def positions(self, tokens: torch.Tensor, padding_idx: int, like: torch.Tensor) -> Optional[torch.Tensor]:
         """``coordinate``: PE(i) (B, T, d) for tokens (B, T), i = 1, 2, ... over the real
         tokens (0 on padding, whose keys are masked anyway); ``timestep``: None."""
-        if not self.coordinate:
+        if self.mode != "coordinate":
             return None
         index = utils.make_positions(tokens, padding_idx) - padding_idx  # 1-based, 0 on padding
         return sinusoid(index, self.embed_dim).to(like.dtype)
@@ -100,11 +83,9 @@ class StepEmbedding(nn.Module):
 
 
 def add_embedding(x: torch.Tensor, te: torch.Tensor, positions: Optional[torch.Tensor]) -> torch.Tensor:
-    """x (B, T, d) + E_l with TE(l) given as ``te`` (d,): ``x + TE(l)``, or ``(x + PE(i)) +
-    TE(l)`` with the coordinate embedding's ``positions`` PE (B, T, d)."""
-    if positions is not None:
-        x = x + positions
-    return x + te
+    """x (B, T, d) + E_l: ``x + te`` with te = TE(l) (d,), or ``(x + PE(i)) + te`` with
+    ``positions`` PE (B, T, d)."""
+    return x + te if positions is None else x + positions + te
 
 
 def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -112,15 +93,11 @@ def step_kv_bias(block, te: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     (1, H, 1, D) to add to keys/values (B, H, T, D)."""
     attn = block.self_attn
     H, D = attn.num_heads, attn.head_dim
-    k = F.linear(te, attn.k_proj.weight).view(1, H, 1, D)
-    v = F.linear(te, attn.v_proj.weight).view(1, H, 1, D)
-    return k, v
+    return (F.linear(te, attn.k_proj.weight).view(1, H, 1, D),
+            F.linear(te, attn.v_proj.weight).view(1, H, 1, D))
 
 
 def build_step_embedding(mode: str, embed_dim: int) -> Optional[StepEmbedding]:
-    """None for ``none``; otherwise the side's ``StepEmbedding``."""
-    if mode == "none":
-        return None
     if mode not in STEP_EMBEDDINGS:
         raise ValueError(f"unknown step embedding {mode!r}; choose from {STEP_EMBEDDINGS}")
-    return StepEmbedding(mode, embed_dim)
+    return None if mode == "none" else StepEmbedding(mode, embed_dim)

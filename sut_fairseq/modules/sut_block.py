@@ -2,15 +2,11 @@
 
 Encoder: MoMHA self-attention -> MoE-FFD. Decoder: causal MoMHA self-attention ->
 MoMHA cross-attention -> MoE-FFD. Each sub-layer is ``x + dropout(f(x))`` followed by
-LayerNorm (post-LN, like ``transformer_wmt_en_de``) or preceded by it (pre-LN,
-``normalize_before``). With E = k = 1 everywhere this is a Transformer layer.
-``--gated-ffn`` adds GUT's gate between the block's output and its input state.
-With ``--hyper-modules M`` (Hyper-UT, docs/hyper_ut.md) the self-attention and/or the
-feed-forward network are ``hyper_block``'s hyper-module sub-layers, which read the step's
-example embedding z (``hyper_z``); cross-attention stays a dense MoMHA.
-With chunk-wise recurrence and a memory (``--encoder-chunk-size g``,
-``--encoder-memory-slots k``, docs/chunked.md) a dense pre-LN memory attention follows the
-self-attention: ``x ← x + dropout(MHA(LN(x), LN(M), LN(M)))`` (``memory_kv``).
+LayerNorm (post-LN) or preceded by it (pre-LN, ``normalize_before``); with E = k = 1 a
+Transformer layer. ``--gated-ffn``: GUT's gate between the block's output and input state.
+``--hyper-modules`` (docs/hyper_ut.md): hyper-module sub-layers reading ``hyper_z``.
+With a chunk memory (``--encoder-memory-slots``, docs/chunked.md) a dense pre-LN memory
+attention follows the self-attention: ``x ← x + dropout(MHA(LN(x), LN(M), LN(M)))``.
 """
 from typing import Optional, Tuple
 
@@ -51,20 +47,15 @@ class SUTBlock(nn.Module):
         else:
             self.self_attn = attention(d, relative, causal=decoder, flex=args.flex_attention)
         self.self_attn_norm = LayerNorm(d)
-        #: the carried self-attention keys/values' projection of the rows that changed
-        #: (``recurrence.KeyValueCarry``; no parameters: the K and V weights are passed)
-        self.kv_rows = MaskedAffine()
+        self.kv_rows = MaskedAffine()  # changed rows' K/V projection (recurrence.KeyValueCarry)
         prefix = "decoder" if decoder else "encoder"
-        if getattr(args, f"{prefix}_chunk_size") > 0 and getattr(args, f"{prefix}_memory_slots") > 0:
-            self.memory_attn = MemoryAttention(d, args.att_heads, args.att_head_dim,
-                                               args.attention_dropout)
-        else:
-            self.memory_attn = None
+        memory = (getattr(args, f"{prefix}_chunk_size") > 0
+                  and getattr(args, f"{prefix}_memory_slots") > 0)
+        self.memory_attn = MemoryAttention(
+            d, args.att_heads, args.att_head_dim, args.attention_dropout) if memory else None
+        self.cross_attn = attention(args.encoder_embed_dim, None, causal=False) if decoder else None
         if decoder:
-            self.cross_attn = attention(args.encoder_embed_dim, None, causal=False)
             self.cross_attn_norm = LayerNorm(d)
-        else:
-            self.cross_attn = None
         if "ffn" in parts:
             self.ffd = HyperFeedForward(d, args.ffd_hidden_dim, hyper, args.activation_fn,
                                         args.activation_dropout)
@@ -93,10 +84,8 @@ class SUTBlock(nn.Module):
         return self.cross_attn.project_kv(encoder_out)
 
     def _sublayer(self, x, norm, f):
-        residual = x
-        x = f(norm(x) if self.normalize_before else x)
-        x = residual + self.dropout(x)
-        return x if self.normalize_before else norm(x)
+        y = x + self.dropout(f(norm(x) if self.normalize_before else x))
+        return y if self.normalize_before else norm(y)
 
     def forward(self, h: torch.Tensor, self_k: torch.Tensor, self_v: torch.Tensor,
                 running: torch.Tensor, self_padding_mask: Optional[torch.Tensor] = None,
@@ -106,10 +95,8 @@ class SUTBlock(nn.Module):
                 hyper_z: Optional[torch.Tensor] = None,
                 memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
         """h: (B, T, d) queries (un-halted states); self_k/self_v: (B, H, S, D) from the
-        halted states; running: (B, T) bool; hyper_z: the step's example embedding, (B, d)
-        per example or (B, T, d) per token (hyper-modules only); memory_kv: keys and values
-        (B, H, k, D) of the chunk's memory M^c (``memory_attn.project_kv``). Returns the new
-        h (B, T, d)."""
+        halted states; running: (B, T) bool; hyper_z: (B, d) or (B, T, d); memory_kv: keys
+        and values (B, H, k, D) of the chunk's memory. Returns the new h (B, T, d)."""
         attn_z = (hyper_z,) if self.hyper_attn else ()  # only the hyper sub-layers read z
         ffd_z = (hyper_z,) if self.hyper_ffd else ()
         x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(

@@ -1,11 +1,8 @@
 """Label-smoothed cross entropy straight from the logits, with a hand-written backward.
 
-fairseq's ``label_smoothed_nll_loss`` works on log-probabilities: ``log_softmax`` writes an
-(N, V) tensor, the gather and the row sum each give autograd an (N, V) gradient, and
-autograd adds them and runs the log-softmax backward — four (N, V) buffers per step,
-which on CPU cost as much as a GEMM (first-touch page faults on every fresh buffer). This
-op computes the same two sums from the logits and one logsumexp per row and, in backward,
-writes the logit gradient into a single (N, V) buffer.
+fairseq's ``label_smoothed_nll_loss`` works on log-probabilities, which costs autograd four
+(N, V) buffers per step; this op computes the same two sums from the logits and one
+logsumexp per row and, in backward, writes the logit gradient into a single (N, V) buffer.
 
 For a row with logits z (V,), target t and ε_i = ε / (V - 1) (fairseq's convention):
 
@@ -18,11 +15,8 @@ For a row with logits z (V,), target t and ε_i = ε / (V - 1) (fairseq's conven
 Rows whose target is ``ignore_index`` contribute 0 and get a zero gradient. The sums
 are accumulated in fp32 (fp64 for fp64 logits) whatever the logits' dtype, as fairseq's
 ``log_softmax`` does. Both passes go over blocks of rows, converting one block at a time
-(fp16/bf16 logits are never copied whole to fp32). On a CPU a block is small enough to stay
-in cache (about 1 MB); on a GPU, where every operation on a block is a kernel launch and
-the host's launch time is the bottleneck of small blocks, a block is about 64 MB (a
-WMT-size batch of 4,096 rows x 32,768 logits: 8 blocks rather than 512, some 100 launches
-rather than 6,600 per step).
+(fp16/bf16 logits are never copied whole to fp32): small enough to stay in cache on a CPU,
+large on a GPU, where each operation on a block is a kernel launch (docs/install.md).
 """
 from typing import Tuple
 
@@ -39,15 +33,10 @@ def _row_blocks(n_rows: int, n_cols: int, device: torch.device):
     return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
-def _accumulation_dtype(logits: torch.Tensor) -> torch.dtype:
-    """fp32 for fp16/bf16/fp32 logits, fp64 for fp64 (gradcheck)."""
-    return torch.promote_types(logits.dtype, torch.float32)
-
-
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, epsilon, ignore_index):
-        acc = _accumulation_dtype(logits)
+        acc = torch.promote_types(logits.dtype, torch.float32)  # fp64 stays (gradcheck)
         N, V = logits.shape
         eps_i = epsilon / (V - 1)
         keep = target.ne(ignore_index)
@@ -59,9 +48,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
             torch.logsumexp(z, dim=1, out=lse[rows])
             torch.sum(z, dim=1, out=row_sum[rows])
         z_target = logits.gather(1, safe_target.unsqueeze(1)).squeeze(1).to(acc)
-        nll = (lse - z_target) * keep
-        smooth = (V * lse - row_sum) * keep
-        nll_sum, smooth_sum = nll.sum(), smooth.sum()
+        nll_sum = ((lse - z_target) * keep).sum()
+        smooth_sum = ((V * lse - row_sum) * keep).sum()
         loss = (1.0 - epsilon - eps_i) * nll_sum + eps_i * smooth_sum
         ctx.save_for_backward(logits, lse, safe_target, keep)
         ctx.coefficients = (1.0 - epsilon - eps_i, eps_i)
@@ -72,8 +60,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     def backward(ctx, grad_loss, _grad_nll):
         logits, lse, target, keep = ctx.saved_tensors
         on_target, eps_i = ctx.coefficients
-        V = logits.size(1)
-        acc = _accumulation_dtype(logits)
+        V, acc = logits.size(1), lse.dtype
         w = keep.to(acc) * grad_loss.to(acc)  # (N,) upstream weight of each row
         scale = (w * (on_target + V * eps_i)).unsqueeze(1)
         shift = (w * eps_i).unsqueeze(1)
@@ -87,11 +74,9 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, epsilon: float,
                                  ignore_index: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Summed label-smoothed loss and summed nll (no gradient) of logits (N, V), target (N,).
-
-    Equal to ``fairseq.criterions.label_smoothed_cross_entropy.label_smoothed_nll_loss(
-    log_softmax(logits), target, epsilon, ignore_index, reduce=True)``.
-    """
+    """Summed label-smoothed loss and summed nll (no gradient) of logits (N, V), target (N,):
+    ``fairseq.criterions.label_smoothed_cross_entropy.label_smoothed_nll_loss(
+    log_softmax(logits), target, epsilon, ignore_index, reduce=True)``."""
     if logits.dim() != 2 or target.shape != logits.shape[:1]:
         raise ValueError(f"logits must be (N, V) and target (N,); got {tuple(logits.shape)} "
                          f"and {tuple(target.shape)}")

@@ -3,18 +3,15 @@
     y_r = x_r Wᵀ + b   where mask_r,   y_r = 0 elsewhere         x (N, in), W (out, in)
 
 A compiled recurrence step has static shapes, so it cannot gather the running rows
-itself; this op does it inside, where the data may decide shapes: on a CPU it computes
-only the selected rows (reading the mask on the host is free there), so the routers, the
-halting unit and the self-attention key/value projections of a compiled step still skip
-halted positions. Its gradient is a second op with the same row selection:
+itself; this op does it inside: on a CPU it computes only the selected rows (reading the
+mask on the host is free there), so the routers, the halting unit and the self-attention
+key/value projections of a compiled step still skip halted positions. Its gradient is a
+second op with the same row selection:
 
     dx_r = dy_r W (selected rows, else 0),   dW = Σ_r dy_rᵀ x_r,   db = Σ_r dy_r
 
-On CUDA every row is computed and the others zeroed (no host synchronisation), which
-needs no custom op: ``masked_linear`` then calls ``dense_masked_linear``, plain tensor
-operations that inductor sees (the mask's product fuses with its neighbours, autograd's
-backward is the formula above), instead of an opaque op of 3 kernels forward and 5
-backward.
+On CUDA (no host synchronisation) ``masked_linear`` computes every row and zeroes the
+others with ``dense_masked_linear``: plain operations that inductor fuses, no custom op.
 """
 from typing import Optional, Tuple
 
@@ -25,30 +22,25 @@ from torch import Tensor
 
 from .reference_linear import _autocast_dtype
 
-_EMPTY = 0  # size of a gradient that was not asked for
-
 
 def _rows(mask: Tensor) -> Tensor:
     return mask.nonzero().squeeze(1)
 
 
 def dense_masked_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
-    """Every row, the unselected ones zeroed: y_r = x_r Wᵀ + b where mask_r, else 0;
-    x (N, in), W (out, in), mask (N,) bool -> (N, out). (A select, not a product with the
-    mask: a non-finite unselected row gives 0, as on the CPU.)"""
+    """Every row computed, the unselected ones set to 0 by a select (a non-finite one gives
+    0, as on the CPU): x (N, in), W (out, in), mask (N,) bool -> (N, out)."""
     return torch.where(mask.unsqueeze(1), F.linear(x, weight, bias), 0.0)
 
 
 def _dense(x: Tensor) -> bool:
-    """Whether ``masked_linear`` computes every row as plain operations (CUDA) rather than
-    in the custom op (CPU: the selected rows only)."""
+    """Whether ``masked_linear`` takes ``dense_masked_linear`` (CUDA) over the custom op."""
     return x.is_cuda
 
 
 @torch.library.custom_op("sut::masked_linear", mutates_args=())
 def masked_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
-    """The selected rows only (``masked_affine`` calls it on the CPU; CUDA takes
-    ``dense_masked_linear`` before it)."""
+    """The selected rows only (``masked_affine``'s CPU path)."""
     rows = _rows(mask)
     out = x.new_zeros(x.size(0), weight.size(0))
     return out.index_copy_(0, rows, F.linear(x.index_select(0, rows), weight, bias))
@@ -64,10 +56,8 @@ def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Ten
                               need_w: bool, need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
     rows = _rows(mask)
     g, xs = grad.index_select(0, rows), x.index_select(0, rows)
-    empty = x.new_empty(_EMPTY)
-    grad_x = empty
-    if need_x:
-        grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight)
+    empty = x.new_empty(0)  # a gradient not asked for
+    grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight) if need_x else empty
     grad_w = g.t() @ xs if need_w else empty
     grad_b = g.sum(0) if need_b else empty
     return grad_x, grad_w, grad_b
@@ -75,25 +65,20 @@ def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Ten
 
 @masked_linear_backward_op.register_fake
 def _(grad, x, weight, mask, need_x, need_w, need_b):
-    empty = x.new_empty(_EMPTY)
+    empty = x.new_empty(0)
     return (torch.empty_like(x) if need_x else empty, torch.empty_like(weight) if need_w else empty,
             x.new_empty(weight.size(0)) if need_b else empty)
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, bias, mask = inputs
+    x, weight, _, mask = inputs
     ctx.save_for_backward(x, weight, mask)
-    ctx.has_bias = bias is not None
 
 
 def _backward(ctx, grad):
-    x, weight, mask = ctx.saved_tensors
-    need_x, need_w, need_b = ctx.needs_input_grad[:3]
-    need_b = need_b and ctx.has_bias
-    grad_x, grad_w, grad_b = torch.ops.sut.masked_linear_backward(grad, x, weight, mask,
-                                                                 need_x, need_w, need_b)
-    return (grad_x if need_x else None, grad_w if need_w else None,
-            grad_b if need_b else None, None)
+    needs = ctx.needs_input_grad[:3]  # x, W, b (False for a None bias)
+    grads = torch.ops.sut.masked_linear_backward(grad, *ctx.saved_tensors, *needs)
+    return tuple(g if need else None for g, need in zip(grads, needs)) + (None,)
 
 
 masked_linear_op.register_autograd(_backward, setup_context=_setup_context)
@@ -108,21 +93,16 @@ def masked_linear(x: Tensor, linear: nn.Linear, mask: Tensor) -> Tensor:
 def masked_affine(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
     """``masked_linear`` of the map x Wᵀ + b: W (out, in), b (out,) or None."""
     dtype = _autocast_dtype(x.device.type) or x.dtype
-    weight = weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
-    shape = x.shape[:-1]
     op = dense_masked_linear if _dense(x) else torch.ops.sut.masked_linear
-    y = op(x.reshape(-1, x.size(-1)).to(dtype), weight, bias, mask.reshape(-1))
-    return y.view(*shape, y.size(-1))
+    y = op(x.reshape(-1, x.size(-1)).to(dtype), weight.to(dtype), bias, mask.reshape(-1))
+    return y.view(*x.shape[:-1], y.size(-1))
 
 
 class MaskedAffine(nn.Module):
-    """``masked_affine`` as a module without parameters of its own (the weights are
-    passed), so that counting MACs by module hooks sees the rows it computed:
-
-        y_r = x_r Wᵀ + b   where mask_r (every row when mask is None),   0 elsewhere
-
-    x (..., in), W (out, in), b (out,) or None, mask (...) bool or None -> (..., out)."""
+    """``masked_affine`` as a module without parameters (the weights are passed), so that
+    counting MACs by module hooks sees the rows it computed; a mask of None selects every
+    row. x (..., in), W (out, in), b (out,) or None, mask (...) bool or None -> (..., out)."""
 
     def forward(self, x: Tensor, weight: Tensor, bias: Optional[Tensor],
                 mask: Optional[Tensor] = None) -> Tensor:

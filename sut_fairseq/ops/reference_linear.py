@@ -1,7 +1,7 @@
-"""The PyTorch backend of the routed linear map (CPU tensors, and the oracle the Triton
-kernels are tested against): ``reference_forward`` / ``reference_backward``, plain
-functions that ``routed_linear.py``'s custom op calls; and which backend a tensor's device
-takes (``kernel_backend``). ``routed_linear.py`` documents the row layouts."""
+"""The PyTorch backend of ``sut::routed_linear`` (CPU tensors, and the oracle the Triton
+kernels are tested against): ``reference_forward`` / ``reference_backward``, which the
+op in ``routed_linear.py`` (where the row layouts are documented) calls; and
+``kernel_backend``, which backend a tensor's device takes."""
 import os
 from typing import Optional
 
@@ -17,17 +17,15 @@ def kernel_backend(x: torch.Tensor) -> str:
     choice = os.environ.get("SUT_KERNELS", "auto")
     if choice not in _BACKENDS:
         raise ValueError(f"SUT_KERNELS={choice!r} is not one of {_BACKENDS}")
-    if choice == "auto":
-        return "triton" if x.is_cuda else "reference"
-    return choice
+    return ("triton" if x.is_cuda else "reference") if choice == "auto" else choice
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     """The autocast dtype active for ``device_type``, or None (also for a device type that
     autocast does not know, such as ``meta``)."""
-    if device_type not in ("cuda", "cpu"):
-        return None
-    return torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else None
+    if device_type in ("cuda", "cpu") and torch.is_autocast_enabled(device_type):
+        return torch.get_autocast_dtype(device_type)
+    return None
 
 
 def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) -> torch.Tensor:
@@ -35,11 +33,14 @@ def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) ->
     return t[start:end] if idx is None else t.index_select(0, idx[start:end])
 
 
+def _experts(ends):
+    """(e, start, end) per expert e: its rows start..end of the sorted order."""
+    return [(e, start, end) for e, (start, end) in enumerate(zip((0,) + tuple(ends[:-1]), ends))]
+
+
 _GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-#: the forward groups the experts' GEMMs up to this many active rows per expert (on
-#: average): decoding's few rows, where the loop's operators cost more than its cache
-#: locality saves; above it (training batches) the loop is faster
-#: (``benchmarks/grouped_gemm_cpu.py``)
+#: the forward groups the experts' GEMMs up to this many active rows per expert on average
+#: (decoding); above it the loop is faster (``benchmarks/grouped_gemm_cpu.py``)
 GROUPED_MAX_ROWS_PER_EXPERT = 64
 
 
@@ -54,78 +55,59 @@ def _grouped_gemm_takes(x: torch.Tensor, weight: torch.Tensor, active_rows: int)
 
 
 def _grouped_forward(x, weight, bias, g, src, dst, ends, out_rows):
-    """All experts in one grouped GEMM (torch's ``grouped_mm``: one operator where the loop
-    issues about ten per expert), then the bias, the gate and the scatter once each.
-
-    ``xs = x[src]`` (A, in) in sorted order; ``y = grouped_mm(xs, W, offs=ends)``, rows
-    ends[e-1]..ends[e] multiplied by W[e]; ``y += b[e_r]``; ``y *= g``; ``out[dst] (+)= y``.
-    """
+    """All experts in one ``grouped_mm``, then the bias, the gate and the scatter once each:
+    ``y = grouped_mm(x[src], W, offs=ends)`` (rows ends[e-1]..ends[e] times W[e]);
+    ``y += b[e_r]``; ``y *= g``; ``out[dst] (+)= y``."""
     num_active = ends[-1]
     if num_active == 0:
         return x.new_zeros(out_rows, weight.size(2))
     xs = x[:num_active] if src is None else x.index_select(0, src)
     y = F.grouped_mm(xs.contiguous(), weight, offs=torch.tensor(ends, dtype=torch.int32, device=x.device))
     if bias is not None:  # the bias of each row's expert
-        counts = torch.tensor([end - start for start, end in zip((0,) + tuple(ends[:-1]), ends)],
-                              device=x.device)
+        counts = torch.tensor([end - start for _, start, end in _experts(ends)], device=x.device)
         y.add_(bias.repeat_interleave(counts, dim=0, output_size=num_active))
     if g is not None:
         y.mul_(g)
     if dst is not None:
         out = x.new_zeros(out_rows, weight.size(2))
         return out.index_copy_(0, dst, y) if g is None else out.index_add_(0, dst, y)
-    if num_active == out_rows:
-        return y
-    out = x.new_empty(out_rows, weight.size(2))
-    out[:num_active] = y
-    out[num_active:].zero_()
-    return out
+    if num_active < out_rows:  # the no-op rows
+        y = torch.cat([y, y.new_zeros(out_rows - num_active, y.size(1))])
+    return y
 
 
 def _looped_forward(x, weight, bias, g, src, dst, ends, out_rows):
-    """Expert by expert (any dtype and shape; float64 for gradient checks): the gather, the
-    GEMM, the gate and the scatter of one expert's rows back to back."""
+    """Expert by expert (any dtype and shape; float64 for gradient checks)."""
     if dst is None:  # every row below ends[-1] is written: zero only the rest
         out = x.new_empty(out_rows, weight.size(2))
         out[ends[-1]:].zero_()
     else:
         out = x.new_zeros(out_rows, weight.size(2))
-    start = 0
-    for e, end in enumerate(ends):
-        if end > start:
-            xe = _rows(x, src, start, end)
-            # dst None: straight into the output rows
-            ye = out[start:end] if dst is None else None
-            if bias is None:
-                ye = torch.mm(xe, weight[e], out=ye)
+    for e, start, end in _experts(ends):
+        if end == start:
+            continue
+        xe = _rows(x, src, start, end)
+        ye = out[start:end] if dst is None else None  # dst None: straight into the output rows
+        ye = (torch.mm(xe, weight[e], out=ye) if bias is None
+              else torch.addmm(bias[e], xe, weight[e], out=ye))
+        if g is not None:
+            ye.mul_(g[start:end])
+        if dst is not None:
+            if g is None:  # one slot per output row
+                out.index_copy_(0, dst[start:end], ye)
             else:
-                ye = torch.addmm(bias[e], xe, weight[e], out=ye)
-            if g is not None:
-                ye.mul_(g[start:end])
-            if dst is not None:
-                if g is None:  # one slot per output row
-                    out.index_copy_(0, dst[start:end], ye)
-                else:
-                    out.index_add_(0, dst[start:end], ye)
-        start = end
+                out.index_add_(0, dst[start:end], ye)
     return out
 
 
 def reference_forward(x, weight, bias, row_gates, src, dst, ends, out_rows):
     """``out[dst_r] (+)= g_r · (x[src_r] @ W[e] + b[e])`` for the sorted rows r of expert e.
 
-    x: (R_in, in); weight: (E, in, out); bias: (E, out) or None, all in one dtype;
-    row_gates: (A,) gate of each active sorted row (any float dtype), or None (no gate, no
-    sum); src: (A,) long, the row of ``x`` each active sorted row reads (None: row r
-    itself); dst: (A,) long, the output row of each (None: row r itself; with gates the rows
-    landing on one output row are summed); ends: end offset of each expert's rows in the
-    sorted order (A = ends[-1]); out_rows: rows of the output (rows no sorted row writes
-    are zero). Returns (out_rows, out).
-
-    With few rows per expert (decoding) every expert in one ``grouped_mm`` (float32 / bf16
-    / fp16 operands whose rows are 16-byte aligned: a constant number of operators per
-    call, where a loop over the experts issues about ten per expert), else expert by
-    expert (training batches, float64 gradient checks, odd widths)."""
+    x (R_in, in), weight (E, in, out), bias (E, out) or None, all in one dtype; row_gates
+    (A,) in any float dtype, or None (no gate, no sum); src / dst (A,) long: the row of x
+    each active sorted row reads and the output row it writes (None: row r itself; with
+    gates the rows landing on one output row are summed); ends: each expert's end offset in
+    the sorted order (A = ends[-1]). Returns (out_rows, out), zero where no row writes."""
     g = None if row_gates is None else row_gates.to(x.dtype).unsqueeze(1)
     with torch.autocast(x.device.type, enabled=False):
         if _grouped_gemm_takes(x, weight, ends[-1]):
@@ -135,17 +117,14 @@ def reference_forward(x, weight, bias, row_gates, src, dst, ends, out_rows):
 
 def reference_backward(grad_out, x, weight, bias, row_gates, src, dst, ends, needs):
     """The gradients of ``reference_forward`` asked for by ``needs`` = (x, weight, bias,
-    row gates), None for the others, each in its operand's dtype. Expert block by expert
-    block: the gather, the GEMMs and the scatter of one expert's rows back to back on data
-    still in cache, recomputing the gathered input instead of keeping an (A, in) copy.
-    Per expert, with P = G Wᵀ and G the gathered output gradient:
-    dx = g ⊙ P, dW = xᵀ (g ⊙ G), db = Σ_rows g ⊙ G, dg = rowsum(P ⊙ x) + G b."""
+    row gates), None for the others, each in its operand's dtype. Expert by expert, the
+    gathered input recomputed rather than kept. Per expert, with P = G Wᵀ and G the gathered
+    output gradient: dx = g ⊙ P, dW = xᵀ (g ⊙ G), db = Σ_rows g ⊙ G, dg = rowsum(P ⊙ x) + G b."""
     g = None if row_gates is None else row_gates.to(x.dtype).unsqueeze(1)
     grad_out = grad_out.to(x.dtype)
     need_x, need_w, need_b, need_g = needs
     need_b = need_b and bias is not None
-    # buffers written block by block are left uninitialised; what no block writes
-    # (empty experts, rows past ends[-1]) is zeroed below
+    # buffers the blocks write are left uninitialised; what no block writes is zeroed
     if not need_x:
         grad_x = None
     elif src is None:
@@ -158,8 +137,7 @@ def reference_backward(grad_out, x, weight, bias, row_gates, src, dst, ends, nee
     grad_g = g.new_empty(g.size(0)) if (need_g and g is not None) else None
     ones = x.new_ones(max(ends[-1], 1)) if need_b else None
     with torch.autocast(x.device.type, enabled=False):
-        start = 0
-        for e, end in enumerate(ends):
+        for e, start, end in _experts(ends):
             if end == start:  # an expert no row chose
                 for grad in (grad_w, grad_b):
                     if grad is not None:
@@ -188,5 +166,4 @@ def reference_backward(grad_out, x, weight, bias, row_gates, src, dst, ends, nee
                 torch.mm(xe.t(), ge, out=grad_w[e])
             if need_b:  # Σ_rows as a matrix-vector product (BLAS)
                 torch.mv(ge.t(), ones[: end - start], out=grad_b[e])
-            start = end
     return grad_x, grad_w, grad_b, None if grad_g is None else grad_g.to(row_gates.dtype)

@@ -1,9 +1,7 @@
 """The routed linear map ``y_s = x_s @ W[e_s] + b[e_s]`` for every routed slot s, as one
-``torch.library`` custom op, ``sut::routed_linear``, with two backends.
-
-One operation serves MoE-FFD (up and down projections) and MoMHA (per-expert query and
-output projections), through ``modules/expert_linear.py``'s ``ExpertLinear``. Layouts (N
-tokens, k slots each, M = N * k, see ``routing.py``):
+``torch.library`` custom op, ``sut::routed_linear``, with two backends; MoE-FFD and MoMHA
+use it through ``modules/expert_linear.py``'s ``ExpertLinear``. Layouts (N tokens, k slots
+each, M = N * k, see ``routing.py``):
 
 * input ``x``: token-ordered (N, in) with ``fan_out = k`` (slot s reads row s // k),
   slot-ordered (M, in) with ``fan_out = 1`` (slot s reads row s), or, with
@@ -12,24 +10,13 @@ tokens, k slots each, M = N * k, see ``routing.py``):
   order, or, when ``gates`` (N, k) is given, the gate-weighted sum over each token's k
   slots, (N, out).  No-op slots produce zero rows and cost nothing.
 
-Everything data-dependent about routing (how many rows each expert got, skipping the
-no-op rows of halted and padding positions) happens inside the op, so a caller's graph
-around it has static shapes and ``torch.compile(fullgraph=True)`` traces it whole, as the
-expert matmuls of ScatterMoE and MoEUT are registered::
-
-    sut::routed_linear(x, W, b, gates, expert_idxs, sorted_expert_idxs,
-                       sorted_scattered_idxs, expert_offsets, fan_out, grouped_in,
-                       grouped_out, backend) -> y          (M, out), or (N, out) with gates
-    sut::routed_linear_backward(dy, <the same inputs>, need_x, need_w, need_b, need_g)
-                       -> (dx, dW, db, dg)   (an empty tensor for each one not needed)
-
-The routing is passed as its four tensors (``Routing``; E = W.size(0)), the output's shape
-follows from the input shapes alone (the "fake" implementations), and the autograd
-formula calls the backward op. The backends are plain forward / backward functions:
-``reference`` (``reference_linear.py``: per-expert PyTorch, reading the expert counts on
-the host, free on a CPU) for CPU tensors, ``triton`` (``kernels/routed_linear_triton.py``:
-no host synchronisation) for CUDA tensors; ``SUT_KERNELS=reference|triton|auto`` (default
-``auto``) forces one, and ``triton`` on CPU tensors needs ``TRITON_INTERPRET=1`` (tests).
+Everything data-dependent about routing happens inside the op, so ``torch.compile
+(fullgraph=True)`` traces the static-shaped graph around it whole; its gradient is the op
+``sut::routed_linear_backward`` -> (dx, dW, db, dg), empty tensors for those not needed.
+Backends: ``reference`` (``reference_linear.py``, reads the expert counts on the host) for
+CPU tensors, ``triton`` (``kernels/routed_linear_triton.py``, no host synchronisation) for
+CUDA tensors; ``SUT_KERNELS=reference|triton|auto`` forces one (``triton`` on CPU tensors
+needs ``TRITON_INTERPRET=1``).
 """
 import functools
 from typing import Optional, Tuple
@@ -61,20 +48,13 @@ def row_layout(routing: Routing, fan_out: int, grouped_in: bool, grouped_out: bo
     return src, dst, row_gates, ends, out_rows
 
 
-def _routing(gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
-             num_experts: int) -> Routing:
-    return Routing(expert_idxs=expert_idxs, gates=gates, sorted_expert_idxs=sorted_expert_idxs,
-                   sorted_scattered_idxs=sorted_scattered_idxs, expert_offsets=expert_offsets,
-                   num_experts=num_experts)
-
-
 @torch.library.custom_op("sut::routed_linear", mutates_args=())
 def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
                      expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
                      expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool,
                      backend: str) -> Tensor:
-    routing = _routing(gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-                       expert_offsets, weight.size(0))
+    routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
+                      expert_offsets, weight.size(0))
     if backend == "triton":
         from ..kernels.routed_linear_triton import triton_forward
 
@@ -90,17 +70,15 @@ def _(x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_
     return x.new_empty(rows, weight.size(2))
 
 
-_EMPTY = 0  # marker size of a gradient that was not asked for
-
-
 @torch.library.custom_op("sut::routed_linear_backward", mutates_args=())
 def routed_linear_backward_op(
         grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
         expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
         expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
-        need_x: bool, need_w: bool, need_b: bool, need_g: bool) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
-    routing = _routing(gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-                       expert_offsets, weight.size(0))
+        need_x: bool, need_w: bool, need_b: bool, need_g: bool
+) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
+                      expert_offsets, weight.size(0))
     needs = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
     if backend == "triton":
         from ..kernels.routed_linear_triton import triton_backward
@@ -109,21 +87,19 @@ def routed_linear_backward_op(
                                 grouped_out, needs)
     else:
         src, dst, row_gates, ends, _ = row_layout(routing, fan_out, grouped_in, grouped_out, gates)
-        grad_x, grad_w, grad_b, grad_rows = reference_backward(grad, x, weight, bias, row_gates,
-                                                               src, dst, ends, needs)
-        grad_g = None
-        if grad_rows is not None:  # per active sorted row -> per slot (N, k)
+        *grads, grad_g = reference_backward(grad, x, weight, bias, row_gates, src, dst, ends, needs)
+        if grad_g is not None:  # per active sorted row -> per slot (N, k)
             grad_g = gates.new_zeros(gates.numel()).index_copy(
-                0, routing.sorted_scattered_idxs[: ends[-1]], grad_rows).view_as(gates)
-        grads = (grad_x, grad_w, grad_b, grad_g)
-    return tuple(g if g is not None else x.new_empty(_EMPTY) for g in grads)
+                0, sorted_scattered_idxs[: ends[-1]], grad_g).view_as(gates)
+        grads = (*grads, grad_g)
+    return tuple(g if g is not None else x.new_empty(0) for g in grads)  # empty: not needed
 
 
 @routed_linear_backward_op.register_fake
 def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
       expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g):
     def like(t, needed):
-        return torch.empty_like(t) if (needed and t is not None) else x.new_empty(_EMPTY)
+        return torch.empty_like(t) if (needed and t is not None) else x.new_empty(0)
     return like(x, need_x), like(weight, need_w), like(bias, need_b), like(gates, need_g)
 
 
@@ -133,50 +109,32 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
-    need_x, need_w, need_b, need_g = ctx.needs_input_grad[:4]
-    x, weight, bias, gates = ctx.saved_tensors[:4]
-    grads = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors, *ctx.layout,
-                                                 need_x, need_w, need_b, need_g)
-    wanted = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
-    return tuple(g if want else None for g, want in zip(grads, wanted)) + (None,) * 8
+    needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
+    grads = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors, *ctx.layout, *needs)
+    return tuple(g if need else None for g, need in zip(grads, needs)) + (None,) * 8
 
 
 routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 
-def routed_linear(
-    x: Tensor,
-    weight: Tensor,
-    bias: Optional[Tensor],
-    routing: Routing,
-    fan_out: int,
-    grouped_in: bool = False,
-    grouped_out: bool = False,
-    gates: Optional[Tensor] = None,
-    backend: Optional[str] = None,
-) -> Tensor:
+def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,
+                  fan_out: int, grouped_in: bool = False, grouped_out: bool = False,
+                  gates: Optional[Tensor] = None, backend: Optional[str] = None) -> Tensor:
     """Apply expert ``e``'s linear map to every slot routed to ``e`` (``sut::routed_linear``).
 
-    Args:
-        x: (N, in), (M, in) or sorted (M, in), see the module docstring.
-        weight: (E, in, out) expert weights; bias: (E, out) expert biases or None.
-        routing: the sorted routing of the N tokens.
-        fan_out: how many consecutive slots read one row of an un-grouped ``x``
-            (``routing.k`` for token rows, 1 for slot rows); ignored when ``grouped_in``.
-        grouped_in / grouped_out: whether input / output rows are in sorted order.
-        gates: (N, k) gate weights: multiply each slot's output and sum the k slots of a
-            token (only with ``grouped_out=False``).
-        backend: ``reference`` or ``triton``; None: ``kernel_backend(x)``.
-    Returns:
-        (M, out) or, with ``gates``, (N, out), in the compute dtype: the autocast dtype,
-        else the promoted dtype of x and weight (as ``nn.Linear``); the gates keep theirs.
+    x (N, in), (M, in) or sorted (M, in); weight (E, in, out); bias (E, out) or None;
+    ``fan_out``: how many consecutive slots read one row of an un-grouped x (``routing.k``
+    for token rows, 1 for slot rows); ``gates`` (N, k): weight each slot's output and sum a
+    token's k slots (only with ``grouped_out=False``); ``backend``: ``reference`` or
+    ``triton``, None for ``kernel_backend(x)``. Returns (M, out), or (N, out) with gates, in
+    the compute dtype: autocast's, else the promoted dtype of x and weight (as ``nn.Linear``;
+    the gates keep theirs).
     """
     if gates is not None and grouped_out:
         raise ValueError("gates combine a token's slots and need grouped_out=False")
     if weight.dim() != 3 or weight.size(0) != routing.num_experts:
-        raise ValueError(
-            f"weight must be (E={routing.num_experts}, in, out); got {tuple(weight.shape)}"
-        )
+        raise ValueError(f"weight must be (E={routing.num_experts}, in, out); "
+                         f"got {tuple(weight.shape)}")
     backend = backend or kernel_backend(x)
     if backend == "triton":  # the kernels index without bounds checks
         from ..kernels.routed_linear_triton import check_operands

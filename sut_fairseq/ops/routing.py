@@ -17,17 +17,12 @@ from ..compiler import tracing
 class Routing:
     """Top-k routing of N tokens over E experts, in sorted (expert-grouped) order.
 
-    Attributes:
-        expert_idxs: (N, k) long, chosen expert per slot; ``num_experts`` marks a no-op slot.
-        gates: (N, k) float, gate weight per slot (0 for no-op slots); rows sum to 1 for
-            active tokens.
-        sorted_expert_idxs: (M,) long, ``expert_idxs.flatten()`` sorted (stable).
-        sorted_scattered_idxs: (M,) long, the slot index of each sorted row.
-        expert_offsets: (E,) long, end offset of each expert's rows in the sorted order
-            (``cumsum`` of per-expert counts); rows at ``expert_offsets[-1]`` and beyond
-            are no-op slots.
-        num_experts: E.
-    """
+    expert_idxs (N, k) long: chosen expert per slot, ``num_experts`` for a no-op slot;
+    gates (N, k) float: gate weight per slot (0 for no-op slots, rows sum to 1 for active
+    tokens); sorted_expert_idxs (M,) long: ``expert_idxs.flatten()`` sorted (stable);
+    sorted_scattered_idxs (M,) long: the slot of each sorted row; expert_offsets (E,) long:
+    end offset of each expert's rows in the sorted order (rows from ``expert_offsets[-1]``
+    on are no-op slots); num_experts: E."""
 
     expert_idxs: torch.Tensor
     gates: torch.Tensor
@@ -50,30 +45,23 @@ class Routing:
 
 
 def make_routing(expert_idxs: torch.Tensor, gates: torch.Tensor, num_experts: int) -> Routing:
-    """Build the sorted layout from a (N, k) expert choice (``num_experts`` = no-op).
-
-    No device-to-host synchronisation: sorting and counting stay on the device.
-    """
+    """The sorted layout of a (N, k) expert choice (``num_experts`` = no-op), without
+    device-to-host synchronisation."""
     if expert_idxs.shape != gates.shape or expert_idxs.dim() != 2:
-        raise ValueError(
-            f"expert_idxs and gates must both be (N, k); got {tuple(expert_idxs.shape)} "
-            f"and {tuple(gates.shape)}"
-        )
+        raise ValueError(f"expert_idxs and gates must both be (N, k); got "
+                         f"{tuple(expert_idxs.shape)} and {tuple(gates.shape)}")
     flat = expert_idxs.reshape(-1)
     if not tracing():  # eager: one stable sort of the M keys
         sorted_expert_idxs, sorted_scattered_idxs = torch.sort(flat, stable=True)
         # scatter_add, not bincount: bincount reads the largest index on the host
         counts = torch.zeros(num_experts + 1, dtype=torch.long, device=flat.device).scatter_add_(
             0, flat, torch.ones_like(flat))
-        return Routing(expert_idxs=expert_idxs, gates=gates, sorted_expert_idxs=sorted_expert_idxs,
-                       sorted_scattered_idxs=sorted_scattered_idxs,
-                       expert_offsets=counts.cumsum(0)[:num_experts], num_experts=num_experts)
+        return Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
+                       counts.cumsum(0)[:num_experts], num_experts)
     # Compiled (--compile-step): a counting sort, stable and equal to the sort above. Slot s
     # of expert e goes to start_e + its rank among e's slots, start_e = Σ_{e' < e} count_e'.
-    # Elementwise work and one scan over the (M, E + 1) one-hot matrix, which inductor fuses
-    # into a few kernels, where torch.sort is a chain of radix passes on a GPU (256
-    # launches per sut_base training step on an H200). Eager it is slower than the sort
-    # (4-9x on a CPU), hence the two paths.
+    # Inductor fuses it into a few kernels where torch.sort is a chain of radix passes on a
+    # GPU; eager it is slower than the sort, hence the two paths (docs/performance.md).
     experts = torch.arange(num_experts + 1, device=flat.device)
     one_hot = (flat.unsqueeze(1) == experts).long()                 # (M, E + 1)
     counts = one_hot.sum(0)                                         # (E + 1,)
@@ -82,11 +70,5 @@ def make_routing(expert_idxs: torch.Tensor, gates: torch.Tensor, num_experts: in
     position = (ends - counts).gather(0, flat) + rank               # (M,) where slot s sorts to
     slots = torch.arange(flat.numel(), device=flat.device)
     sorted_scattered_idxs = torch.empty_like(slots).scatter_(0, position, slots)
-    return Routing(
-        expert_idxs=expert_idxs,
-        gates=gates,
-        sorted_expert_idxs=flat.gather(0, sorted_scattered_idxs),
-        sorted_scattered_idxs=sorted_scattered_idxs,
-        expert_offsets=ends[:num_experts],
-        num_experts=num_experts,
-    )
+    return Routing(expert_idxs, gates, flat.gather(0, sorted_scattered_idxs),
+                   sorted_scattered_idxs, ends[:num_experts], num_experts)
