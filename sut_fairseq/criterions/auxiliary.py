@@ -18,7 +18,7 @@ import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 
-from .losses import mim_loss, switch_loss
+from .losses import mim_loss, stack_stats, switch_loss
 from ..modules.halting import HaltingResult
 from ..modules.router import RouterStats
 
@@ -51,9 +51,16 @@ class AuxiliaryLosses:
     halting: Dict[str, HaltingResult]
 
     def weighted(self, mim_weight: float, act_weight: float, switch_weight: float) -> torch.Tensor:
-        """aux = mim_weight · MIM + act_weight · Σ_sides ACT + switch_weight · switch."""
-        act = sum(self.act.values(), torch.zeros_like(self.mim))
-        return mim_weight * self.mim + act_weight * act + switch_weight * self.switch
+        """aux = mim_weight · MIM + act_weight · Σ_sides ACT + switch_weight · switch. The ACT
+        term stays at weight 0 (it keeps the halting units in the graph, as DDP without
+        ``find_unused_parameters`` needs); a router term of weight 0 is left out (no backward
+        through it; the routers reach the loss through their gates)."""
+        aux = act_weight * sum(self.act.values(), torch.zeros_like(self.mim))
+        if mim_weight:
+            aux = mim_weight * self.mim + aux
+        if switch_weight:
+            aux = aux + switch_weight * self.switch
+        return aux
 
     def logging_output(self, sample_size) -> dict:
         """``mim`` / ``switch`` times sample_size; per side ``act_<side>`` (L_ACT times its
@@ -81,9 +88,10 @@ def auxiliary_losses(router_stats: List[RouterStats], halting: Dict[str, Halting
     the sides' halting results (side -> HaltingResult); ``like``: the main loss (dtype and
     device of the sums)."""
     zero = like.new_zeros(())
+    groups = stack_stats(router_stats)  # a few kernels for all routers, not per router
     return AuxiliaryLosses(
-        mim=sum((mim_loss(s).to(like) for s in router_stats), zero),
-        switch=sum((switch_loss(s).to(like) for s in router_stats), zero),
+        mim=sum((mim_loss(g).sum().to(like) for g in groups), zero),
+        switch=sum((switch_loss(g).sum().to(like) for g in groups), zero),
         act={side: result.act_loss() for side, result in halting.items()},
         halting=halting,
     )

@@ -14,7 +14,8 @@ uniform routing for every token gives 0. The Switch-Transformer load-balancing l
 is the Table 2 "- MIM loss" ablation.
 """
 import contextlib
-from typing import Iterator, List
+from dataclasses import dataclass, fields
+from typing import Dict, Iterator, List
 
 import torch
 import torch.nn as nn
@@ -24,19 +25,41 @@ from ..modules.router import EPS, Router, RouterStats
 
 def mim_loss(stats: RouterStats) -> torch.Tensor:
     """L_MIM = H(e|x) - H(e) of one router's recorded statistics (0 if it saw nothing:
-    every sum is 0)."""
+    every sum is 0): a 0-d tensor, or (R,) for ``stack_stats``' R routers at once."""
     n = stats.count.clamp_min(1.0)
-    marginal = stats.sum_probs / n
-    h_marginal = -(marginal * torch.log(marginal + EPS)).sum()
+    marginal = stats.sum_probs / n.unsqueeze(-1)
+    h_marginal = -(marginal * torch.log(marginal + EPS)).sum(-1)
     h_conditional = -stats.sum_neg_entropy / n
     return h_conditional - h_marginal
 
 
 def switch_loss(stats: RouterStats) -> torch.Tensor:
-    """E · Σ_e f_e · g(e) (= 1 when balanced; E when collapsed; 0 if it saw nothing)."""
+    """E · Σ_e f_e · g(e) (= 1 when balanced; E when collapsed; 0 if it saw nothing): a
+    0-d tensor, or (R,) for ``stack_stats``' R routers."""
     n = stats.count.clamp_min(1.0)
-    fraction = stats.assignments / stats.assignments.sum().clamp_min(1.0)
-    return stats.sum_probs.numel() * (fraction * stats.sum_probs / n).sum()
+    fraction = stats.assignments / stats.assignments.sum(-1, keepdim=True).clamp_min(1.0)
+    return stats.sum_probs.size(-1) * (fraction * stats.sum_probs / n.unsqueeze(-1)).sum(-1)
+
+
+@dataclass
+class StackedStats:
+    """The statistics of R routers with the same E, stacked: sum_probs (R, E),
+    sum_neg_entropy (R,), count (R,), assignments (R, E)."""
+
+    sum_probs: torch.Tensor
+    sum_neg_entropy: torch.Tensor
+    count: torch.Tensor
+    assignments: torch.Tensor
+
+
+def stack_stats(stats: List[RouterStats]) -> List[StackedStats]:
+    """One ``StackedStats`` per distinct expert count among ``stats``, so that the losses of
+    all routers take a few kernels, not a few per router."""
+    groups: Dict[int, List[RouterStats]] = {}
+    for s in stats:
+        groups.setdefault(s.sum_probs.numel(), []).append(s)
+    return [StackedStats(*(torch.stack([getattr(s, f.name) for s in group]) for f in fields(StackedStats)))
+            for group in groups.values()]
 
 
 @contextlib.contextmanager

@@ -62,6 +62,69 @@ def test_switch_loss_balanced_and_collapsed():
     assert switch_loss(_stats(collapsed)).item() == pytest.approx(E)
 
 
+def _routers_of_two_sizes():
+    """Five routers' statistics: three with E = 3 (one saw nothing), two with E = 5; the
+    gate sums leaves that require a gradient, as in training."""
+    torch.manual_seed(1)
+    stats = []
+    for E, rows in ((3, 7), (5, 4), (3, 0), (3, 9), (5, 6)):
+        s = RouterStats(E, grad=True)
+        if rows:
+            p = torch.softmax(torch.randn(rows, E, dtype=torch.float64), -1).float()
+            s.add(p, torch.randint(0, E, (rows, 2)), active=torch.rand(rows) > 0.3)
+        stats.append(s)
+    return stats
+
+
+def test_stacked_losses_equal_each_routers_own():
+    """``stack_stats`` groups routers by E ({3: three, 5: two}); L_MIM and L_switch of the
+    stacked groups are, router by router, the one-router values (the same operations per
+    element: bit for bit), and their sums' gradients reach each router's Σ g as the
+    per-router sum's do."""
+    from sut_fairseq.criterions.losses import stack_stats
+
+    stats = _routers_of_two_sizes()
+    groups = stack_stats(stats)
+    assert [tuple(g.sum_probs.shape) for g in groups] == [(3, 3), (2, 5)]
+    assert [tuple(g.count.shape) for g in groups] == [(3,), (2,)]
+    order = [0, 2, 3, 1, 4]  # the routers in the groups' order
+    for loss in (mim_loss, switch_loss):
+        stacked = torch.cat([loss(g) for g in groups])
+        assert torch.equal(stacked, torch.stack([loss(stats[i]) for i in order]))
+        total = sum(loss(g).sum() for g in groups)
+        grads = torch.autograd.grad(total, [s.sum_probs for s in stats])
+        expect = torch.autograd.grad(sum(loss(s) for s in stats), [s.sum_probs for s in stats])
+        for a, b in zip(grads, expect):
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert loss(groups[0])[1].item() == 0.0  # the router that saw nothing
+
+
+def test_auxiliary_terms_sum_the_routers_and_leave_out_weight_zero_router_terms():
+    """``auxiliary_losses`` sums the routers' L_MIM and L_switch (written out here per
+    router); ``weighted`` is mim·w1 + act·w2 + switch·w3 with a router term of weight 0 left
+    out of the graph: a NaN switch or MIM term at weight 0 leaves the loss and the other
+    term's gradient finite (0 · NaN would not); the ACT term stays at weight 0 (its
+    gradient 0: the halting units stay in the graph, ``test_distributed.py``)."""
+    from sut_fairseq.criterions.auxiliary import AuxiliaryLosses, auxiliary_losses
+
+    stats = _routers_of_two_sizes()
+    terms = auxiliary_losses(stats, {}, torch.zeros(()))
+    torch.testing.assert_close(terms.mim, sum(mim_loss(s) for s in stats), rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(terms.switch, sum(switch_loss(s) for s in stats), rtol=1e-6, atol=1e-7)
+    act = {"enc": torch.tensor(2.5, requires_grad=True), "dec": torch.tensor(1.5)}
+    both = AuxiliaryLosses(terms.mim, terms.switch, act, {})
+    expect = 0.3 * terms.mim + 0.1 * (2.5 + 1.5) + 0.2 * terms.switch
+    torch.testing.assert_close(both.weighted(0.3, 0.1, 0.2), expect)
+    nan = torch.tensor(float("nan"), requires_grad=True)
+    aux = AuxiliaryLosses(terms.mim, nan, act, {}).weighted(0.3, 0.1, 0.0)
+    torch.testing.assert_close(aux, 0.3 * terms.mim + 0.1 * 4.0)
+    grad = torch.autograd.grad(aux, stats[0].sum_probs)[0]
+    assert torch.isfinite(grad).all() and grad.abs().sum() > 0
+    aux = AuxiliaryLosses(nan, terms.switch, act, {}).weighted(0.0, 0.0, 0.2)
+    torch.testing.assert_close(aux, 0.2 * terms.switch)
+    assert torch.autograd.grad(aux, act["enc"])[0].item() == 0.0  # in the graph at weight 0
+
+
 def test_routing_statistics_exist_only_inside_the_context():
     from conftest import make_model
 
