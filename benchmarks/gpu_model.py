@@ -37,7 +37,9 @@ other operations fuse into one kernel per distinct
 iteration size (numel of the op's largest tensor), which reads the tensors made before
 the run and writes those read after it. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
-steps) stays eager.
+steps) stays eager, but for the accumulation inside a loop region (``--compile-loop``):
+there every use of a shared parameter is in one graph, whose single-use adds inductor
+inlines into one kernel per parameter reading its L step gradients.
 
 **Device time**: per kernel max(FLOPs / (peak x efficiency), bytes / (bandwidth x
 efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` and the
@@ -237,6 +239,8 @@ class Recorder(TorchDispatchMode):
         self.step, self.region, self.phase = "", None, "fwd"
         self.ranges: List[Tuple[int, int, str, Optional[int]]] = []  # seq lo, hi, step, region
         self.accumulating = False  # between a backward node's end and the next one's start
+        self.loop_regions = set()  # regions that hold several steps (``--compile-loop``)
+        self.loop_sums = set()     # storages of the gradient sums made in them
         self.generation = Counter()  # storage address -> allocations seen at it
 
     # --- where an operation runs -------------------------------------------------------
@@ -250,13 +254,16 @@ class Recorder(TorchDispatchMode):
             self.paused = False
 
     @contextlib.contextmanager
-    def scope(self, step: Optional[str] = None, region: bool = False):
-        """Operations in the block (and their backward) belong to ``step`` / a new region."""
+    def scope(self, step: Optional[str] = None, region: bool = False, loop: bool = False):
+        """Operations in the block (and their backward) belong to ``step`` / a new region
+        (``loop``: one that holds several steps)."""
         before = self.step, self.region
         if step is not None:
             self.step = step
         if region:
             self.region = 1 + max([r for *_, r in self.ranges if r is not None] + [-1])
+            if loop:
+                self.loop_regions.add(self.region)
         lo = self.seq()
         try:
             yield
@@ -349,13 +356,21 @@ class Recorder(TorchDispatchMode):
         kind = ("gemm" if name in GEMMS else "custom" if self.custom else
                 "accum" if self.accumulating and name in ("add", "add_")
                 and tuple(outs[0].shape) in self.param_shapes else "aten")
-        if kind == "accum":  # the engine's sum over steps: outside the compiled graphs
-            region = None
         reads = tuple({self.key(t): _nbytes(t) for t in ins if t.device.type == "meta"}.items())
+        # the engine's sum over steps: outside the compiled graphs, but for a loop's, where
+        # a parameter's later adds join its first one's kernel (reading one more gradient)
+        in_loop = kind == "accum" and region in self.loop_regions
+        continued = in_loop and any(key in self.loop_sums for key, _ in reads)
+        if continued:
+            launches, reads = 0, tuple(r for r in reads if r[0] not in self.loop_sums)
+        if kind == "accum":
+            region = None
         fresh = {t.untyped_storage()._cdata for t in outs} - {t.untyped_storage()._cdata for t in ins}
         self.generation.update(fresh)  # new storages (an address may be reused after a free)
         writes = tuple({self.key(t): _nbytes(t) for t in outs}.items())
-        nbytes = sum(b for _, b in reads) + sum(b for _, b in writes)
+        if in_loop:
+            self.loop_sums.update(key for key, _ in writes)
+        nbytes = sum(b for _, b in reads) + (0 if continued else sum(b for _, b in writes))
         gemm, flops, dtype = None, float(numel), (outs[0].dtype if outs else None)
         if name in GEMMS:
             gemm = gemm_dims(name, args)
@@ -467,7 +482,8 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
                 raise SystemExit(f"gpu_model.py: {arch}: the model has no compiled step")
 
             def call(compiled=compiled, **inputs):
-                with recorder.scope(region=True), compiling():
+                loop = hasattr(compiled.step, "max_steps")  # a TensorLoop: every step
+                with recorder.scope(region=True, loop=loop), compiling():
                     return compiled.step(**inputs)
             side.compiled_step = _eager_step(compiled, call)
         return

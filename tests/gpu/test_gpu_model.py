@@ -54,6 +54,26 @@ def test_compiled_fuses_kernels():
     assert sum(k.kind == "triton" for k in eager) > 0
 
 
+def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
+    """``--compile-step``: the engine adds a shared parameter's gradient of every step
+    after the first (an ``accum`` launch each); ``--compile-loop``: the sums are inside the
+    loop's graph, one kernel per parameter (and side) that reads every step's gradient."""
+    step = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
+    loop = gpu_model.record_step("sut_tiny+loop", True, 4, 8, 200)
+
+    def accum(kernels):
+        return [k for k in kernels if k.kind == "accum"]
+
+    model = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0]
+    shared = sum(len(list(side.parameters())) for side in (model.encoder.side, model.decoder.side))
+    assert len(accum(loop)) == len(accum(step)) > shared  # every add is recorded ...
+    launched = sum(k.launches for k in accum(loop))
+    # ... few launched: one per side parameter at most, and the tied embeddings' sum
+    # outside the loops (as the transformer's one)
+    assert 0 < launched <= shared + 1 < sum(k.launches for k in accum(step))
+    assert sum(k.bytes for k in accum(loop)) < sum(k.bytes for k in accum(step))
+
+
 def test_bad_arch_is_a_clear_error():
     with pytest.raises(SystemExit, match="not a registered architecture"):
         gpu_model.main(["--arch", "sut_nonesuch"])
