@@ -136,3 +136,75 @@ def test_the_decoder_state_reorders_every_part_with_one_order():
     assert torch.equal(state.chunk["count"], torch.tensor([2, 0, 0]))
     assert torch.equal(state.chunk["self_k"], chunk["self_k"][:, order])
     assert state.hyper_prefix is None
+
+
+def test_the_buffer_refuses_two_positions_in_one_call():
+    with pytest.raises(ValueError) as err:
+        KeyValueBuffer(L).write(1, 0, torch.zeros(B, H, 2, D), torch.zeros(B, H, 2, D))
+    assert str(err.value) == "the buffer takes one position per call; got 2"
+
+
+def test_the_buffer_grows_only_past_its_capacity_and_reorders_into_its_spare():
+    """Writes within the capacity keep the buffer (no copy); a reorder of the same row
+    count gathers into the spare buffer and the two swap, so two reorders come back to the
+    first storage; a reorder that drops rows allocates anew, and its old buffer is no spare."""
+    buffer = KeyValueBuffer(L)
+    kv = torch.randn(B, H, 1, D)
+    BufferedKeyCache(buffer, 0).record(1, kv, kv)
+    first = buffer.buf.data_ptr()
+    for t in range(1, CAPACITY_STEP):
+        BufferedKeyCache(buffer, t).record(1, kv, kv)
+        assert buffer.buf.data_ptr() == first
+    buffer.reorder(torch.tensor([1, 0, 3, 2]))
+    second = buffer.buf.data_ptr()
+    assert second != first and buffer.spare.data_ptr() == first
+    buffer.reorder(torch.tensor([1, 0, 3, 2]))
+    assert buffer.buf.data_ptr() == first and buffer.spare.data_ptr() == second
+    k, _ = buffer.read(1, CAPACITY_STEP)
+    assert torch.equal(k, kv.expand(B, H, CAPACITY_STEP, D))
+    buffer.reorder(torch.tensor([0, 2]))
+    assert buffer.buf.data_ptr() not in (first, second) and buffer.spare is None
+    assert buffer.buf.shape[3] == 2
+
+
+def test_cross_keys_of_two_beams_over_an_odd_source_length():
+    """Beam size 2 (3 sentences x 2 beams), no padding, 7 source positions (not a multiple
+    of the beam size): one key row per sentence; a reorder within the sentences moves
+    nothing; when the second sentence finishes, row groups take sentences 0 and 2."""
+    block = _block()
+    g = torch.Generator().manual_seed(4)
+    enc = torch.randn(3, 7, 64, generator=g).repeat_interleave(2, 0)
+    with torch.no_grad():
+        cross = CrossKV.project(block, enc, None, beam_size=2)
+        ref_k, ref_v = block.cross_kv(enc[::2])
+    assert cross.beams == 2 and cross.padding is None
+    assert torch.equal(cross.k, ref_k) and torch.equal(cross.v, ref_v)
+    k = cross.k
+    cross.reorder(torch.tensor([1, 1, 2, 3, 5, 4]))
+    assert cross.k is k
+    cross.reorder(torch.tensor([1, 0, 5, 5]))
+    assert torch.equal(cross.k, ref_k[[0, 2]]) and torch.equal(cross.v, ref_v[[0, 2]])
+
+
+def test_cross_keys_of_rows_that_are_not_a_multiple_of_the_beam_size():
+    """5 rows with beam size 3 (not groups of beams): every row is projected."""
+    block = _block()
+    enc = torch.randn(1, 4, 64).repeat(5, 1, 1)
+    with torch.no_grad():
+        cross = CrossKV.project(block, enc, None, beam_size=3)
+        ref_k, _ = block.cross_kv(enc)
+    assert cross.beams == 1 and torch.equal(cross.k, ref_k)
+
+
+def test_the_decoder_state_reorders_the_hyper_prefix_sums():
+    """Hyper-UT's prefix sums (Σ h_{l-1}, count) per step are reordered with the rest."""
+    g = torch.Generator().manual_seed(2)
+    state = DecoderState(L)
+    sums = {l: (torch.randn(B, D, generator=g), torch.rand(B, generator=g)) for l in range(1, L + 1)}
+    state.hyper_prefix = dict(sums)
+    order = torch.tensor([3, 3, 1])
+    state.reorder(order)
+    for l in range(1, L + 1):
+        assert torch.equal(state.hyper_prefix[l][0], sums[l][0][order])
+        assert torch.equal(state.hyper_prefix[l][1], sums[l][1][order])
+    assert state.prefix is None
