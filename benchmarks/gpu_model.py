@@ -39,7 +39,8 @@ the run and writes those read after it. Views cost nothing. Everything outside t
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
 steps) stays eager, but for the accumulation inside a loop region (``--compile-loop``):
 there every use of a shared parameter is in one graph, whose single-use adds inductor
-inlines into one kernel per parameter reading its L step gradients.
+inlines into one kernel per parameter reading its L step gradients (an upper bound: a GEMM
+weight's sum goes into the GEMMs' ``addmm``, no kernel at all; ``inductor_accumulation.py``).
 
 **Device time**: per kernel max(FLOPs / (peak x efficiency), bytes / (bandwidth x
 efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` and the

@@ -92,3 +92,15 @@ def test_flex_attention_is_one_kernel_per_self_attention():
     assert not any(k.name.startswith("flex") for k in sdpa)
     aten = [sum(k.launches for k in ks if k.kind == "aten") for ks in (sdpa, flex)]
     assert aten[1] < aten[0]
+
+
+def test_inductor_sums_a_shared_weights_step_gradients_without_kernels_of_their_own(capsys):
+    """The assumption behind the loop's accumulation (``benchmarks/inductor_accumulation.py``,
+    compiled on the CPU): over 4 steps of one shared weight the backward has 4 dW GEMMs, 3
+    of them adding into the running sum (``addmm``), 3 dx GEMMs, and one fused kernel per
+    step (tanh's backward): no kernel that only sums gradients."""
+    import inductor_accumulation
+
+    inductor_accumulation.main(["--steps", "4"])
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        "inductor accumulation: 4 steps, 7 gemms, 3 accumulating, 4 other kernels")
