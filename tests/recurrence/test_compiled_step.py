@@ -110,10 +110,11 @@ def test_the_compiled_paths_modules_uncompiled_equal_the_eager_recurrence(varian
     _assert_same(eager, uncompiled, _batch())
 
 
-def _run_beside_eager(caplog):
-    """One forward of a --compile-step model and of its eager twin (warnings captured);
-    their outputs must be equal. Returns the compiled model and the batch."""
-    eager, compiled = _models({})
+def _run_beside_eager(caplog, loop=False):
+    """One forward of a --compile-step (``loop``: --compile-loop) model and of its eager
+    twin (warnings captured); their outputs must be equal. Returns the compiled model and
+    the batch."""
+    eager, compiled = _models({}, loop=loop)
     batch = _batch()
     with caplog.at_level(logging.WARNING), torch.no_grad():
         torch.testing.assert_close(compiled(*batch)[0], eager(*batch)[0])
@@ -560,14 +561,16 @@ def test_importing_the_plugin_leaves_the_compiler_unloaded():
     assert proc.returncode == 0 and proc.stdout.strip() == "False", proc.stdout + proc.stderr
 
 
-def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog):
-    """A compiler that fails gives a one-line warning and the eager step's result."""
+@pytest.mark.parametrize("loop", [False, True], ids=["step", "loop"])
+def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog, loop):
+    """A compiler that fails gives a one-line warning and the eager step's result, for the
+    compiled step as for the compiled loop."""
     def broken(gm, example_inputs):
         raise RuntimeError("no compiler here")
 
     monkeypatch.setattr(compiler, "compile_backend", lambda: broken)
     torch._dynamo.reset()
-    compiled, batch = _run_beside_eager(caplog)
+    compiled, batch = _run_beside_eager(caplog, loop)
     src, lengths, prev = batch
     assert compiled.encoder.side.compiled_step.failed and compiled.decoder.side.compiled_step.failed
     # one line per side, naming the compiler's own error (not dynamo's wrapper around it)
