@@ -73,6 +73,7 @@ import train_step  # noqa: E402
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import routed_linear_triton as rlf  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
+from sut_fairseq.modules.recurrence import TensorLoop  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -483,8 +484,7 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
                 raise SystemExit(f"gpu_model.py: {arch}: the model has no compiled step")
 
             def call(compiled=compiled, **inputs):
-                loop = hasattr(compiled.step, "max_steps")  # a TensorLoop: every step
-                with recorder.scope(region=True, loop=loop), compiling():
+                with recorder.scope(region=True, loop=isinstance(compiled.step, TensorLoop)), compiling():
                     return compiled.step(**inputs)
             side.compiled_step = _eager_step(compiled, call)
         return
