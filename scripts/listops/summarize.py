@@ -23,7 +23,8 @@ from sut_fairseq.recipes.split_grid import (STEP_METRICS, add_rows, collect, met
 
 def summarize(work_dir: str, data_dir: str) -> str:
     """Write table1.md, table1.json and accuracy.png into ``work_dir``; return the markdown."""
-    models = collect(work_dir, recipe.GRID, ("accuracy",) + STEP_METRICS)
+    # the classify grid's models are the seq2seq grid's and fairseq's transformer encoder
+    models = collect(work_dir, recipe.CLASSIFY_TASK.grid, ("accuracy",) + STEP_METRICS)
     if not models:
         raise SystemExit(f"error: no result.json under {work_dir}: run the evaluate stage first")
     stats = load_json(os.path.join(data_dir, "stats.json"))

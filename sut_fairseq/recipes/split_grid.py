@@ -435,11 +435,15 @@ STEP_METRICS = ("mean_encoder_steps", "mean_encoder_steps_per_chunk")
 
 def steps_text(models: Dict[str, Dict], splits: Sequence[str]) -> str:
     """The mean executed encoder steps per position (of each model's L) and, for the
-    models with chunks, per chunk, as markdown with a line of explanation each."""
+    models with chunks, per chunk, as markdown with a line of explanation each; a model
+    that counts no steps (fairseq's transformer encoder) is left out of both."""
+    def counting(metric):
+        return {name: m for name, m in models.items() if any(v is not None for v in m[metric].values())}
+
     text = ("Mean executed encoder steps per position (of each model's L):\n\n"
-            + metric_table(models, splits, "mean_encoder_steps", digits=2, info=False) + "\n")
-    chunked = {name: m for name, m in models.items()
-               if any(v is not None for v in m["mean_encoder_steps_per_chunk"].values())}
+            + metric_table(counting("mean_encoder_steps"), splits, "mean_encoder_steps", digits=2,
+                           info=False) + "\n")
+    chunked = counting("mean_encoder_steps_per_chunk")
     if chunked:
         text += ("\nMean executed encoder steps per chunk (the chunk-wise models; a chunk's steps "
                  "are the most one of its tokens executed):\n\n"

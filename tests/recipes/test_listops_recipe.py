@@ -65,12 +65,14 @@ def test_report_sets_models_beside_the_majority_and_the_paper(tmp_path):
         "config": {"train_max_length": 100},
         "binarized_test_splits": {s: ("test" if k == 0 else f"test{k}") for k, s in enumerate(SPLITS)},
         "splits": {s: {"majority": {"label": 9, "share": 0.17}} for s in SPLITS}}))
-    for model, label, seed, acc in (("gut", "GUT", 1, 80.0), ("gut", "GUT", 2, 70.0), ("ut", "UT", 1, 60.0)):
+    for model, label, seed, acc in (("gut", "GUT", 1, 80.0), ("gut", "GUT", 2, 70.0), ("ut", "UT", 1, 60.0),
+                                    ("transformer", "Transformer", 1, 50.0)):
         path = work / model / f"seed{seed}"
         path.mkdir(parents=True)
+        steps = None if model == "transformer" else 4.0  # fairseq's encoder counts no steps
         (path / "result.json").write_text(json.dumps({
             "model": model, "label": label, "seed": seed, "params": 2000, "updates": 40, "max_steps": 10,
-            "splits": {s: {"accuracy": acc if s == "test-iid" else 20.0, "mean_encoder_steps": 4.0}
+            "splits": {s: {"accuracy": acc if s == "test-iid" else 20.0, "mean_encoder_steps": steps}
                        for s in SPLITS}}))
     # GUT's train.logs: seed 1 at 1 update/s validating at 50 then 60 %, seed 2 at 0.5/s at 40 %
     for seed, ups, valids in ((1, 1.0, (50, 60)), (2, 0.5, (40,))):
@@ -84,6 +86,11 @@ def test_report_sets_models_beside_the_majority_and_the_paper(tmp_path):
     assert "| GUT | 2,000 | 40/40 | 75.0 ± 7.1 | " + " | ".join(["20.0 ± 0.0"] * 5) + " |" in text
     assert "| UT | 2,000 | 40 | 60.0 | 20.0 |" in text  # one seed: the value alone
     assert text.index("| UT |") < text.index("| GUT |")
+    # the classify setup's baseline, after the recurrent models, with no steps of its own
+    assert "| Transformer | 2,000 | 40 | 50.0 | 20.0 |" in text
+    assert text.index("| GUT |") < text.index("| Transformer |") < text.index("| *majority")
+    steps = text[text.index("Mean executed encoder steps"):text.index("Training per run")]
+    assert "| UT | 4.00 |" in steps and "Transformer" not in steps
     assert "| *majority label of the split* | – | – | *17.0* |" in text
     assert "| *paper: TLB* | – | – | *58.3* | *37.7* | *30.5* | *25.0* | *37.3* | *37.0* |" in text
     assert "| UT | 4.00 |" in text
