@@ -158,8 +158,8 @@ class RecurrenceStep(nn.Module):
     key/value source (TE(l) comes with each call); ``kv_from_state``: keys and values of
     h_{l-1}, not S_{l-1}."""
 
-    def __init__(self, blocks: List[nn.Module], halting: nn.Module, step_embedding=None,
-                 kv_from_state: bool = False, decoder: bool = False):
+    def __init__(self, blocks: List[nn.Module], halting: nn.Module, step_embedding: Optional[nn.Module],
+                 kv_from_state: bool, decoder: bool):
         super().__init__()
         self.blocks = nn.ModuleList(blocks)
         self.halting, self.kv_from_state = halting, kv_from_state
@@ -183,8 +183,7 @@ class RecurrenceStep(nn.Module):
 
     def forward(self, h: torch.Tensor, S: torch.Tensor, running: torch.Tensor, step: int,
                 state: HaltingState, rule, carry: Optional[KeyValueCarry], inputs: StepInputs,
-                te: Optional[torch.Tensor] = None, decide_next: bool = True,
-                threshold: Optional[torch.Tensor] = None):
+                te: Optional[torch.Tensor], decide_next: bool, threshold: Optional[torch.Tensor] = None):
         """h = h_{l-1}, S = S_{l-1} (B, T, d), running (B, T) bool; ``rule`` updates the
         halting ``state``; te: TE(l) (d,) or None; threshold: α_thresh as a 0-d tensor (a
         compiled step's input) or None (the rule's own). Returns h_l, S_l and who runs step
@@ -225,7 +224,7 @@ class RecurrenceStep(nn.Module):
 
 
 def advance(h: torch.Tensor, h_new: torch.Tensor, S: torch.Tensor, running: torch.Tensor,
-            step: int, state: HaltingState, rule, decide_next: bool = True,
+            step: int, state: HaltingState, rule, decide_next: bool,
             threshold: Optional[torch.Tensor] = None):
     """The halting half of step l, after the block gave h_new (B, T, d); returns h_l, S_l, running:
 
@@ -404,7 +403,7 @@ class CompiledCall:
     def __init__(self, compiled: compiler.CompiledStep, rule):
         self.compiled = compiled
         # α_thresh: a 0-d tensor at the first call (an input of the graph, not a constant)
-        self.threshold = getattr(rule, "threshold", None)
+        self.threshold = rule.threshold
 
     def tensors(self, h, S, running, state, carry, inputs, te=None) -> dict:
         if self.threshold is not None and not torch.is_tensor(self.threshold):
@@ -423,7 +422,7 @@ class CompiledCall:
                     te=te, coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
                     cross_padding_mask=inputs.cross_padding_mask)
 
-    def __call__(self, h, S, running, step, state, rule, carry, inputs, te=None, decide_next=True):
+    def __call__(self, h, S, running, step, state, rule, carry, inputs, te, decide_next):
         (h_new, S, state.steps, running_next, c, log_remain, weighted_sum, alpha, k_rows,
          v_rows) = self.compiled(**self.tensors(h, S, running, state, carry, inputs, te))
         if carry is not None:

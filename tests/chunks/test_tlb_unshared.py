@@ -17,11 +17,11 @@ from sut_fairseq.models.sut_transformer import SUTTransformerModel
 L = 3
 
 
-def unshared_model(arch="tlb_flipflop", **options):
-    """Chunks of 4 real tokens, k = 3 slots, U = 2 write blocks, L = 3 steps; float64,
-    every parameter of the encoder (each block, the memory) perturbed."""
+def unshared_model(arch="tlb_flipflop", layers=L, **options):
+    """Chunks of 4 real tokens, k = 3 slots, U = 2 write blocks, L = ``layers`` steps;
+    float64, every parameter of the encoder (each block, the memory) perturbed."""
     model = make_model(arch, encoder_chunk_size=4, encoder_memory_slots=3,
-                       encoder_memory_update_layers=2, encoder_layers=L, tlb_encoder_out="both",
+                       encoder_memory_update_layers=2, encoder_layers=layers, tlb_encoder_out="both",
                        tlb_unshared=True, **options).double()
     _perturb(model.encoder.side, seed=3)
     return model
@@ -59,14 +59,15 @@ def reference_unshared_encoder(model, src):
     return out
 
 
-@pytest.mark.parametrize("arch,options", [
-    ("tlb_flipflop", {}),  # dense, pre-LN, clipped relative positions
-    ("sut_tiny", dict(encoder_halting="none")),  # the SUT's experts, post-LN
-], ids=["tlb", "sut-experts"])
-def test_step_l_runs_block_l_as_a_per_step_loop(arch, options):
-    model = unshared_model(arch, **options)
+@pytest.mark.parametrize("arch,options,layers", [
+    ("tlb_flipflop", {}, L),  # dense, pre-LN, clipped relative positions
+    ("tlb_flipflop", {}, 2),  # two blocks: the smallest unshared step
+    ("sut_tiny", dict(encoder_halting="none"), L),  # the SUT's experts, post-LN
+], ids=["tlb", "tlb-two-steps", "sut-experts"])
+def test_step_l_runs_block_l_as_a_per_step_loop(arch, options, layers):
+    model = unshared_model(arch, layers, **options)
     blocks = [model.encoder.side.block, *model.encoder.side.later_blocks]
-    assert len(blocks) == L and len({id(b) for b in blocks}) == L
+    assert len(blocks) == layers and len({id(b) for b in blocks}) == layers
     src = tokens(11, 6, seed=9)  # chunks of 4, 4, 3 and 4, 2 real tokens
     with torch.no_grad():
         enc = model.encoder(src)

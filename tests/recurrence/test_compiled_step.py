@@ -195,6 +195,97 @@ def test_the_step_projects_keys_and_values_only_for_the_rows_whose_state_changed
                                   torch.where(mask, v_true, garbage), changed), expected)
 
 
+def _record_projected_rows(model) -> dict:
+    """Per side, a list the side's self-attention key/value projections append to: the
+    rows each call projects, (B, T) bool (every row for the block's plain ``self_kv``, or
+    for the masked projection given no row mask)."""
+    rows = {"encoder": [], "decoder": []}
+    for name, side in (("encoder", model.encoder.side), ("decoder", model.decoder.side)):
+        block, self_kv = side.block, side.block.self_kv
+
+        def masked(module, args, seen=rows[name]):  # MaskedAffine(x, weight, bias, rows)
+            x, changed = args[0], args[3]
+            seen.append(torch.ones(x.shape[:2], dtype=torch.bool) if changed is None else changed.clone())
+
+        def every(S, *rest, seen=rows[name], self_kv=self_kv):
+            seen.append(torch.ones(S.shape[:2], dtype=torch.bool))
+            return self_kv(S, *rest)
+
+        block.kv_rows.register_forward_pre_hook(masked)
+        block.self_kv = every
+    return rows
+
+
+@pytest.mark.parametrize("loop", [False, True], ids=["step", "loop"])
+def test_the_compiled_paths_project_the_rows_the_eager_recurrence_projects(loop):
+    """Halted rows are not projected again in the compiled path either: its step (or
+    loop), run without torch.compile, projects at each step exactly the rows the eager
+    recurrence projects (every row at step 1, then the rows that ran the step before).
+    The loop runs on after every position halted; its extra steps are not compared."""
+    eager, uncompiled = _models({}, loop, compile=False)
+    batch = _batch()
+    expected, got = _record_projected_rows(eager), _record_projected_rows(uncompiled)
+    with torch.no_grad():
+        eager(*batch), uncompiled(*batch)
+    for side in ("encoder", "decoder"):
+        want, have = expected[side], got[side]
+        assert len(want) > 2 and not all(rows.all() for rows in want[1:]), "no row skipped"
+        assert len(have) == len(want) or (loop and len(have) > len(want))
+        for l, (a, b) in enumerate(zip(want, have), 1):
+            assert torch.equal(a, b), (side, l)
+
+
+def test_the_threshold_input_is_made_once_on_the_states_device():
+    """α_thresh becomes a 0-d tensor on the step's device at the first call and stays
+    that tensor (an input of the graph, never rebuilt)."""
+    _, model = _models({}, compile=False)
+    side = model.encoder.side
+    h0, real, state, _ = _first_step_inputs(side, seed=0)
+    inputs = recurrence.StepInputs(self_padding_mask=~real, real=real)
+    call = recurrence.CompiledCall(side.compiled_step, side.halting)
+    first = call.tensors(h0, h0, real, state, None, inputs)["threshold"]
+    assert first.dim() == 0 and first.item() == pytest.approx(side.halting.threshold)
+    assert call.tensors(h0, h0, real, state, None, inputs)["threshold"] is first
+    meta = recurrence.CompiledCall(side.compiled_step, side.halting)
+    h_meta = h0.to("meta")
+    assert meta.tensors(h_meta, h_meta, real, state, None, inputs)["threshold"].device == h_meta.device
+
+
+def test_a_compiler_failing_at_a_later_step_hands_the_eager_step_the_compiled_steps_state(caplog):
+    """Compiling fails at step 2 (a recompilation, say): the eager step takes over from
+    the state the compiled step 1 left (h_1 for the transition-aware halting input, the
+    carried keys, the halting sums), so the forward and every gradient equal the eager
+    model's; one message per side, and the side stays eager."""
+    eager, compiled = _models(VARIANTS["gut"], compile=False)
+
+    class FailsAtTheSecondCall:
+        def __init__(self, step):
+            self.step, self.calls = step, 0
+
+        def __call__(self, **inputs):
+            self.calls += 1
+            if self.calls == 2:
+                raise torch._dynamo.exc.Unsupported("recompiling step 2 failed")
+            return self.step(**inputs)
+
+    sides = (compiled.encoder.side, compiled.decoder.side)
+    for side in sides:
+        side.compiled_step.compiled = FailsAtTheSecondCall(side.compiled_step.step)
+    batch = _batch()
+    with caplog.at_level(logging.WARNING):
+        out_c, extra_c, grads_c = _loss_and_grads(compiled, batch)
+    out_e, extra_e, grads_e = _loss_and_grads(eager, batch)
+    assert all(side.compiled_step.failed and side.compiled_step.compiled.calls == 2 for side in sides)
+    assert len([r for r in caplog.records if r.name == compiler.__name__]) == 2
+    torch.testing.assert_close(out_c, out_e, rtol=1e-4, atol=1e-5)
+    for key in ("halting_encoder", "halting_decoder"):
+        assert torch.equal(extra_c[key].steps, extra_e[key].steps)
+        assert int(extra_e[key].steps.max()) > 2  # steps after the failing one ran eagerly
+    for name, g in grads_e.items():
+        torch.testing.assert_close(grads_c[name], g, rtol=1e-4, atol=1e-4 * g.abs().max().item() + 1e-8,
+                                   msg=lambda m: f"{name}: {m}")
+
+
 def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, caplog):
     """Inductor's CPU backend needs a C++ compiler (``CXX``, default g++): without one the
     step is not compiled at all, one warning names the missing compiler, and the eager

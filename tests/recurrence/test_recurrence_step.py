@@ -148,18 +148,29 @@ def test_the_key_cache_puts_the_earlier_positions_first_and_records_the_new():
 def test_the_early_exit_hook_caches_the_frozen_state_for_the_skipped_steps(mode):
     """Entropy exits with S above ln V: every position leaves after step 1, so steps
     2..L of the cache hold the keys/values of the frozen S_1 + E_l, computed here
-    independently as ``self_kv(S_1 + TE(l) (+ PE(i)))`` (float64)."""
+    independently as ``self_kv(S_1 + TE(l) (+ PE(i)))`` (float64). The block runs once
+    per position (step 2 is not run for positions that all left), and the frozen keys
+    are projected once for all the skipped steps where they do not depend on the step
+    (no step embedding), else once per skipped step."""
     model = make_model(decoder_halting="entropy", exit_entropy=10.0, decoder_layers=4,
                        decoder_step_embedding=mode).double()
     dec = model.decoder
+    step = dec.side.recurrence.step
+    source, projections, blocks = step.source, [], []
+    step.source = lambda *args: projections.append(args) or source(*args)
+    dec.side.block.register_forward_hook(lambda *_: blocks.append(1))
+    L = dec.side.num_steps
     src, prev = batch(seed=3)
     prev = prev[:, :4]
     with torch.no_grad():
         enc = model.encoder(src)
         state = {}
         for t in range(prev.size(1)):
+            projections.clear(), blocks.clear()
             S, extra = dec(prev[:, : t + 1], enc, incremental_state=state, features_only=True)
             assert bool((extra["halting_decoder"].steps[prev[:, t:t + 1].ne(1)] == 1).all())
+            assert len(blocks) == 1  # step 1 only
+            assert len(projections) == 1 + (1 if mode == "none" else L - 1)  # step 1, then the frozen keys
             buffer = dec.decoder_state(state).kv
             d = S.size(-1)
             coords = 0
@@ -275,8 +286,8 @@ def test_the_step_hands_the_block_every_field_it_reads():
     running = torch.tensor([[True, False, True], [True, True, True]])
     rule = NoHalting()
     state = rule.begin(h, real)
-    h_l, S_l, running_l = RecurrenceStep([Block()], rule)(h, S, running, 2, state, rule, None, inputs,
-                                                         decide_next=False)
+    h_l, S_l, running_l = RecurrenceStep([Block()], rule, None, False, False)(
+        h, S, running, 2, state, rule, None, inputs, None, decide_next=False)
     assert seen.pop("kv_in") is S and seen.pop("q") is h
     assert seen.pop("k") is keys and seen.pop("v") is values
     assert seen.pop("running") is running and seen.pop("hyper_z") is None

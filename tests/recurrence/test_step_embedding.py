@@ -64,7 +64,7 @@ def test_cached_kv_with_step_embedding_equals_recomputation(mode, pre_ln):
     positions = emb.positions(tokens, 1, torch.zeros((), dtype=torch.float64))
     # the key/value source of the side's step over one full forward (the rows of S that did
     # not change keep their keys: KeyValueCarry)
-    side_step = RecurrenceStep([block], model.encoder.side.halting, emb)
+    side_step = RecurrenceStep([block], model.encoder.side.halting, emb, False, False)
     inputs = StepInputs(self_padding_mask=tokens.eq(1), real=tokens.ne(1), coords=positions)
     carry = KeyValueCarry()
     S = torch.randn(B, T, d, generator=g, dtype=torch.float64)
