@@ -659,8 +659,9 @@ def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
 
 
 def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> None:
-    """Launches and device ms by kind, per recurrence step / layer, the GEMM shapes with
-    the alignment lint; the ``gpu model:`` summary line."""
+    """Launches and device ms by kind, inside and outside the compiled regions (compiled
+    steps), per recurrence step / layer, the GEMM shapes with the alignment lint; the
+    ``gpu model:`` summary line."""
     by_kind = defaultdict(lambda: [0, 0.0])
     by_step = defaultdict(lambda: [0, 0.0])
     for k in kernels:
@@ -672,6 +673,12 @@ def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> No
     print(f"== {arch}: launches and device ms by kind ({device.name})")
     for kind, (n, ms) in sorted(by_kind.items(), key=lambda x: -x[1][1]):
         print(f"  {kind:10s} {n:6d} {ms:8.2f}")
+    if any(k.region is not None for k in kernels):  # compiled: what runs outside the graphs
+        inside = [k for k in kernels if k.region is not None]
+        outside = [k for k in kernels if k.region is None]
+        print(f"== {arch}: inside / outside the compiled regions (launches, device ms)")
+        for where, part in (("inside", inside), ("outside", outside)):
+            print(f"  {where:10s} {launches(part):6d} {total_ms(part, device):8.2f}")
     print(f"== {arch}: per step / layer (fwd, bwd; '-' = outside the steps)")
     for (step, phase), (n, ms) in sorted(by_step.items()):
         print(f"  {step:6s} {phase} {n:6d} {ms:8.2f}")

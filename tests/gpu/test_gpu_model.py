@@ -36,6 +36,21 @@ def test_lint_flags_a_misaligned_gemm_only(capsys):
     out = capsys.readouterr().out
     assert out.count("MISALIGNED") == 2  # the header and the bf16 (.., 63, ..) product
     assert "gpu model: toy launches 3 device_ms" in out and out.rstrip().endswith("misaligned_gemms 1")
+    assert "compiled regions" not in out  # eager: no region
+
+
+def test_a_compiled_step_is_split_inside_and_outside_its_regions(capsys):
+    """Launches and ms inside the compiled regions and outside them (the eager rest)."""
+    kernels = [gpu_model.Kernel("inductor", "fused 3 ops", 1, 0.0, 1.0, region=0),
+               gpu_model.Kernel("gemm", "mm", 2, 1.0, 1.0, gemm=(1, 64, 64, 64), dtype=torch.bfloat16, region=1),
+               gpu_model.Kernel("aten", "embedding", 4, 0.0, 1.0)]
+    gpu_model.print_step("toy", kernels, gpu_model.H200, 5)
+    lines = capsys.readouterr().out.splitlines()
+    at = lines.index("== toy: inside / outside the compiled regions (launches, device ms)")
+    inside, outside = lines[at + 1].split(), lines[at + 2].split()
+    assert inside[:2] == ["inside", "3"] and outside[:2] == ["outside", "4"]
+    assert float(inside[2]) == pytest.approx(gpu_model.total_ms(kernels[:2], gpu_model.H200), abs=0.005)
+    assert float(outside[2]) == pytest.approx(gpu_model.total_ms(kernels[2:], gpu_model.H200), abs=0.005)
 
 
 @pytest.mark.parametrize("flag", [[], ["--compile-step"]])
