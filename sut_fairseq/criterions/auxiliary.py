@@ -87,11 +87,11 @@ def auxiliary_losses(router_stats: List[RouterStats], halting: Dict[str, Halting
     """The terms from the statistics ``record_routing`` collected during the forward and
     the sides' halting results (side -> HaltingResult); ``like``: the main loss (dtype and
     device of the sums)."""
-    zero = like.new_zeros(())
+    zero = like.new_zeros(())  # the sums' start: at least the loss's dtype (fp32 or wider)
     groups = stack_stats(router_stats)  # a few kernels for all routers, not per router
     return AuxiliaryLosses(
-        mim=sum((mim_loss(g).sum().to(like) for g in groups), zero),
-        switch=sum((switch_loss(g).sum().to(like) for g in groups), zero),
+        mim=sum((mim_loss(g).sum() for g in groups), zero),
+        switch=sum((switch_loss(g).sum() for g in groups), zero),
         act={side: result.act_loss() for side, result in halting.items()},
         halting=halting,
     )

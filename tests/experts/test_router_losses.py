@@ -123,6 +123,13 @@ def test_auxiliary_terms_sum_the_routers_and_leave_out_weight_zero_router_terms(
     aux = AuxiliaryLosses(nan, terms.switch, act, {}).weighted(0.0, 0.0, 0.2)
     torch.testing.assert_close(aux, 0.2 * terms.switch)
     assert torch.autograd.grad(aux, act["enc"])[0].item() == 0.0  # in the graph at weight 0
+    # no halting side and no router weight: still a 0-dim tensor of the terms' dtype
+    none = AuxiliaryLosses(terms.mim, terms.switch, {}, {}).weighted(0.0, 0.1, 0.0)
+    assert torch.is_tensor(none) and none.dim() == 0 and none.dtype == terms.mim.dtype and none.item() == 0
+    # the sums take the main loss's dtype (fp64 here) with fp32 statistics
+    wide = auxiliary_losses(stats, {}, torch.zeros((), dtype=torch.float64))
+    assert wide.mim.dtype == wide.switch.dtype == torch.float64
+    torch.testing.assert_close(wide.mim, terms.mim.double())
 
 
 def test_routing_statistics_exist_only_inside_the_context():
