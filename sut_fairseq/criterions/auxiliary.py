@@ -97,10 +97,11 @@ def auxiliary_losses(router_stats: List[RouterStats], halting: Dict[str, Halting
     )
 
 
-def reduce_auxiliary_metrics(logging_outputs, sides=("enc", "dec")) -> None:
-    """Log ``mim`` / ``switch`` per unit of sample_size, and per side with positions
-    ``act_<side>`` per halting unit, ``steps_<side>`` per real position and
-    ``chunk_steps_<side>`` per chunk, each weighted by its own denominator."""
+def reduce_auxiliary_metrics(logging_outputs) -> None:
+    """Log ``mim`` / ``switch`` per unit of sample_size, and per side with positions (an
+    encoder-only model has no ``dec`` entries) ``act_<side>`` per halting unit,
+    ``steps_<side>`` per real position and ``chunk_steps_<side>`` per chunk, each weighted
+    by its own denominator."""
 
     def total(key):
         return sum(log.get(key, 0) for log in logging_outputs)
@@ -108,7 +109,7 @@ def reduce_auxiliary_metrics(logging_outputs, sides=("enc", "dec")) -> None:
     sample_size = total("sample_size")  # > 0: fairseq's reduce of the main loss divides by it
     metrics.log_scalar("mim", total("mim") / sample_size, sample_size, round=4)
     metrics.log_scalar("switch", total("switch") / sample_size, sample_size, round=4)
-    for side in sides:
+    for side in ("enc", "dec"):
         positions = total(f"positions_{side}")
         units = total(f"act_units_{side}")  # real positions, or real chunks if chunked
         if positions > 0:

@@ -54,8 +54,8 @@ class SUTClassificationCriterion(FairseqCriterion):
             loss = ce + scale * terms.weighted(self.mim_weight, self.act_weight, self.switch_weight)
         ncorrect = logits.argmax(-1).eq(target).sum().item()
         logging_output = {
-            "loss": loss.data if reduce else loss.data.sum(),
-            "nll_loss": ce.data if reduce else ce.data.sum(),
+            "loss": loss.data.sum(),  # reduce=False: the sentences' sum all the same
+            "nll_loss": ce.data.sum(),
             "ntokens": sample["ntokens"],
             "nsentences": sample_size,
             "sample_size": sample_size,
@@ -77,7 +77,7 @@ class SUTClassificationCriterion(FairseqCriterion):
                            round=3)
         metrics.log_scalar("accuracy", 100.0 * total("ncorrect") / total("nsentences"),
                            total("nsentences"), round=2)
-        reduce_auxiliary_metrics(logging_outputs, sides=("enc",))
+        reduce_auxiliary_metrics(logging_outputs)
 
     @staticmethod
     def logging_outputs_can_be_summed() -> bool:

@@ -212,10 +212,15 @@ def test_criterion_loss_is_cross_entropy_plus_the_auxiliary_terms():
     torch.testing.assert_close(loss, expected, atol=1e-5, rtol=1e-6)
     torch.testing.assert_close(log["nll_loss"], ce.detach(), atol=1e-5, rtol=1e-6)
     assert log["ncorrect"] == logits.argmax(-1).eq(sample["target"]).sum().item()
-    assert log["nsentences"] == 4 and log["positions_enc"] == 18 + 16
-    # reduce=False: the CE of each sentence, nothing auxiliary
-    per_sentence = crit(model, sample, reduce=False)[0]
+    assert log["nsentences"] == log["sample_size"] == 4 and log["positions_enc"] == 18 + 16
+    assert log["ntokens"] == 36
+    torch.testing.assert_close(log["loss"], expected, atol=1e-5, rtol=1e-6)  # with the terms
+    # reduce=False: the CE of each sentence, nothing auxiliary; logged as their sums
+    per_sentence, _, log = crit(model, sample, reduce=False)
     torch.testing.assert_close(per_sentence, F.cross_entropy(logits, sample["target"], reduction="none"))
+    assert log["loss"].dim() == log["nll_loss"].dim() == 0
+    torch.testing.assert_close(log["loss"], ce.detach(), atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(log["nll_loss"], ce.detach(), atol=1e-5, rtol=1e-6)
     # --aux-loss-scale reference: the terms unscaled; eval: the cross-entropy alone
     reference = SUTClassificationCriterion(None, aux_loss_scale="reference", **weights)
     torch.testing.assert_close(reference(model, sample)[0], ce + (expected - ce) / 4, atol=1e-5, rtol=1e-6)
@@ -239,7 +244,38 @@ def test_criterion_reduces_accuracy_per_sentence():
     assert values["accuracy"] == 62.5
     assert values["loss"] == round(3.0 / 8 / 0.6931471805599453, 3)
     assert values["act_enc"] == 2.0 and values["steps_enc"] == 2.0
+    assert not any(key.endswith("_dec") for key in values)
     assert SUTClassificationCriterion.logging_outputs_can_be_summed()
+
+
+def test_criterion_metrics_are_weighted_rounded_and_skip_empty_outputs():
+    """Two reductions into one aggregate (two batches of 1 and 3 sentences): loss and
+    nll_loss (base 2, 3 decimals) averaged by sentences, accuracy (2 decimals) by sentences;
+    an output without entries (``{}``) counts as zeros; a batch of one sentence is logged;
+    nothing is logged for an empty one."""
+    from fairseq.logging import metrics
+
+    ln2 = 0.6931471805599453
+    one = [dict(loss=0.7, nll_loss=0.5, ntokens=5, nsentences=1, sample_size=1, ncorrect=1, mim=0.0, switch=0.0)]
+    three = [dict(loss=2.3, nll_loss=1.3, ntokens=9, nsentences=3, sample_size=3, ncorrect=1, mim=0.0, switch=0.0),
+             {}]
+    with metrics.aggregate(new_root=True) as agg:
+        SUTClassificationCriterion.reduce_metrics(one)
+        assert agg.get_smoothed_values()["loss"] == round(0.7 / ln2, 3)  # logged for one sentence
+        SUTClassificationCriterion.reduce_metrics(three)
+        values = agg.get_smoothed_values()
+    # per-sentence means weighted by the sentences: (0.7 + 2.3) / 4 and (0.5 + 1.3) / 4, base 2
+    assert values["loss"] == round(3.0 / 4 / ln2, 3) == 1.082
+    assert values["nll_loss"] == round(1.8 / 4 / ln2, 3) == 0.649
+    assert values["accuracy"] == 50.0  # (1 + 1) of 4
+    with metrics.aggregate(new_root=True) as agg:
+        SUTClassificationCriterion.reduce_metrics(three[:1])
+        alone = agg.get_smoothed_values()
+    # 2.3 / 3 / ln 2 = 1.10607, 1.3 / 3 / ln 2 = 0.62516: 3 decimals; 100 / 3: 2 decimals
+    assert (alone["loss"], alone["nll_loss"], alone["accuracy"]) == (1.106, 0.625, 33.33)
+    with metrics.aggregate(new_root=True) as agg:
+        SUTClassificationCriterion.reduce_metrics([{}])
+        assert not agg.get_smoothed_values()
 
 
 # --------------------------------------------------------------------------- the task on fixtures
