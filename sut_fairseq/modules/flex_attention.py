@@ -18,8 +18,8 @@ from .. import compiler
 
 
 def attend(q: torch.Tensor, key: torch.Tensor, value: torch.Tensor, picks: int, q_start: int,
-           hidden: Optional[torch.Tensor], qr: Optional[torch.Tensor] = None, window: int = 0,
-           lo: int = 0, t5: Optional[torch.Tensor] = None) -> torch.Tensor:
+           hidden: Optional[torch.Tensor], qr: Optional[torch.Tensor], window: int, lo: int,
+           t5: Optional[torch.Tensor]) -> torch.Tensor:
     """q (B, H, M = T·picks, D); key/value (B, H, S, D); hidden: bool (B|1, 1, M|1, S) or
     None (``momha.hidden_keys``); one relative term at most: ``qr`` (B, H, M, O') the
     scaled scores of the offsets from ``lo`` (window W), or ``t5`` (1, H, T, S).

@@ -103,3 +103,50 @@ def test_a_cpu_forward_with_flex_runs_the_default_path():
         out.sum().backward()
         outs.append((out, attn.relative.embeddings.grad))
     torch.testing.assert_close(outs[0], outs[1], atol=0, rtol=0)
+
+
+def test_flex_attend_broadcasts_the_hidden_keys_over_a_batch_larger_than_the_heads():
+    """``attend`` with no relative term: B = 3 sentences over H = 2 heads, the hidden keys
+    given once for the batch (1, 1, 1, S) or not at all, against SDPA with the same mask."""
+    from sut_fairseq.modules import flex_attention
+
+    torch.manual_seed(2)
+    q, k, v = torch.randn(3, H, 4, D), torch.randn(3, H, 6, D), torch.randn(3, H, 6, D)
+    hidden = torch.zeros(1, 1, 1, 6, dtype=torch.bool)
+    hidden[..., 1] = hidden[..., 4] = True
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    with torch.no_grad():
+        torch.testing.assert_close(flex_attention.attend(q, k, v, 1, 0, hidden, None, 0, 0, None),
+                                   sdpa(q, k, v, attn_mask=~hidden), atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(flex_attention.attend(q, k, v, 1, 0, None, None, 0, 0, None),
+                                   sdpa(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_on_cuda_attend_runs_the_compiled_flex_attention(monkeypatch):
+    """CUDA tensors go through ``compiler.fused(flex_attention)`` (FlexAttention's fused
+    kernel needs torch.compile), CPU tensors through the eager function."""
+    from sut_fairseq import compiler
+    from sut_fairseq.modules import flex_attention
+
+    class LooksCuda(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    calls = []
+
+    def eager(q, key, value, score_mod):
+        calls.append("eager")
+        return q
+
+    def fused(fn):
+        assert fn is eager
+        return lambda *args, **kwargs: (calls.append("fused"), fn(*args, **kwargs))[1]
+
+    monkeypatch.setattr(flex_attention, "flex_attention", eager)
+    monkeypatch.setattr(compiler, "fused", fused)
+    q = torch.zeros(1, H, 2, D)
+    flex_attention.attend(q, q, q, 1, 0, None, None, 0, 0, None)
+    assert calls == ["eager"]
+    flex_attention.attend(q.as_subclass(LooksCuda), q, q, 1, 0, None, None, 0, 0, None)
+    assert calls == ["eager", "fused", "eager"]

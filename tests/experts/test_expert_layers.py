@@ -603,3 +603,22 @@ def test_momha_construction_options():
     with pytest.raises(ValueError) as err:
         MixtureOfMultiHeadAttention(6, 6, 2, 1, 2, 3, 4, relative="rotary")
     assert str(err.value) == "relative position must be None, 'clipped' or 't5'; got 'rotary'"
+
+
+# --------------------------------------------------------------------------- ExpertLinear
+
+def test_expert_linear_describes_itself_and_renames_old_checkpoint_keys():
+    """``ExpertLinear``'s repr names its shape; ``rename_parameters`` moves
+    ``PREFIX.old`` to ``PREFIX.new`` in place (checkpoints written before ExpertLinear),
+    without a prefix too, and leaves every other key as it is."""
+    from sut_fairseq.modules.expert_linear import ExpertLinear, rename_parameters
+
+    assert "experts=3, in=4, out=5, shared_bias=False" in repr(ExpertLinear(3, 4, 5))
+    assert "experts=2, in=6, out=7, shared_bias=True" in repr(ExpertLinear(2, 6, 7, shared_bias=True))
+    w1, b1, other = torch.ones(1), torch.zeros(1), torch.full((1,), 2.0)
+    state = {"enc.ffd.w1": w1, "enc.ffd.b1": b1, "enc.ffd.norm": other, "w1": other}
+    rename_parameters(state, "enc.ffd", {"w1": "up.weight", "b1": "up.bias", "w2": "down.weight"})
+    assert state == {"enc.ffd.up.weight": w1, "enc.ffd.up.bias": b1, "enc.ffd.norm": other, "w1": other}
+    top = {"w1": w1, "x": other}
+    rename_parameters(top, "", {"w1": "up.weight"})
+    assert top == {"up.weight": w1, "x": other}
