@@ -389,3 +389,16 @@ def test_fairseq_train_and_validate_report_accuracy(fixtures, tmp_path, model):
                 "--valid-subset", "valid", "--batch-size", "16"])
     accuracy = re.search(r"valid on 'valid' subset .*\| accuracy ([\d.]+)", out)
     assert accuracy and 0 <= float(accuracy.group(1)) <= 100, out[-2000:]
+
+
+def test_the_criterions_defaults_are_the_command_lines():
+    """Built without weights (as in a script), the criterion has ``AuxLossConfig``'s
+    defaults (what fairseq-train passes without the options), and keeps its task."""
+    from sut_fairseq.criterions.auxiliary import AuxLossConfig
+
+    task = object()
+    crit = SUTClassificationCriterion(task)
+    config = AuxLossConfig()
+    assert crit.task is task
+    assert (crit.mim_weight, crit.act_weight, crit.switch_weight, crit.aux_loss_scale) == (
+        config.mim_weight, config.act_weight, config.switch_weight, str(config.aux_loss_scale))
