@@ -731,7 +731,10 @@ def test_fused_compiles_once_eagerly_and_not_inside_a_traced_region(monkeypatch)
         return 2 * x
 
     monkeypatch.setattr(compiler, "_FUSED", {})
+    compiled = []
+    monkeypatch.setattr(torch, "compile", lambda fn: compiled.append(fn) or ("compiled", fn))
     first = compiler.fused(double)
-    assert first is not double and compiler.fused(double) is first
+    assert first == ("compiled", double) and compiler.fused(double) is first
+    assert compiled == [double]  # once
     monkeypatch.setattr(compiler, "tracing", lambda: True)
     assert compiler.fused(double) is double
