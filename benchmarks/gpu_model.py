@@ -673,8 +673,8 @@ def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> No
     print(f"== {arch}: launches and device ms by kind ({device.name})")
     for kind, (n, ms) in sorted(by_kind.items(), key=lambda x: -x[1][1]):
         print(f"  {kind:10s} {n:6d} {ms:8.2f}")
-    if any(k.region is not None for k in kernels):  # compiled: what runs outside the graphs
-        inside = [k for k in kernels if k.region is not None]
+    inside = [k for k in kernels if k.region is not None]
+    if inside:  # compiled: what runs outside the graphs
         outside = [k for k in kernels if k.region is None]
         print(f"== {arch}: inside / outside the compiled regions (launches, device ms)")
         for where, part in (("inside", inside), ("outside", outside)):
