@@ -199,6 +199,7 @@ def check_pass_rows(out, mode):
         assert m and float(m.group(1)) > 0, out
 
 
+@pytest.mark.slow  # 14 s of compiling; the eager rows: test_generate_throughput_decodes_every_sentence_...
 def test_generate_throughput_compiled_rows():
     """--compile: the plugin's model with --compile-step and the transformer's encoder
     compiled, each after its warm-up."""

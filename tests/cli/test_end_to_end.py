@@ -65,7 +65,7 @@ def test_sut_training_lowers_loss_and_logs_aux_terms(sut_run):
     assert float(re.search(r"\| mim (-?[\d.]+)", valid).group(1)) < 0
 
 
-@pytest.mark.parametrize("halting", ["stick-breaking", "none"])
+@pytest.mark.parametrize("halting", ["stick-breaking", pytest.param("none", marks=pytest.mark.slow)])
 def test_dense_ut_trains(data_bin, tmp_path, halting):
     log = _train(data_bin, tmp_path, ["--arch", "sut_tiny", "--att-experts", "1", "--att-topk", "1",
                                       "--ffd-experts", "1", "--ffd-topk", "1",

@@ -296,6 +296,8 @@ def test_smoke_tests_stage(tmp_path, stage, test_file):
     assert "selftest" not in results["results"]
 
 
+@pytest.mark.slow  # 45 s: every benchmark of the bench stage on its smoke sizes; the stage's runner and
+# parsing run by default in test_smoke_bench_stage_runs_the_named_loop_steps
 def test_smoke_bench_stage(tmp_path):
     out = tmp_path / "out"
     proc = run_stage("bench", out, "--smoke")
@@ -345,11 +347,12 @@ def check_logic(proc, out, stage, runs):
     return summary, results
 
 
+@pytest.mark.slow  # 30 s: the logic recipe's own smoke (tests/recipes/test_logic_recipe.py) runs by default
 @pytest.mark.parametrize("protocols", [
     "standard",
     # split A is optional in the GPU plan (smoke runs only required runs): named, it is
-    # required (the plan itself: test_logic_plan_*); the default suite runs one protocol
-    pytest.param("standard A", marks=pytest.mark.slow)])
+    # required (the plan itself: test_logic_plan_*)
+    "standard A"])
 def test_smoke_logic_sut_stage(tmp_path, protocols):
     out = tmp_path / "out"
     proc = run_stage("logic-sut", out, "--smoke", timeout=600, SUT_LOGIC_PROTOCOLS=protocols)

@@ -175,6 +175,7 @@ def test_smoke_gut_trains_then_resumes_at_evaluation(smoke_gut):
     assert "| GUT |" in text and (smoke_gut["work"] / "accuracy.png").exists()
 
 
+@pytest.mark.slow  # 19 s; the recipe's smoke by default: test_smoke_gut_trains_then_resumes_at_evaluation
 def test_smoke_gutlb_with_the_memory_reset_control(tmp_path):
     """GUTLB (the chunk-wise models' path with the step cap; TLB differs by configuration)."""
     result = smoke(tmp_path, GENERATE, TABLE3, ["gutlb"],

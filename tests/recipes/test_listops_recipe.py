@@ -115,6 +115,8 @@ def test_smoke_gut_trains_then_resumes_at_evaluation(smoke_gut):
     assert "| GUT |" in (smoke_gut["work"] / "table1.md").read_text()
 
 
+@pytest.mark.slow  # 19 s; the chunk-wise path (TLB) trains by default in test_listops_classify.py,
+# this recipe's smoke in test_smoke_gut_trains_then_resumes_at_evaluation
 def test_smoke_gutlb(tmp_path):
     """GUTLB (the chunk-wise models' path; TLB differs by its configuration)."""
     result = smoke(tmp_path, GENERATE, TABLE1, ["gutlb"],
