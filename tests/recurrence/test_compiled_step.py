@@ -740,3 +740,24 @@ def test_fused_compiles_once_eagerly_and_not_inside_a_traced_region(monkeypatch)
     assert compiled == [double]  # once
     monkeypatch.setattr(compiler, "tracing", lambda: True)
     assert compiler.fused(double) is double
+
+
+def test_prepare_inputs_clones_only_repeats_and_marks_only_carried_zeros():
+    """``compiler.prepare_inputs``: the second name of one tensor (S_0 = h_0) gets a clone
+    of equal values, the first keeps the object; under autograd the carried zeros (``c``,
+    ``k_rows``, ...) become leaves that require a gradient, and nothing else does (the
+    state ``h`` without one, the 0-d α_thresh); under ``no_grad`` nothing is marked, and an
+    integer carried input (a step count) never is."""
+    h = torch.randn(2, 3, 4)
+    c, steps, threshold = torch.zeros(2, 3), torch.zeros(2, 3, dtype=torch.long), torch.tensor(0.9)
+    inputs = {"h": h, "S": h, "c": c, "k_rows": steps, "threshold": threshold, "cross_k": None}
+    out = compiler.prepare_inputs(inputs)
+    assert list(out) == list(inputs) and out["cross_k"] is None
+    assert out["h"] is h and out["S"] is not h and torch.equal(out["S"], h)
+    assert out["c"] is c and c.requires_grad and c.is_leaf
+    assert not out["h"].requires_grad and not out["S"].requires_grad
+    assert not out["k_rows"].requires_grad and not out["threshold"].requires_grad
+    fresh = torch.zeros(2, 3)
+    with torch.no_grad():
+        again = compiler.prepare_inputs({"h": torch.randn(2, 3, 4), "c": fresh, "log_remain": torch.zeros(2, 3)})
+    assert not again["c"].requires_grad and not again["log_remain"].requires_grad
