@@ -1,7 +1,7 @@
 """Mutation testing of the model core with mutmut (``make mutation``; docs/testing.md).
 
     python scripts/mutation.py [--only GLOB ...] [--workdir runs/mutation]
-                               [--max-children N] [--list] [--report]
+                               [--max-children N] [--changed-since REV] [--list] [--report]
 
 Every target module (``TARGETS``: ``sut_fairseq/modules``, ``sut_fairseq/ops``,
 ``sut_fairseq/criterions`` and the data generators' samplers) is mutated on its own, in a
@@ -10,6 +10,12 @@ tests and what they read), and each mutant is tried against that module's own te
 only (mutmut then runs, per mutant, the tests among them that execute the mutated
 function). A module missing from ``TARGETS`` is tried against the test files that name
 it, with a warning.
+
+A change, not the whole module: ``--changed-since REV`` tries only the mutants of the
+functions and methods whose code differs from REV's (their syntax trees compared with the
+docstrings left out; a module new since REV whole), and the score counts only them. The
+other functions' mutants are those the run at REV judged (mutmut mutates code inside
+functions only, so a function whose code is unchanged has the same mutants).
 
 Resumable: mutmut keeps every mutant's result in the work directory; running again tests
 only the mutants without a result (or whose function changed since). When the module's
@@ -32,6 +38,7 @@ Exit status: 0 when the score was computed for every selected module (whatever i
 1 when mutmut failed on a module.
 """
 import argparse
+import ast
 import filecmp
 import fnmatch
 import glob
@@ -41,7 +48,7 @@ import re
 import shutil
 import subprocess
 import sys
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 DOC = os.path.join(REPO, "docs", "testing.md")
@@ -117,6 +124,7 @@ HEAVY = re.compile(r"test_(end_to_end|distributed|gpu\w*|\w+_recipe|benchmarks_s
                    r"exact_resume|cfq_pipeline|package_layers|repository|readme\w*|kernels_\w+)\.py$")
 DETECTED = ("killed", "timeout", "segfault")
 PENDING = "not checked"   # mutmut's status of a mutant not tried yet (an interrupted run)
+SEP = "\u01c1"   # mutmut's separator of class and method in a mutant's name
 
 
 def test_files() -> Dict[str, str]:
@@ -198,28 +206,86 @@ def tests_fingerprint(workdir: str, tests: Tuple[str, ...]) -> str:
     return digest.hexdigest()
 
 
-def run_module(workdir: str, tests: Tuple[str, ...], max_children: int) -> bool:
-    """``mutmut run`` in a synced work directory; with test files changed since the last
-    run, first drop mutmut's tests-per-function map, then retry the survivors; then the
-    timed-out mutants once more. Returns whether mutmut succeeded."""
+def _code_of_functions(source: str) -> Dict[str, str]:
+    """{"f" or "Class.f": the function's syntax tree without docstrings, as text} of a
+    module's top-level functions and its classes' methods."""
+    def without_docstrings(node):
+        for inner in ast.walk(node):
+            body = getattr(inner, "body", None)
+            if (isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body
+                    and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant)
+                    and isinstance(body[0].value.value, str)):
+                inner.body = body[1:] or [ast.Pass()]
+        return ast.dump(node)
+
+    found = {}
+    for node in ast.parse(source).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            found[node.name] = without_docstrings(node)
+        elif isinstance(node, ast.ClassDef):
+            for inner in node.body:
+                if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    found[f"{node.name}.{inner.name}"] = without_docstrings(inner)
+    return found
+
+
+def changed_since(module: str, rev: str) -> Optional[List[str]]:
+    """mutmut's mutant-name globs for the functions of ``module`` (a path under the
+    repository) whose code differs from revision ``rev``'s, docstrings aside; None when the
+    module did not exist at ``rev`` (every mutant). mutmut names the mutants of function f
+    ``<module>.x_f__mutmut_N`` and those of method C.f ``<module>.xǁCǁf__mutmut_N``."""
+    old = subprocess.run(["git", "show", f"{rev}:{module}"], cwd=REPO, capture_output=True, text=True)
+    if old.returncode != 0:
+        if subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], cwd=REPO,
+                          capture_output=True).returncode != 0:
+            raise SystemExit(f"--changed-since: {rev!r} is not a revision of this repository")
+        return None
+    before = _code_of_functions(old.stdout)
+    with open(os.path.join(REPO, module), encoding="utf-8") as f:
+        now = _code_of_functions(f.read())
+    dotted = module[:-3].replace("/", ".")
+    return [f"{dotted}.x_{name}__mutmut_*" if "." not in name
+            else f"{dotted}.x{SEP}{name.replace('.', SEP)}__mutmut_*"
+            for name, code in now.items() if before.get(name) != code]
+
+
+def _selected(name: str, patterns: Optional[List[str]]) -> bool:
+    return patterns is None or any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+
+def run_module(workdir: str, tests: Tuple[str, ...], max_children: int,
+               patterns: Optional[List[str]] = None) -> bool:
+    """``mutmut run`` in a synced work directory (only the mutants matching ``patterns``,
+    when given); with test files changed since the last run, first drop mutmut's
+    tests-per-function map, then retry the survivors; then the timed-out mutants once
+    more. Returns whether mutmut succeeded."""
     stamp = os.path.join(workdir, "mutants", "tests.sha256")
     fingerprint = tests_fingerprint(workdir, tests)
+    before = {n: s for n, s in results(workdir).items() if _selected(n, patterns)}
     # no results yet: a fresh work directory, nothing to redo; results without a stamp:
     # an unknown test state, redone
-    changed = (not os.path.exists(stamp) or open(stamp).read() != fingerprint) and bool(results(workdir))
+    changed = (not os.path.exists(stamp) or open(stamp).read() != fingerprint) and bool(before)
     if changed:
         stats = os.path.join(workdir, "mutants", "mutmut-stats.json")
         if os.path.exists(stats):
             os.remove(stats)
-    ok = mutmut(workdir, "run", "--max-children", str(max_children), check=False).returncode == 0
-    survivors = [n for n, s in results(workdir).items() if s not in DETECTED]
+    if patterns is None:
+        ok = mutmut(workdir, "run", "--max-children", str(max_children), check=False).returncode == 0
+    else:
+        # mutmut runs again every mutant it is given by name: the globs on a fresh work
+        # directory, then only the selected mutants not tried yet
+        todo = patterns if not before else sorted(n for n, s in before.items() if s == PENDING)
+        ok = not todo or mutmut(workdir, "run", "--max-children", str(max_children), *todo,
+                                check=False).returncode == 0
+    now = {n: s for n, s in results(workdir).items() if _selected(n, patterns)}
+    survivors = [n for n, s in now.items() if s not in DETECTED and s != PENDING]
     if ok and changed and survivors:
         print(f"   the tests changed: trying the {len(survivors)} survivors again", flush=True)
         ok = mutmut(workdir, "run", "--max-children", str(max_children), *survivors,
                     check=False).returncode == 0
     # a loaded machine (another job taking the core) times tests out: every run tries the
     # timed-out mutants once more, so a timeout that counts as killed happened twice
-    timeouts = [n for n, s in results(workdir).items() if s == "timeout"]
+    timeouts = [n for n, s in results(workdir).items() if s == "timeout" and _selected(n, patterns)]
     if ok and timeouts:
         print(f"   trying the {len(timeouts)} timed-out mutants again", flush=True)
         ok = mutmut(workdir, "run", "--max-children", str(max_children), *timeouts,
@@ -273,6 +339,8 @@ def main(argv=None) -> int:
     parser.add_argument("--workdir", default=os.path.join(REPO, "runs", "mutation"))
     parser.add_argument("--max-children", type=int, default=os.cpu_count() or 1,
                         help="mutants tested at once (default: the cores)")
+    parser.add_argument("--changed-since", metavar="REV",
+                        help="only the mutants of the functions whose code changed since REV (docstrings aside)")
     parser.add_argument("--list", action="store_true", help="print the modules and their tests, run nothing")
     parser.add_argument("--report", action="store_true", help="run nothing; the table of the results there")
     args = parser.parse_args(argv)
@@ -291,15 +359,20 @@ def main(argv=None) -> int:
     rows, failed, wrongly_listed = [], [], []
     for module, tests in targets.items():
         workdir = os.path.join(args.workdir, module[:-3].replace("/", "."))
+        patterns = changed_since(module, args.changed_since) if args.changed_since else None
+        if patterns == []:
+            print(f"== {module}: no function changed since {args.changed_since}", flush=True)
+            continue
         if not args.report:
             os.makedirs(workdir, exist_ok=True)
             for item in SYNCED:
                 sync(os.path.join(REPO, item), os.path.join(workdir, item))
             write_config(workdir, module, tests)
-            print(f"== {module} against {' '.join(tests)} ({workdir})", flush=True)
-            if not run_module(workdir, tests, args.max_children):
+            scope = "" if patterns is None else f"; the {len(patterns)} functions changed since {args.changed_since}"
+            print(f"== {module} against {' '.join(tests)} ({workdir}{scope})", flush=True)
+            if not run_module(workdir, tests, args.max_children, patterns):
                 failed.append(module)
-        status = results(workdir)
+        status = {n: s for n, s in results(workdir).items() if _selected(n, patterns)}
         pending = sum(s == PENDING for s in status.values())
         status = {n: s for n, s in status.items() if s != PENDING}
         equiv = [n for n in status if n in equivalent and status[n] not in DETECTED]
@@ -328,7 +401,8 @@ def main(argv=None) -> int:
     if pending:
         print(f"not tried yet (left out of the score): {pending} mutants")
     percent = 100.0 * killed / total if total else 0.0
-    print(f"mutation score: {killed} killed of {total} ({percent:.1f}%)")
+    scope = f" (the functions changed since {args.changed_since})" if args.changed_since else ""
+    print(f"mutation score: {killed} killed of {total} ({percent:.1f}%){scope}")
     if failed:
         print(f"mutmut failed on: {', '.join(failed)}", file=sys.stderr)
     return 1 if failed else 0

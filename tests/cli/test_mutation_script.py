@@ -110,3 +110,77 @@ def test_targets_name_test_files_found_in_their_concept_folders(mutation, capsys
     for module, tests in targets.items():
         for path in tests:
             assert os.path.isfile(os.path.join(ROOT, "tests", path)), (module, path)
+
+
+def git(repo, *args):
+    import subprocess
+
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=repo, check=True,
+                   capture_output=True)
+
+
+def test_changed_since_names_the_functions_whose_code_changed(mutation, monkeypatch, tmp_path):
+    """--changed-since REV: a function whose docstring alone changed keeps its mutants out;
+    a changed method, a new function and a changed function each give their mutmut glob
+    (methods as ``xǁClassǁname``); a module new since REV is whole (None); an unknown
+    revision is refused by name."""
+    repo = tmp_path / "repo"
+    (repo / "pkg").mkdir(parents=True)
+    (repo / "pkg" / "m.py").write_text(
+        'def f(x):\n    """Old words."""\n    return x + 1\n\n\n'
+        'def g(x):\n    return x * 2\n\n\n'
+        'class C:\n    def keep(self):\n        return 1\n\n    def g(self, y):\n        return y - 1\n')
+    git(repo, "init", "-q"), git(repo, "add", "."), git(repo, "commit", "-qm", "base")
+    (repo / "pkg" / "m.py").write_text(
+        'def f(x):\n    """New words, same code."""\n    return x + 1\n\n\n'
+        'def g(x):\n    return x * 3\n\n\n'
+        'def h():\n    return 0\n\n\n'
+        'class C:\n    def keep(self):\n        """Documented now."""\n        return 1\n\n'
+        '    def g(self, y):\n        return y + 1\n')
+    (repo / "pkg" / "new.py").write_text("def n():\n    return 1\n")
+    monkeypatch.setattr(mutation, "REPO", str(repo))
+    assert mutation.changed_since("pkg/m.py", "HEAD") == [
+        "pkg.m.x_g__mutmut_*", "pkg.m.x_h__mutmut_*", "pkg.m.x\u01c1C\u01c1g__mutmut_*"]
+    assert mutation.changed_since("pkg/new.py", "HEAD") is None
+    with pytest.raises(SystemExit, match="'nosuchrev' is not a revision"):
+        mutation.changed_since("pkg/new.py", "nosuchrev")
+
+
+def test_a_change_runs_only_its_mutants_and_resumes(mutation, monkeypatch, tmp_path):
+    """With patterns, a fresh work directory runs the globs; a second call runs, by name,
+    only the selected mutants not tried yet (mutmut runs again every mutant it is named),
+    never the others; the report counts the selected mutants alone."""
+    every = {"p.x_f__mutmut_1": "killed", "p.x_f__mutmut_2": "survived", "p.x_g__mutmut_1": "survived"}
+    status, runs = {}, []
+
+    def run(workdir, *args, check=True):
+        names = list(args[3:])
+        runs.append(names)
+        for name in every:
+            if any(__import__("fnmatch").fnmatchcase(name, n) for n in names):
+                status[name] = "not checked" if len(runs) == 1 and name.endswith("_2") else every[name]
+            else:
+                status.setdefault(name, "not checked")
+        return type("Done", (), {"returncode": 0})()
+
+    monkeypatch.setattr(mutation, "mutmut", run)
+    monkeypatch.setattr(mutation, "results", lambda workdir: dict(status))
+    work = workdir_with_tests(tmp_path, "def test_a(): pass\n")
+    assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])   # interrupted after mutant 1
+    assert runs == [["p.x_f__mutmut_*"]] and status["p.x_f__mutmut_2"] == "not checked"
+    assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])
+    assert runs[1] == ["p.x_f__mutmut_2"] and status["p.x_g__mutmut_1"] == "not checked"
+    runs.clear()
+    assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])   # all tried: nothing to run
+    assert runs == []
+    monkeypatch.setattr(mutation, "discover", lambda: {"p.py": ("test_m.py",)})
+    monkeypatch.setattr(mutation, "changed_since", lambda module, rev: ["p.x_f__mutmut_*"])
+    monkeypatch.setattr(mutation, "equivalent_mutants", lambda: {})
+    import contextlib
+    import io
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert mutation.main(["--report", "--workdir", str(tmp_path), "--changed-since", "abc"]) == 0
+    lines = out.getvalue().strip().splitlines()
+    assert "| p.py | 2 | 1 | 50.0 % | 0 | 1 | 0 |" in lines
+    assert lines[-1] == "mutation score: 1 killed of 2 (50.0%) (the functions changed since abc)"
