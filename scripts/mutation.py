@@ -73,8 +73,11 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/hyper_block.py": ("test_hyper_block.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/hyper_module.py": ("test_hyper_module.py", "test_hyper_ut.py"),
     "sut_fairseq/modules/memory.py": ("test_memory.py", "test_chunked.py"),
-    "sut_fairseq/modules/moe_ffd.py": ("test_expert_layers.py",),
-    "sut_fairseq/modules/momha.py": ("test_expert_layers.py",),
+    "sut_fairseq/modules/moe_ffd.py": ("test_expert_layers.py", "test_checkpoint_golden.py"),
+    # incremental decoding (one query row, beams grouped over shared keys), FlexAttention,
+    # an old checkpoint's parameter names
+    "sut_fairseq/modules/momha.py": ("test_expert_layers.py", "test_decoder_cache.py", "test_incremental.py",
+                                     "test_flex_attention.py", "test_checkpoint_golden.py"),
     "sut_fairseq/modules/recurrence.py": ("test_recurrence_step.py", "test_halting_per_position.py",
                                           "test_incremental.py", "test_step_embedding.py", "test_hyper_ut.py",
                                           "test_halting_kv.py", "test_tlb_unshared.py", "test_recurrent_side.py",
