@@ -126,7 +126,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
 
         hidden = self._hidden_keys(q, T, q_start, S, key_padding_mask)
         key, value = key.to(q.dtype), value.to(q.dtype)
-        if self.flex and q.is_cuda and groups == 1:
+        if self._flex_applies(q, groups):
             o = self._attend_flex(q, key, value, T, q_start, hidden)
         elif isinstance(self.relative, ClippedRelativePosition) and not q.is_cuda:
             o = self._attend_clipped(q, key, value, T, q_start, hidden)
@@ -134,10 +134,14 @@ class MixtureOfMultiHeadAttention(nn.Module):
             o = F.scaled_dot_product_attention(
                 q, key, value, attn_mask=self._attention_bias(q, T, q_start, S, hidden),
                 dropout_p=self.attention_dropout if self.training else 0.0)
-        if groups > 1:
-            o = o.view(B // groups, H, groups, T * k, D).transpose(1, 2).reshape(B, H, T * k, D)
-        o = o.transpose(1, 2).reshape(B * T * k, H * D)  # slot rows again
+        # slot rows again; with groups, (B / G, G·T·k) flattens to the same (B, T·k) rows
+        o = o.transpose(1, 2).reshape(B * T * k, H * D)
         return self.o_proj(o, routing, fan_out=1, gates=routing.gates).view(B, T, d)
+
+    def _flex_applies(self, q: torch.Tensor, groups: int) -> bool:
+        """FlexAttention runs where asked (``--flex-attention``), on CUDA, one query row per
+        key row (beam groups take the default path)."""
+        return self.flex and q.is_cuda and groups == 1
 
     def _hidden_keys(self, q, T: int, q_start: int, S: int,
                      key_padding_mask: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -53,6 +53,7 @@ CASES = [  # (T, q_start, S, picks)
     (4, 0, 4, 2),
     (1, 6, 7, 2),   # one new position after six cached ones (incremental decoding)
     (3, 4, 7, 1),   # three positions after four (a chunk's queries)
+    (2, 8, 10, 1),  # more keys than the head dimension D = 8 (S read from the keys' dim 2)
 ]
 
 
@@ -150,3 +151,67 @@ def test_on_cuda_attend_runs_the_compiled_flex_attention(monkeypatch):
     assert calls == ["eager"]
     flex_attention.attend(q.as_subclass(LooksCuda), q, q, 1, 0, None, None, 0, 0, None)
     assert calls == ["eager", "fused", "eager"]
+
+
+class LooksCuda(torch.Tensor):
+    @property
+    def is_cuda(self):
+        return True
+
+
+def test_flex_applies_on_cuda_where_asked_one_query_row_per_key_row():
+    on, off = (MixtureOfMultiHeadAttention(16, 16, 3, 2, H, D, 16, flex=f) for f in (True, False))
+    q = torch.zeros(2, H, 3, D)
+    assert on._flex_applies(q.as_subclass(LooksCuda), groups=1)
+    assert not on._flex_applies(q, groups=1)                            # CPU
+    assert not on._flex_applies(q.as_subclass(LooksCuda), groups=2)     # beams over shared keys
+    assert not off._flex_applies(q.as_subclass(LooksCuda), groups=1)    # not asked
+
+
+@pytest.mark.parametrize("relative", [None, "clipped", "t5"])
+def test_where_flex_applies_the_forward_is_the_default_paths(relative, monkeypatch):
+    """The forward with FlexAttention's branch taken (on the CPU: ``_flex_applies`` made
+    true) gives the default path's output: the branch hands ``_attend_flex`` the queries,
+    keys, values, positions and hidden keys it has."""
+    torch.manual_seed(3)
+    x = torch.randn(2, 5, 16)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, -2:] = True
+    attn = _attention(relative, causal=True)
+    attn.eval()
+    active = ~pad
+    with torch.no_grad():  # FlexAttention has no CPU backward
+        k, v = attn.project_kv(x)
+        want = attn(x[:, 2:], k, v, active[:, 2:], key_padding_mask=pad, q_start=2)
+        calls = []
+        attend_flex = attn._attend_flex
+        monkeypatch.setattr(attn, "_flex_applies", lambda q, groups: groups == 1)
+        monkeypatch.setattr(attn, "_attend_flex", lambda *a: calls.append(a) or attend_flex(*a))
+        got = attn(x[:, 2:], k, v, active[:, 2:], key_padding_mask=pad, q_start=2)
+    assert len(calls) == 1 and calls[0][3:5] == (3, 2)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_the_default_form_takes_attention_dropout():
+    """FlexAttention is asked for (``flex=True``), never the default: without it attention
+    dropout is accepted."""
+    attn = MixtureOfMultiHeadAttention(16, 16, 3, 2, H, D, 16, attention_dropout=0.1)
+    assert attn.flex is False and attn.attention_dropout == 0.1
+
+
+def test_the_t5_table_enters_the_scores_in_the_queries_dtype():
+    """bf16 queries with the layer's parameters in fp32 (autocast's case): the T5 table is
+    rounded to bf16 before it is added, as the default path's additive bias is; an fp32
+    table would move the output by up to a bf16 step."""
+    from sut_fairseq.modules import flex_attention
+
+    attn = _attention("t5", causal=True)
+    torch.manual_seed(4)
+    T, S = 4, 4
+    q, k, v = (torch.randn(1, H, T * 2, D, dtype=torch.bfloat16) for _ in range(3))
+    with torch.no_grad():
+        got = attn._attend_flex(q, k[:, :, :S], v[:, :, :S], T, 0, None)
+        table = attn.relative(T, 0, S).to(torch.bfloat16)
+        want = flex_attention.attend(q, k[:, :, :S], v[:, :, :S], 2, 0, None, None, 0, 0, table)
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got, want, atol=0, rtol=0)

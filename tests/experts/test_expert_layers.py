@@ -183,6 +183,38 @@ def _momha(E, k, H=2, D=3, d=6, relative=None, window=2, causal=False, seed=0):
     return m
 
 
+def test_momha_beams_over_shared_keys_equal_each_row_with_its_own_keys():
+    """Beam search's cross-attention: G = 2 beams of each of 2 sentences (4 query rows of 3
+    positions) over the sentences' 2 key rows, one of them padded, give what each query row
+    gives over its own copy of its sentence's keys."""
+    m = _momha(4, 2)
+    torch.manual_seed(5)
+    src = torch.randn(2, 5, 6, dtype=torch.float64)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[1, -2:] = True
+    query = torch.randn(4, 3, 6, dtype=torch.float64)
+    active = torch.ones(4, 3, dtype=torch.bool)
+    with torch.no_grad():
+        k, v = m.project_kv(src)
+        shared = m(query, k, v, active, key_padding_mask=pad)
+        own = m(query, k.repeat_interleave(2, 0), v.repeat_interleave(2, 0), active,
+                key_padding_mask=pad.repeat_interleave(2, 0))
+    torch.testing.assert_close(shared, own)
+
+
+@pytest.mark.parametrize("relative,causal,key_rows", [(None, False, 3), (None, True, 2), ("clipped", False, 2)])
+def test_momha_refuses_shared_keys_where_they_do_not_apply(relative, causal, key_rows):
+    """Query rows sharing key rows: only a whole number of rows per key row, not causal,
+    no relative term (4 query rows, H = 2 heads)."""
+    m = _momha(4, 2, relative=relative, causal=causal)
+    query, keys = torch.randn(4, 3, 6, dtype=torch.float64), torch.randn(key_rows, 2, 5, 3, dtype=torch.float64)
+    message = (f"4 query rows over {key_rows} key rows: shared keys are for non-causal attention "
+               "without relative positions")
+    with pytest.raises(ValueError) as error:
+        m(query, keys, keys, torch.ones(4, 3, dtype=torch.bool))
+    assert str(error.value) == message
+
+
 @pytest.mark.parametrize("E,k,relative,causal", [(4, 2, None, False), (3, 3, "clipped", True),
                                                  (4, 2, "clipped", False),
                                                  (3, 1, "t5", False), (2, 2, "t5", True)])
@@ -226,6 +258,29 @@ def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
                     heads.append((p[:, None] * V[b, h]).sum(0))
                 expect[b, t] += g * (torch.cat(heads) @ m.o_proj.weight[e])
     torch.testing.assert_close(y, expect)
+
+
+@pytest.mark.parametrize("T", [1, 2])
+def test_one_decoding_position_scores_the_offsets_apart_without_copying_the_keys(T, monkeypatch):
+    """The clipped path at one query position (incremental decoding) computes q·r apart and
+    never joins the relative vectors to the S cached keys (no ``torch.cat``); at two
+    positions it joins them. Both equal SDPA with the additive bias."""
+    m = _momha(3, 2, relative="clipped", window=1, causal=True)
+    with torch.no_grad():
+        m.relative.embeddings.normal_()
+    B, H, D, q_start = 2, 2, 3, 4
+    S = q_start + T
+    q = torch.randn(B, H, T * 2, D, dtype=torch.float64)
+    key, value = torch.randn(B, H, S, D, dtype=torch.float64), torch.randn(B, H, S, D, dtype=torch.float64)
+    hidden = m._hidden_keys(q, T, q_start, S, None)
+    joined, cat = [], torch.cat
+    monkeypatch.setattr(torch, "cat", lambda *a, **kw: joined.append(1) or cat(*a, **kw))
+    with torch.no_grad():
+        got = m._attend_clipped(q, key, value, T, q_start, hidden)
+    monkeypatch.setattr(torch, "cat", cat)
+    assert len(joined) == (0 if T == 1 else 1)
+    want = F.scaled_dot_product_attention(q, key, value, attn_mask=m._attention_bias(q, T, q_start, S, hidden))
+    torch.testing.assert_close(got, want)
 
 
 @pytest.mark.parametrize("causal,q_start", [(False, 0), (True, 0), (True, 3)])
