@@ -76,6 +76,32 @@ def test_top_k_by_argmax_equals_topk():
         assert torch.equal(top_k_by_argmax(probs, k), probs.topk(k, dim=1).indices)
 
 
+def test_the_router_picks_by_argmax_passes_only_in_a_compiled_step_on_cuda(monkeypatch):
+    """``_argmax_top_k``: a CUDA tensor under tracing, nothing else (CPU tensors, eager
+    CUDA); where it holds, ``_select`` picks by ``top_k_by_argmax`` (the same indices as
+    ``topk``), otherwise by ``topk``."""
+    from sut_fairseq.modules import router
+
+    class LooksCuda(torch.Tensor):
+        @property
+        def is_cuda(self):
+            return True
+
+    probs = torch.randn(6, 5).softmax(-1)
+    for traced in (False, True):
+        monkeypatch.setattr(router, "tracing", lambda: traced)
+        assert router._argmax_top_k(probs.as_subclass(LooksCuda)) is traced
+        assert router._argmax_top_k(probs) is False
+    r = router.Router(8, 5, 2, hidden_dim=4)
+    calls, by_argmax = [], router.top_k_by_argmax
+    monkeypatch.setattr(router, "top_k_by_argmax", lambda p, k: calls.append(k) or by_argmax(p, k))
+    for picks_by_argmax in (False, True):
+        monkeypatch.setattr(router, "_argmax_top_k", lambda p: picks_by_argmax)
+        got = r._select(probs.log(), probs)
+        assert torch.equal(got, probs.topk(2, dim=1).indices)
+        assert calls == ([2] if picks_by_argmax else [])
+
+
 @pytest.mark.parametrize("compiled_branch", [False, True])
 def test_model_with_argmax_top_k_equals_topk(request, compiled_branch):
     """The routers picking by argmax passes (as on CUDA) against ``topk``: the same model
