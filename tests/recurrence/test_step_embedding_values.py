@@ -90,3 +90,15 @@ def test_build_step_embedding_none_a_side_embedding_or_a_refusal_naming_the_choi
     assert str(error.value) == (
         "unknown step embedding 'learned'; choose from ('none', 'timestep', 'coordinate')")
     assert STEP_EMBEDDINGS == ("none", "timestep", "coordinate")
+
+
+def test_the_table_is_one_row_per_step_on_the_states_device_and_dtype():
+    """``StepEmbedding.table(L, like)``: (L, d), row l - 1 = TE(l) as ``timestep`` gives it,
+    in ``like``'s dtype and on its device (a meta tensor shows the device is followed)."""
+    emb = StepEmbedding("timestep", 6)
+    like = torch.zeros((), dtype=torch.float64)
+    table = emb.table(4, like)
+    assert table.shape == (4, 6) and table.dtype == torch.float64
+    assert torch.equal(table, torch.stack([emb.timestep(l, like) for l in range(1, 5)]))
+    on_meta = emb.table(4, torch.empty(0, dtype=torch.float16, device="meta"))
+    assert on_meta.device.type == "meta" and on_meta.dtype == torch.float16 and on_meta.shape == (4, 6)
