@@ -120,7 +120,8 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                          "test_hyper_ut.py"),
     "sut_fairseq/models/sut_transformer.py": ("test_incremental.py", "test_recurrence_step.py",
                                               "test_halting_kv.py", "test_chunked.py", "test_hyper_ut.py",
-                                              "test_options_off.py"),
+                                              "test_options_off.py", "test_exits.py", "test_chunk_positions.py",
+                                              "test_chunk_cache.py"),
     # last: its tests compile (tens of seconds per mutant)
     "sut_fairseq/compiler.py": ("test_compiled_step.py",),
 }

@@ -4,7 +4,7 @@ and stays equal after beam reordering."""
 import pytest
 import torch
 
-from conftest import decoder_case, run_incremental
+from conftest import decoder_case, make_model, run_incremental
 
 
 @pytest.mark.parametrize("threshold", [0.999, 0.6, 0.3])
@@ -87,3 +87,40 @@ def test_left_padded_batch_matches_each_sequence_alone():
             torch.testing.assert_close(out[row:row + 1, 7 - n:], alone, atol=1e-5, rtol=1e-5)
             assert torch.equal(extra["halting_decoder"].steps[row, 7 - n:],
                                extra_alone["halting_decoder"].steps[0])
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_the_encoder_out_keeps_the_source_lengths_and_reorders_every_entry(chunked):
+    """``encoder_out["src_lengths"]`` is the lengths given, and ``reorder_encoder_out``
+    reorders them with the rows (B along dim 1 of the outputs, dim 0 of the mask and the
+    lengths), keeping the halting results; the chunk-wise encoder (memory slots, the
+    default ``both``) too."""
+    overrides = dict(encoder_chunk_size=2, encoder_memory_slots=2) if chunked else {}
+    model = make_model(**overrides)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1], [5, 2, 1, 1]])
+    lengths = src.ne(1).sum(1)
+    with torch.no_grad():
+        out = model.encoder(src, src_lengths=lengths)
+    assert len(out["src_lengths"]) == 1 and torch.equal(out["src_lengths"][0], lengths)
+    order = torch.tensor([2, 0, 0, 1])
+    moved = model.encoder.reorder_encoder_out(out, order)
+    assert torch.equal(moved["src_lengths"][0], lengths[order])
+    assert torch.equal(moved["encoder_out"][0], out["encoder_out"][0][:, order])
+    assert torch.equal(moved["encoder_padding_mask"][0], out["encoder_padding_mask"][0][order])
+    assert moved["halting"] is out["halting"]
+
+
+@pytest.mark.parametrize("mode,rows", [("tokens", 4), ("memory", 2), ("both", 6)])
+def test_the_chunked_encoder_out_holds_what_tlb_encoder_out_names(mode, rows):
+    """``--tlb-encoder-out``: the chunk outputs (S = 4 rows, their padding), the memory's
+    2 slots (never padding), or both, on the key axis."""
+    model = make_model(encoder_chunk_size=2, encoder_memory_slots=2, tlb_encoder_out=mode)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+    with torch.no_grad():
+        out = model.encoder(src, src_lengths=src.ne(1).sum(1))
+    assert out["encoder_out"][0].shape[:2] == (rows, 2)
+    mask = out["encoder_padding_mask"][0]
+    token_mask = src.eq(1)
+    want = {"tokens": token_mask, "memory": torch.zeros(2, 2, dtype=torch.bool),
+            "both": torch.cat([token_mask, torch.zeros(2, 2, dtype=torch.bool)], 1)}[mode]
+    assert torch.equal(mask, want)
