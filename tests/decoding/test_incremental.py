@@ -124,3 +124,25 @@ def test_the_chunked_encoder_out_holds_what_tlb_encoder_out_names(mode, rows):
     want = {"tokens": token_mask, "memory": torch.zeros(2, 2, dtype=torch.bool),
             "both": torch.cat([token_mask, torch.zeros(2, 2, dtype=torch.bool)], 1)}[mode]
     assert torch.equal(mask, want)
+
+
+def test_chunked_incremental_decoding_projects_the_encoder_keys_once(monkeypatch):
+    """A chunk-wise decoder's incremental steps read the encoder's cross-attention keys and
+    values from the decoder state: projected at the first position only, as the plain
+    decoder's are; the logits equal the full forward's."""
+    model = make_model(decoder_chunk_size=2, decoder_memory_slots=2)
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+    prev = torch.tensor([[2, 5, 9, 6, 7], [2, 8, 8, 5, 1]])
+    block = model.decoder.side.block
+    calls, cross_kv = [], block.cross_kv
+    monkeypatch.setattr(block, "cross_kv", lambda enc: calls.append(1) or cross_kv(enc))
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=src.ne(1).sum(1))
+        full, _ = model.decoder(prev, encoder_out)
+        calls.clear()
+        state = {}
+        steps = [model.decoder(prev[:, :t], encoder_out, incremental_state=state)[0] for t in range(1, 6)]
+    assert len(calls) == 1
+    got = torch.cat(steps, 1)
+    torch.testing.assert_close(got[0], full[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(got[1, :4], full[1, :4], atol=1e-5, rtol=1e-5)  # its last is padding
