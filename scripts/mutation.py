@@ -96,7 +96,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/ops/routing.py": ("test_routing_layout.py", "test_expert_layers.py"),
     "sut_fairseq/ops/reference_linear.py": ("test_custom_ops.py", "test_routed_linear_api.py", "test_expert_layers.py",
                                            "test_kernels_interpret.py"),
-    "sut_fairseq/ops/masked_linear_op.py": ("test_custom_ops.py", "test_compiled_step.py"),
+    "sut_fairseq/ops/masked_linear_op.py": ("test_custom_ops.py", "test_lean_ops.py", "test_compiled_step.py"),
     "sut_fairseq/criterions/auxiliary.py": ("test_classifier.py", "test_router_losses.py",
                                             "test_criterion_metrics.py"),
     "sut_fairseq/criterions/losses.py": ("test_router_losses.py",),

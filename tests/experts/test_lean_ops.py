@@ -115,3 +115,22 @@ def test_model_with_argmax_top_k_equals_topk(request, compiled_branch):
     src, prev = _sut_tiny_batch()
     with _patched(router, "_argmax_top_k", lambda probs: True):
         assert_same_as_old(model, src, prev, lambda: _patched(router, "_argmax_top_k", lambda p: False))
+
+
+def test_masked_affine_takes_the_dense_form_exactly_where_asked(monkeypatch):
+    """``masked_affine`` runs ``dense_masked_linear`` where ``_dense`` says so (CUDA) and the
+    custom op elsewhere; both give x Wᵀ + b on the selected rows and 0 on the others, for
+    (B, T, in) inputs."""
+    from sut_fairseq.ops import masked_linear_op
+
+    torch.manual_seed(0)
+    x, w, b = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
+    mask = torch.tensor([[True, False, True], [False, True, True]])
+    want = torch.where(mask[..., None], x @ w.T + b, 0.0)
+    calls, dense = [], masked_linear_op.dense_masked_linear
+    monkeypatch.setattr(masked_linear_op, "dense_masked_linear", lambda *a: calls.append(1) or dense(*a))
+    for use_dense in (False, True):
+        monkeypatch.setattr(masked_linear_op, "_dense", lambda t: use_dense)
+        got = masked_linear_op.masked_affine(x, w, b, mask)
+        assert got.shape == (2, 3, 5) and len(calls) == int(use_dense)
+        torch.testing.assert_close(got, want)
