@@ -126,11 +126,16 @@ def test_the_chunked_encoder_out_holds_what_tlb_encoder_out_names(mode, rows):
     assert torch.equal(mask, want)
 
 
-def test_chunked_incremental_decoding_projects_the_encoder_keys_once(monkeypatch):
-    """A chunk-wise decoder's incremental steps read the encoder's cross-attention keys and
-    values from the decoder state: projected at the first position only, as the plain
-    decoder's are; the logits equal the full forward's."""
-    model = make_model(decoder_chunk_size=2, decoder_memory_slots=2)
+@pytest.mark.parametrize("overrides", [{}, dict(decoder_chunk_size=2, decoder_memory_slots=2),
+                                       dict(decoder_chunk_size=2, decoder_memory_slots=2,
+                                            decoder_chunk_positions="global")],
+                         ids=["plain", "chunked", "chunked-global-positions"])
+def test_incremental_decoding_projects_the_encoder_keys_once(overrides, monkeypatch):
+    """Incremental steps read the encoder's cross-attention keys and values from the decoder
+    state: projected at the first position only, by the plain decoder and the chunk-wise
+    one (its positions within each chunk or along the sentence); the logits equal the
+    full forward's."""
+    model = make_model(**overrides)
     src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
     prev = torch.tensor([[2, 5, 9, 6, 7], [2, 8, 8, 5, 1]])
     block = model.decoder.side.block
