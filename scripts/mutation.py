@@ -279,10 +279,17 @@ def run_module(workdir: str, tests: Tuple[str, ...], max_children: int,
         ok = mutmut(workdir, "run", "--max-children", str(max_children), check=False).returncode == 0
     else:
         # mutmut runs again every mutant it is given by name: the globs on a fresh work
-        # directory, then only the selected mutants not tried yet
-        todo = patterns if not before else sorted(n for n, s in before.items() if s == PENDING)
-        ok = not todo or mutmut(workdir, "run", "--max-children", str(max_children), *todo,
-                                check=False).returncode == 0
+        # directory, then only the selected mutants not tried yet. A run first generates the
+        # mutants of functions changed since the last one (new names, not tried yet): with
+        # nothing left to try, one tried mutant runs again to have them made, and a second
+        # pass tries them.
+        todo = sorted(n for n, s in before.items() if s == PENDING) if before else list(patterns)
+        ok = mutmut(workdir, "run", "--max-children", str(max_children), *(todo or sorted(before)[:1]),
+                    check=False).returncode == 0
+        made = sorted(n for n, s in results(workdir).items() if s == PENDING and _selected(n, patterns))
+        if ok and before and made:
+            ok = mutmut(workdir, "run", "--max-children", str(max_children), *made,
+                        check=False).returncode == 0
     now = {n: s for n, s in results(workdir).items() if _selected(n, patterns)}
     survivors = [n for n, s in now.items() if s not in DETECTED and s != PENDING]
     if ok and changed and survivors:

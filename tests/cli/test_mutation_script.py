@@ -170,9 +170,21 @@ def test_a_change_runs_only_its_mutants_and_resumes(mutation, monkeypatch, tmp_p
     assert runs == [["p.x_f__mutmut_*"]] and status["p.x_f__mutmut_2"] == "not checked"
     assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])
     assert runs[1] == ["p.x_f__mutmut_2"] and status["p.x_g__mutmut_1"] == "not checked"
+    # all tried, then f's code changes: a run (of one tried mutant) makes its new mutant,
+    # a second pass tries it
     runs.clear()
-    assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])   # all tried: nothing to run
-    assert runs == []
+    every["p.x_f__mutmut_3"] = "killed"
+    generated = run
+    def run(workdir, *args, check=True):  # noqa: F811 (the fake, with generation)
+        done = generated(workdir, *args, check=check)
+        status.setdefault("p.x_f__mutmut_3", "not checked")
+        return done
+    monkeypatch.setattr(mutation, "mutmut", run)
+    assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])
+    assert runs == [["p.x_f__mutmut_1"], ["p.x_f__mutmut_3"]] and status["p.x_f__mutmut_3"] == "killed"
+    runs.clear()
+    assert mutation.run_module(work, ("test_m.py",), 1, ["p.x_f__mutmut_*"])   # nothing new: one re-run
+    assert runs == [["p.x_f__mutmut_1"]]
     monkeypatch.setattr(mutation, "discover", lambda: {"p.py": ("test_m.py",)})
     monkeypatch.setattr(mutation, "changed_since", lambda module, rev: ["p.x_f__mutmut_*"])
     monkeypatch.setattr(mutation, "equivalent_mutants", lambda: {})
@@ -182,5 +194,5 @@ def test_a_change_runs_only_its_mutants_and_resumes(mutation, monkeypatch, tmp_p
     with contextlib.redirect_stdout(out):
         assert mutation.main(["--report", "--workdir", str(tmp_path), "--changed-since", "abc"]) == 0
     lines = out.getvalue().strip().splitlines()
-    assert "| p.py | 2 | 1 | 50.0 % | 0 | 1 | 0 |" in lines
-    assert lines[-1] == "mutation score: 1 killed of 2 (50.0%) (the functions changed since abc)"
+    assert "| p.py | 3 | 2 | 66.7 % | 0 | 1 | 0 |" in lines
+    assert lines[-1] == "mutation score: 2 killed of 3 (66.7%) (the functions changed since abc)"
