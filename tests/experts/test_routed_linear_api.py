@@ -223,3 +223,21 @@ def test_both_forwards_of_the_reference_equal_a_per_slot_loop(dtype, din, dout, 
     halted = make_routing(torch.full((n, k), e), torch.zeros(n, k, dtype=dtype), e)
     assert torch.equal(reference_routed_linear(x, W, b, halted, k, gates=halted.gates),
                        torch.zeros(n, dout, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["grouped", "looped"])
+def test_one_active_row_is_computed_and_the_rest_are_zero(dtype):
+    """A batch with exactly one routed row (one token of two decoding with k = 1, the other
+    halted): its row is x W[e] + b[e], the no-op row zero, in both forwards (grouped_mm
+    takes no float64)."""
+    from sut_fairseq.ops.reference_linear import _grouped_gemm_takes
+
+    g = torch.Generator().manual_seed(2)
+    e = 3
+    r = make_routing(torch.tensor([[1], [e]]), torch.tensor([[1.0], [0.0]], dtype=dtype), e)
+    x, W, b = (torch.randn(2, 8, generator=g, dtype=dtype), torch.randn(e, 8, 12, generator=g, dtype=dtype),
+               torch.randn(e, 12, generator=g, dtype=dtype))
+    assert _grouped_gemm_takes(x, W, 1) == (dtype == torch.float32)
+    y = reference_routed_linear(x, W, b, r, 1)
+    torch.testing.assert_close(y[0], x[0] @ W[1] + b[1], rtol=1e-5, atol=1e-5)
+    assert not y[1].any()
