@@ -241,3 +241,24 @@ def test_one_active_row_is_computed_and_the_rest_are_zero(dtype):
     y = reference_routed_linear(x, W, b, r, 1)
     torch.testing.assert_close(y[0], x[0] @ W[1] + b[1], rtol=1e-5, atol=1e-5)
     assert not y[1].any()
+
+
+def test_one_expert_with_sorted_rows_in_has_the_gradients_of_a_dense_layer():
+    """E = 1 (a dense UT's layers through the routed op), rows already sorted (``grouped_in``),
+    one halted slot: the output is x W + b on the active rows and 0 on the halted one, and
+    every gradient is the dense layer's on the active rows (0 for the halted row's input)."""
+    g = torch.Generator().manual_seed(3)
+    r = make_routing(torch.tensor([[0], [1], [0]]), torch.tensor([[1.0], [0.0], [1.0]], dtype=torch.float64), 1)
+    x = torch.randn(3, DIN, generator=g, dtype=torch.float64, requires_grad=True)
+    W = torch.randn(1, DIN, DOUT, generator=g, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(1, DOUT, generator=g, dtype=torch.float64, requires_grad=True)
+    y = reference_routed_linear(x, W, b, r, 1, grouped_in=True)   # slot order out
+    active = r.sorted_scattered_idxs[:2]                             # the slots of sorted rows 0, 1
+    want = torch.zeros(3, DOUT, dtype=torch.float64).index_copy(0, active, x[:2] @ W[0] + b[0])
+    dy = torch.randn(3, DOUT, generator=g, dtype=torch.float64)
+    got = torch.autograd.grad(y, (x, W, b), dy)
+    expect = torch.autograd.grad(want, (x, W, b), dy)
+    torch.testing.assert_close(y, want)
+    for a, e in zip(got, expect):
+        torch.testing.assert_close(a, e)
+    assert not got[0][2].any()
