@@ -151,3 +151,39 @@ def test_incremental_decoding_projects_the_encoder_keys_once(overrides, monkeypa
     got = torch.cat(steps, 1)
     torch.testing.assert_close(got[0], full[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(got[1, :4], full[1, :4], atol=1e-5, rtol=1e-5)  # its last is padding
+
+
+def test_the_decoder_extra_follows_fairseq_and_reads_the_encoder_halting_when_there():
+    """The decoder's extra output: ``attn`` [None] (no alignment), ``inner_states`` [S_L as
+    (T, B, d)], both sides' halting results; an encoder output without ``halting`` (another
+    encoder's) gives ``halting_encoder`` None."""
+    model = make_model()
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]])
+    prev = torch.tensor([[2, 5, 9], [2, 8, 8]])
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=src.ne(1).sum(1))
+        features, extra = model.decoder(prev, encoder_out, features_only=True)
+        _, bare = model.decoder(prev, {k: v for k, v in encoder_out.items() if k != "halting"}, features_only=True)
+    assert extra["attn"] == [None]
+    assert len(extra["inner_states"]) == 1 and torch.equal(extra["inner_states"][0], features.transpose(0, 1))
+    assert extra["halting_encoder"] is encoder_out["halting"][0] and extra["halting_decoder"] is not None
+    assert bare["halting_encoder"] is None
+
+
+def test_under_beam_search_the_encoder_keys_are_kept_once_per_sentence():
+    """``set_beam_size(2)`` (as fairseq's generator calls it): the incremental decoder keeps
+    the cross-attention keys of each of the 2 sentences once, not once per beam row, and
+    its first step equals the step without beam sharing."""
+    model = make_model()
+    src = torch.tensor([[5, 6, 7, 2], [8, 9, 2, 1]]).repeat_interleave(2, 0)   # 2 sentences x 2 beams
+    prev = torch.full((4, 1), 2)
+    outs = []
+    with torch.no_grad():
+        encoder_out = model.encoder(src, src_lengths=src.ne(1).sum(1))
+        for beam in (1, 2):
+            model.decoder.set_beam_size(beam)
+            state = {}
+            outs.append(model.decoder(prev, encoder_out, incremental_state=state)[0])
+            kept = model.decoder.decoder_state(state).cross.k.size(0)
+            assert kept == 4 // beam
+    torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
