@@ -277,6 +277,7 @@ def run_module(workdir: str, tests: Tuple[str, ...], max_children: int,
             os.remove(stats)
     if patterns is None:
         ok = mutmut(workdir, "run", "--max-children", str(max_children), check=False).returncode == 0
+        status = results(workdir)
     else:
         # mutmut runs again every mutant it is given by name: the globs on a fresh work
         # directory, then only the selected mutants not tried yet. A run first generates the
@@ -286,19 +287,21 @@ def run_module(workdir: str, tests: Tuple[str, ...], max_children: int,
         todo = sorted(n for n, s in before.items() if s == PENDING) if before else list(patterns)
         ok = mutmut(workdir, "run", "--max-children", str(max_children), *(todo or sorted(before)[:1]),
                     check=False).returncode == 0
-        made = sorted(n for n, s in results(workdir).items() if s == PENDING and _selected(n, patterns))
+        status = results(workdir)
+        made = sorted(n for n, s in status.items() if s == PENDING and _selected(n, patterns))
         if ok and before and made:
             ok = mutmut(workdir, "run", "--max-children", str(max_children), *made,
                         check=False).returncode == 0
-    now = {n: s for n, s in results(workdir).items() if _selected(n, patterns)}
-    survivors = [n for n, s in now.items() if s not in DETECTED and s != PENDING]
+            status = results(workdir)
+    survivors = [n for n, s in status.items() if s not in DETECTED and s != PENDING and _selected(n, patterns)]
     if ok and changed and survivors:
         print(f"   the tests changed: trying the {len(survivors)} survivors again", flush=True)
         ok = mutmut(workdir, "run", "--max-children", str(max_children), *survivors,
                     check=False).returncode == 0
+        status = results(workdir)
     # a loaded machine (another job taking the core) times tests out: every run tries the
     # timed-out mutants once more, so a timeout that counts as killed happened twice
-    timeouts = [n for n, s in results(workdir).items() if s == "timeout" and _selected(n, patterns)]
+    timeouts = [n for n, s in status.items() if s == "timeout" and _selected(n, patterns)]
     if ok and timeouts:
         print(f"   trying the {len(timeouts)} timed-out mutants again", flush=True)
         ok = mutmut(workdir, "run", "--max-children", str(max_children), *timeouts,

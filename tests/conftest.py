@@ -77,6 +77,15 @@ class ScriptedRng:
         return self.numbers.pop(0)
 
 
+class LooksCuda(torch.Tensor):
+    """A CPU tensor that reports ``is_cuda`` (``t.as_subclass(LooksCuda)``): runs a branch
+    taken for CUDA tensors, where that branch computes nothing CUDA-only."""
+
+    @property
+    def is_cuda(self):
+        return True
+
+
 def randomise_halting(model, std=2.0, seed=1):
     """Give the halting units a non-zero last layer so positions halt at different steps."""
     g = torch.Generator().manual_seed(seed)

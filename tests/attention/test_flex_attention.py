@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from conftest import LooksCuda
 from sut_fairseq.modules.momha import MixtureOfMultiHeadAttention
 from sut_fairseq.modules.relative_position import ClippedRelativePosition, T5RelativeBias, t5_bucket
 
@@ -129,11 +130,6 @@ def test_on_cuda_attend_runs_the_compiled_flex_attention(monkeypatch):
     from sut_fairseq import compiler
     from sut_fairseq.modules import flex_attention
 
-    class LooksCuda(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
-
     calls = []
 
     def eager(q, key, value, score_mod):
@@ -151,12 +147,6 @@ def test_on_cuda_attend_runs_the_compiled_flex_attention(monkeypatch):
     assert calls == ["eager"]
     flex_attention.attend(q.as_subclass(LooksCuda), q, q, 1, 0, None, None, 0, 0, None)
     assert calls == ["eager", "fused", "eager"]
-
-
-class LooksCuda(torch.Tensor):
-    @property
-    def is_cuda(self):
-        return True
 
 
 def test_flex_applies_on_cuda_where_asked_one_query_row_per_key_row():

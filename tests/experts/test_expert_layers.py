@@ -274,10 +274,9 @@ def test_one_decoding_position_scores_the_offsets_apart_without_copying_the_keys
     key, value = torch.randn(B, H, S, D, dtype=torch.float64), torch.randn(B, H, S, D, dtype=torch.float64)
     hidden = m._hidden_keys(q, T, q_start, S, None)
     joined, cat = [], torch.cat
-    monkeypatch.setattr(torch, "cat", lambda *a, **kw: joined.append(1) or cat(*a, **kw))
-    with torch.no_grad():
+    with monkeypatch.context() as patch, torch.no_grad():
+        patch.setattr(torch, "cat", lambda *a, **kw: joined.append(1) or cat(*a, **kw))
         got = m._attend_clipped(q, key, value, T, q_start, hidden)
-    monkeypatch.setattr(torch, "cat", cat)
     assert len(joined) == (0 if T == 1 else 1)
     want = F.scaled_dot_product_attention(q, key, value, attn_mask=m._attention_bias(q, T, q_start, S, hidden))
     torch.testing.assert_close(got, want)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import make_model, randomise_halting
+from conftest import LooksCuda, make_model, randomise_halting
 from old_code import assert_same_as_old
 from sut_fairseq.ops import masked_linear_op
 from sut_fairseq.ops.masked_linear_op import dense_masked_linear
@@ -82,11 +82,6 @@ def test_the_router_picks_by_argmax_passes_only_in_a_compiled_step_on_cuda(monke
     ``topk``), otherwise by ``topk``."""
     from sut_fairseq.modules import router
 
-    class LooksCuda(torch.Tensor):
-        @property
-        def is_cuda(self):
-            return True
-
     probs = torch.randn(6, 5).softmax(-1)
     for traced in (False, True):
         monkeypatch.setattr(router, "tracing", lambda: traced)
@@ -121,8 +116,6 @@ def test_masked_affine_takes_the_dense_form_exactly_where_asked(monkeypatch):
     """``masked_affine`` runs ``dense_masked_linear`` where ``_dense`` says so (CUDA) and the
     custom op elsewhere; both give x Wᵀ + b on the selected rows and 0 on the others, for
     (B, T, in) inputs."""
-    from sut_fairseq.ops import masked_linear_op
-
     torch.manual_seed(0)
     x, w, b = torch.randn(2, 3, 4), torch.randn(5, 4), torch.randn(5)
     mask = torch.tensor([[True, False, True], [False, True, True]])
