@@ -262,3 +262,43 @@ def test_one_expert_with_sorted_rows_in_has_the_gradients_of_a_dense_layer():
     for a, e in zip(got, expect):
         torch.testing.assert_close(a, e)
     assert not got[0][2].any()
+
+
+def test_the_grouped_forward_takes_up_to_its_row_limit_per_expert_and_aligned_operands(monkeypatch):
+    """``_grouped_gemm_takes``: at most GROUPED_MAX_ROWS_PER_EXPERT active rows per expert on
+    average (E × the limit in all, the limit itself included), float32 / bf16 / fp16, a
+    contiguous weight, 16-byte rows of x and of each expert's output."""
+    from sut_fairseq.ops import reference_linear
+    from sut_fairseq.ops.reference_linear import _grouped_gemm_takes
+
+    monkeypatch.setattr(reference_linear, "GROUPED_MAX_ROWS_PER_EXPERT", 2)
+    x, W = torch.zeros(9, 8), torch.zeros(4, 8, 16)
+    assert _grouped_gemm_takes(x, W, 8)  # 4 experts × 2 rows: the limit itself
+    assert not _grouped_gemm_takes(x, W, 9)
+    assert _grouped_gemm_takes(x.half(), W.half(), 8) and _grouped_gemm_takes(x.bfloat16(), W.bfloat16(), 8)
+    assert not _grouped_gemm_takes(x.double(), W.double(), 8)
+    assert not _grouped_gemm_takes(x, W.transpose(1, 2).contiguous().transpose(1, 2), 8)  # not contiguous
+    assert not _grouped_gemm_takes(x, torch.zeros(4, 8, 6), 8)  # output rows of 24 bytes
+    assert not _grouped_gemm_takes(torch.zeros(9, 6), torch.zeros(4, 6, 16), 8)  # input rows of 24 bytes
+
+
+@pytest.mark.parametrize("max_rows", [64, 1], ids=["grouped", "looped"])
+def test_the_reference_forward_rounds_the_gates_to_the_operands_dtype_first(max_rows, monkeypatch):
+    """Row gates in fp32 with bf16 operands (the routers' fp32 softmax under autocast): each
+    gate is rounded to bf16 before it scales its row, exactly as gates given in bf16, in the
+    grouped forward and the expert-by-expert one."""
+    from sut_fairseq.ops import reference_linear
+    from sut_fairseq.ops.reference_linear import _grouped_gemm_takes, reference_forward
+
+    monkeypatch.setattr(reference_linear, "GROUPED_MAX_ROWS_PER_EXPERT", max_rows)
+    g = torch.Generator().manual_seed(3)
+    e, n = 2, 8
+    x = torch.randn(n, 16, generator=g).bfloat16()
+    W, b = torch.randn(e, 16, 16, generator=g).bfloat16(), torch.randn(e, 16, generator=g).bfloat16()
+    gates = torch.rand(n, generator=g) * 0.9 + 0.05  # fp32, most not bf16 values
+    assert not torch.equal(gates.bfloat16().float(), gates)
+    ends = [3, n]
+    assert _grouped_gemm_takes(x, W, n) == (max_rows == 64)
+    got = reference_forward(x, W, b, gates, None, None, ends, n)
+    want = reference_forward(x, W, b, gates.bfloat16(), None, None, ends, n)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want)
