@@ -121,7 +121,9 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/models/sut_transformer.py": ("test_incremental.py", "test_recurrence_step.py",
                                               "test_halting_kv.py", "test_chunked.py", "test_hyper_ut.py",
                                               "test_options_off.py", "test_exits.py", "test_chunk_positions.py",
-                                              "test_chunk_cache.py", "test_step_accounting.py"),
+                                              "test_chunk_cache.py", "test_step_accounting.py",
+                                              "test_step_embedding.py", "test_decoding_golden.py",
+                                              "test_checkpoint_golden.py"),
     # last: its tests compile (tens of seconds per mutant)
     "sut_fairseq/compiler.py": ("test_compiled_step.py",),
 }
