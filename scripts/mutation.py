@@ -123,7 +123,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                               "test_options_off.py", "test_exits.py", "test_chunk_positions.py",
                                               "test_chunk_cache.py", "test_step_accounting.py",
                                               "test_step_embedding.py", "test_decoding_golden.py",
-                                              "test_checkpoint_golden.py", "test_halting_rules.py"),
+                                              "test_checkpoint_golden.py", "test_halting_rules.py", "test_sut_model.py"),
     # last: its tests compile (tens of seconds per mutant)
     "sut_fairseq/compiler.py": ("test_compiled_step.py",),
 }
