@@ -419,7 +419,8 @@ def test_generate_and_prepare_clis(tmp_path):
 def test_classify_form(tmp_path):
     pairs = [li.Pair("<", "( a ( and b ) )", "a"), li.Pair("#", "a", "b")]
     paths = li.write_classify(str(tmp_path), "valid", pairs)
-    assert [os.path.basename(p) for p in paths] == ["valid.input0", "valid.input1", "valid.label"]
+    assert list(paths) == [str(tmp_path / name) for name in ("valid.input0", "valid.input1", "valid.label")]
+    assert sorted(os.listdir(tmp_path)) == ["valid.input0", "valid.input1", "valid.label"]
     assert [open(p).read() for p in paths] == ["( a ( and b ) )\na\n", "a\nb\n", "<\n#\n"]
 
 

@@ -77,6 +77,17 @@ def test_a_side_without_positions_or_chunks_logs_nothing():
                 "chunk_steps_dec"} & set(values)
 
 
+def test_a_logging_output_without_an_exit_loss_adds_nothing_to_it():
+    """The exit losses are summed over the logging outputs that have them: one without
+    (a validation-style output, which the criterion logs without exit losses) adds 0, not
+    an error and not 1, while its target tokens still count."""
+    with_exits = dict(BASE, sample_size=4, exit_loss_1=2.0, exit_loss_2=1.0)
+    without = dict(BASE, sample_size=4)
+    values = _reduce([with_exits, without])
+    assert values["exit_loss_1"] == round(2.0 / 8 / math.log(2), 3)
+    assert values["exit_loss_2"] == round(1.0 / 8 / math.log(2), 3)
+
+
 # --------------------------------------------------------------------------- forward's logging output
 
 def _sample(B=3, S=6, T=5, seed=3):
