@@ -15,6 +15,23 @@ def test_the_encoder_and_decoder_hold_their_dictionary_and_position_limits():
     assert model.max_positions() == (77, 66)
 
 
+def test_each_side_embeds_its_own_dictionary_unless_all_embeddings_are_shared():
+    apart = build_model("sut_tiny", dict_size=40, joined=False, tgt_dict_size=48)
+    enc, dec = apart.encoder.side.embed_tokens, apart.decoder.side.embed_tokens
+    assert enc is not dec and (enc.num_embeddings, dec.num_embeddings) == (40, 48)
+    assert dec.embedding_dim == apart.decoder.output_projection.weight.size(1)
+    shared = build_model("sut_tiny", dict_size=40, share_all_embeddings=True)
+    assert shared.encoder.side.embed_tokens is shared.decoder.side.embed_tokens
+    assert shared.decoder.output_projection.weight is shared.encoder.side.embed_tokens.weight
+
+
+def test_sharing_all_embeddings_needs_one_joined_dictionary():
+    with pytest.raises(ValueError) as error:
+        build_model("sut_tiny", dict_size=40, joined=False, tgt_dict_size=48, share_all_embeddings=True)
+    assert str(error.value) == ("--share-all-embeddings requires a joined dictionary "
+                                "(fairseq-preprocess --joined-dictionary)")
+
+
 @pytest.mark.parametrize("shared", [True, False], ids=["tied", "untied"])
 def test_the_output_projection_is_the_embedding_or_its_own_normal_init_without_bias(shared):
     """Tied (--share-decoder-input-output-embed): the decoder's embedding matrix itself.
