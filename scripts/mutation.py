@@ -118,6 +118,8 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                              "test_compiled_step.py"),
     "sut_fairseq/models/validation.py": ("test_config_errors.py", "test_exits.py", "test_chunked.py",
                                          "test_hyper_ut.py"),
+    "sut_fairseq/models/sut_classifier.py": ("test_classifier.py",),
+    "sut_fairseq/models/transformer_classifier.py": ("test_classifier.py",),
     "sut_fairseq/models/sut_transformer.py": ("test_incremental.py", "test_recurrence_step.py",
                                               "test_halting_kv.py", "test_chunked.py", "test_hyper_ut.py",
                                               "test_options_off.py", "test_exits.py", "test_chunk_positions.py",
