@@ -129,8 +129,64 @@ def test_a_batch_of_pairs_equals_each_pair_alone():
 def test_decoder_options_are_refused():
     with pytest.raises(ValueError, match="--decoder-chunk-size=4 is invalid: sut_classifier has no decoder"):
         _model(pair=False, decoder_chunk_size=4)
-    with pytest.raises(ValueError, match="--decoder-layers=5 is invalid"):
+    with pytest.raises(ValueError) as error:
         _model(pair=False, decoder_layers=5)
+    assert str(error.value) == "--decoder-layers=5 is invalid: sut_classifier has no decoder (leave it unset)"
+
+
+def test_a_model_given_the_other_kind_of_input_names_both():
+    """A pair model given one sentence and a single-sentence model given a pair: the
+    message says what the model classifies and what it was given."""
+    first, first_lengths = _tokens([4, 3], seed=2)
+    with pytest.raises(ValueError) as error:
+        _model(pair=True)(first, first_lengths)
+    assert str(error.value) == "this model classifies pairs but was given one sentence"
+    with pytest.raises(ValueError) as error:
+        _model(pair=False)(first, first_lengths, first, first_lengths)
+    assert str(error.value) == "this model classifies single sentences but was given a pair"
+
+
+def test_the_classifier_options_as_argparse_reads_them():
+    """--pooling (choices, help) and --classifier-hidden-dim (an int, metavar N, help), as
+    `fairseq-train --arch sut_classifier --help` shows them."""
+    import argparse
+
+    from sut_fairseq.models.sut_classifier import add_classifier_args
+
+    parser = argparse.ArgumentParser()
+    add_classifier_args(parser)
+    actions = {a.dest: a for a in parser._actions}
+    pooling, hidden = actions["pooling"], actions["classifier_hidden_dim"]
+    assert pooling.option_strings == ["--pooling"] and tuple(pooling.choices) == ("mean", "end")
+    assert pooling.help == ("sentence vector: mean over the real positions, or the state at the last one "
+                            "(end: the </s>; the paper's choice for GUT/GUTLB) (default: mean)")
+    assert hidden.option_strings == ["--classifier-hidden-dim"] and hidden.metavar == "N"
+    assert hidden.help == "hidden width of the classification MLP (default: the encoder width)"
+    assert parser.parse_args(["--classifier-hidden-dim", "7", "--pooling", "end"]) == \
+        argparse.Namespace(pooling="end", classifier_hidden_dim=7)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--pooling", "max"])
+
+
+def test_the_head_refuses_a_bad_pooling_or_width_by_name():
+    from sut_fairseq.models.sut_classifier import build_head
+
+    task = SimpleNamespace(pair=True, num_classes=3)
+    args = SimpleNamespace(pooling="end", classifier_hidden_dim=1, encoder_embed_dim=8, dropout=0.0)
+    head = build_head(args, task)  # width 1 is a positive integer
+    assert (head.dense.in_features, head.dense.out_features, head.out_proj.out_features) == (32, 1, 3)
+    with pytest.raises(ValueError) as error:
+        build_head(SimpleNamespace(**dict(vars(args), pooling="max")), task)
+    assert str(error.value) == "--pooling='max' is invalid: choose from ('mean', 'end')"
+    for bad in (0, 2.5):
+        with pytest.raises(ValueError) as error:
+            build_head(SimpleNamespace(**dict(vars(args), classifier_hidden_dim=bad)), task)
+        assert str(error.value) == f"--classifier-hidden-dim={bad!r} is invalid: must be a positive integer"
+
+
+def test_the_encoder_holds_the_tasks_dictionary():
+    model = _model(pair=False)
+    assert len(model.encoder.dictionary) == 40 and model.encoder.dictionary.pad() == PAD
 
 
 # --------------------------------------------------------------------------- the transformer baseline
