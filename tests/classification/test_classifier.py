@@ -185,8 +185,8 @@ def test_the_head_refuses_a_bad_pooling_or_width_by_name():
 
 
 def test_the_encoder_holds_the_tasks_dictionary():
-    model = _model(pair=False)
-    assert len(model.encoder.dictionary) == 40 and model.encoder.dictionary.pad() == PAD
+    for model in (_model(pair=False), _transformer(pair=False)):
+        assert len(model.encoder.dictionary) == 40 and model.encoder.dictionary.pad() == PAD
 
 
 # --------------------------------------------------------------------------- the transformer baseline
