@@ -40,6 +40,16 @@ def test_pooling_by_hand():
         pool(states, padding, "max")
 
 
+def test_pooling_stays_on_the_states_device():
+    """Every tensor pooling makes is made on the states' device (meta tensors stand in for
+    CUDA ones: an operation mixing them with CPU tensors fails as on a GPU)."""
+    states = torch.empty(2, 4, 3, device="meta")
+    padding = torch.zeros(2, 4, dtype=torch.bool, device="meta")
+    for mode in ("mean", "end"):
+        pooled = pool(states, padding, mode)
+        assert pooled.device.type == "meta" and pooled.shape == (2, 3)
+
+
 def test_siamese_features_exactly():
     u = torch.tensor([[1.0, -2.0], [0.5, 3.0]])
     v = torch.tensor([[4.0, 1.0], [-1.5, 3.0]])
