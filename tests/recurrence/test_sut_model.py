@@ -7,6 +7,11 @@ from conftest import make_model
 from sut_fairseq.models.standalone import build_model
 
 
+def assert_drawn_from_normal(w: torch.Tensor, std: float):
+    """Thousands of entries of w: mean 0 and standard deviation ``std`` (within 2 %)."""
+    assert abs(w.mean().item()) < 0.01 and w.std().item() == pytest.approx(std, rel=0.02)
+
+
 def test_the_encoder_and_decoder_hold_their_dictionary_and_position_limits():
     model = build_model("sut_tiny", dict_size=40, joined=False, tgt_dict_size=48,
                         max_source_positions=77, max_target_positions=66)
@@ -46,7 +51,7 @@ def test_the_output_projection_is_the_embedding_or_its_own_normal_init_without_b
     if not shared:
         w, d = proj.weight.detach(), proj.weight.size(1)
         assert w.shape == (3000, d)
-        assert abs(w.mean().item()) < 0.01 and w.std().item() == pytest.approx(d ** -0.5, rel=0.02)
+        assert_drawn_from_normal(w, d ** -0.5)
 
 
 def test_the_token_embedding_is_normal_with_a_zero_padding_row():
@@ -56,7 +61,7 @@ def test_the_token_embedding_is_normal_with_a_zero_padding_row():
     pad = model.encoder.dictionary.pad()
     assert not w[pad].any()
     rest = torch.cat([w[:pad], w[pad + 1:]])
-    assert abs(rest.mean().item()) < 0.01 and rest.std().item() == pytest.approx(d ** -0.5, rel=0.02)
+    assert_drawn_from_normal(rest, d ** -0.5)
 
 
 def test_the_step_meter_counts_each_expert_layers_k_and_one_per_hyper_module():
