@@ -254,6 +254,11 @@ def test_training_cost_is_hours_of_one_core_whatever_the_threads():
     assert numbers["ut"]["train_core_hours"][:2] == (2.5, pytest.approx(0.7071, abs=1e-4))
 
 
+# slow (~80 s, the longest test of the suite): in the default run the shared recipe stages
+# are trained, averaged, decoded and scored by test_wmt14_recipe.py's end-to-end test, the
+# threshold sweep by test_analysis.py::test_sweep_writes_csv_and_pngs, and this recipe's
+# stages and commands by test_the_dry_run_prints_every_stage_and_writes_nothing
+@pytest.mark.slow
 def test_the_whole_recipe_runs_on_the_fixture_and_resumes(prepared, tmp_path):
     """data -> train -> evaluate -> report on the tiny corpus, two models, one seed; the
     second call finds every stage done."""
