@@ -54,6 +54,7 @@ Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per arch
 and ``gpu model: sut_base / transformer_wmt_en_de device time R``.
 """
 import argparse
+import dataclasses
 import contextlib
 import itertools
 import math
@@ -98,7 +99,11 @@ class Factors:
     #: cutlass sm75 kernel (12 calls, 4.667 ms) of the O = 63 relative-position product,
     #: 2 x 128 x 4 x 128 x 64 x 63 FLOPs per call in 389 us: 1.4 TFLOP/s
     misaligned_gemm: float = 0.0014
-    triton: float = 0.145          # the routed expert kernels
+    #: the routed expert kernels, each to its rows of the profile (eager ``sut_base``): the
+    #: GEMM (forward and input gradient, 120 launches, 3.134 ms) and the weight gradient
+    #: (60 launches, 4.330 ms)
+    routed_gemm: float = 0.235
+    routed_wgrad: float = 0.085
     bandwidth: float = 0.4         # every kernel's bytes
 
 
@@ -162,14 +167,16 @@ class Kernel:
                 and any(d % 8 for d in self.gemm[1:]))
 
 
-def kernel_ms(k: Kernel, device: Device, factors: Factors = FACTORS) -> float:
+def kernel_ms(k: Kernel, device: Device, factors: Optional[Factors] = None) -> float:
     """Estimated device ms of ``k``: per launch max(FLOPs / (peak x eff), bytes /
     (bandwidth x eff), floor); eff of the GEMMs and attention, of a misaligned GEMM or of
     the Triton kernels by kind; FLOPs and bytes are ``k``'s totals over its launches."""
     if k.launches == 0:
         return 0.0
+    factors = factors or FACTORS
+    routed = factors.routed_gemm if k.name == "_routed_gemm" else factors.routed_wgrad
     eff = {"gemm": factors.misaligned_gemm if k.misaligned() else factors.gemm,
-           "attention": factors.gemm, "triton": factors.triton}.get(k.kind)
+           "attention": factors.gemm, "triton": routed}.get(k.kind)
     compute = k.flops / (device.bf16_tflops * 1e12 * eff) if eff else 0.0
     memory = k.bytes / (device.hbm_tbs * 1e12 * factors.bandwidth)
     return 1e3 * max(compute, memory, k.launches * factors.floor_us * 1e-6)
@@ -612,7 +619,7 @@ def _fused(run, readers) -> List[Kernel]:
 
 # --- calibration, summary, command line ---------------------------------------------------
 
-def total_ms(kernels: List[Kernel], device: Device, factors: Factors = FACTORS) -> float:
+def total_ms(kernels: List[Kernel], device: Device, factors: Optional[Factors] = None) -> float:
     """Estimated device ms of a step's kernels."""
     return sum(kernel_ms(k, device, factors) for k in kernels)
 
@@ -622,8 +629,8 @@ def launches(kernels: List[Kernel]) -> int:
 
 
 #: the H200 profile's per-kernel rows (docs/results/gpu/2026-11-27-h200-train-compiled.txt,
-#: eager sut_base): the misaligned bmm (cutlass sm75 wmma, 12 calls) and the routed kernels
-RECORDED_KERNEL_MS = {"triton": 3.134 + 4.330}
+#: eager sut_base): the routed kernels by name
+RECORDED_KERNEL_MS = {"_routed_gemm": 3.134, "_routed_wgrad": 4.330}
 
 
 def _fit(values, error):
@@ -631,31 +638,32 @@ def _fit(values, error):
 
 
 def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
-    """Factors fitted to ``RECORDED`` on the H200: the Triton efficiency to the profile's
-    rows of the routed kernels (eager sut_base), then the floor,
+    """Factors fitted to ``RECORDED`` on the H200: the routed kernels' efficiencies to the
+    profile's rows of each (eager sut_base), then the floor,
     GEMM and bandwidth efficiencies by a grid search minimising the largest relative error
     of the four steps' device ms."""
     sut = steps[("sut_base", False)]
 
-    def part_error(kind, filt, factor):
+    def part_error(name, factor):
         def error(v):
             f = Factors(**{**FACTORS.__dict__, factor: v})
-            got = sum(kernel_ms(k, H200, f) for k in sut if filt(k))
-            return abs(got / RECORDED_KERNEL_MS[kind] - 1)
+            got = sum(kernel_ms(k, H200, f) for k in sut if k.kind == "triton" and k.name == name)
+            return abs(got / RECORDED_KERNEL_MS[name] - 1)
         return error
 
     grid = [round(0.005 * i, 3) for i in range(1, 101)]
-    triton = _fit(grid, part_error("triton", lambda k: k.kind == "triton", "triton"))
+    routed_gemm = _fit(grid, part_error("_routed_gemm", "routed_gemm"))
+    routed_wgrad = _fit(grid, part_error("_routed_wgrad", "routed_wgrad"))
     mis = FACTORS.misaligned_gemm  # today's step has no such product to fit it on
 
     def error(c):
-        f = Factors(c[0], c[1], mis, triton, c[2])
+        f = Factors(c[0], c[1], mis, routed_gemm, routed_wgrad, c[2])
         return max(abs(total_ms(ks, H200, f) / RECORDED[key][1] - 1) for key, ks in steps.items())
 
     combos = itertools.product([x / 2 for x in range(2, 15)], [x / 20 for x in range(4, 19)],
                                [x / 20 for x in range(6, 20)])
     floor, gemm, bandwidth = _fit(list(combos), error)
-    return Factors(floor, gemm, mis, triton, bandwidth)
+    return Factors(floor, gemm, mis, routed_gemm, routed_wgrad, bandwidth)
 
 
 def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> None:
@@ -703,6 +711,24 @@ def print_calibration(steps: Dict[Tuple[str, bool], List[Kernel]]) -> None:
                   f"recorded {ms} ({100 * (got_ms / ms - 1):+.0f}%)")
 
 
+def replaced_factors(factors: Factors, items: List[str], error) -> Factors:
+    """``factors`` with each ``NAME=VALUE`` of ``items`` put in (a positive number);
+    ``error(message)`` on a bad item."""
+    new = {}
+    for item in items:
+        name, _, value = item.partition("=")
+        if name not in Factors.__dataclass_fields__:
+            error(f"--factor {item}: {name!r} is not a factor (one of "
+                  f"{', '.join(Factors.__dataclass_fields__)})")
+        try:
+            new[name] = float(value)
+        except ValueError:
+            new[name] = -1.0
+        if not new[name] > 0:
+            error(f"--factor {item}: the value must be a positive number")
+    return dataclasses.replace(factors, **new)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=["sut_base", "transformer_wmt_en_de"],
@@ -718,6 +744,9 @@ def main(argv=None):
     parser.add_argument("--vocab", type=int, default=32768)
     parser.add_argument("--fp32", action="store_true", help="fp32 instead of bf16")
     parser.add_argument("--top", type=int, default=12, help="GEMM shapes to list")
+    parser.add_argument("--factor", action="append", default=[], metavar="NAME=VALUE",
+                        help="replace a calibrated factor, to ask what a faster kernel would give "
+                             f"(names: {', '.join(Factors.__dataclass_fields__)}); repeatable")
     parser.add_argument("--calibrate", action="store_true",
                         help="fit FACTORS to RECORDED (runs the four recorded steps) and print them")
     args = parser.parse_args(argv)
@@ -728,6 +757,8 @@ def main(argv=None):
         if arch.split("+")[0] not in ARCH_MODEL_REGISTRY:
             raise SystemExit(f"gpu_model.py: --arch {arch}: not a registered architecture "
                              f"(e.g. {' '.join(train_step.MODELS)} sut_tiny)")
+    global FACTORS
+    FACTORS = replaced_factors(FACTORS, args.factor, parser.error)
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     compiled = args.compile_step or args.compile_loop
     if args.calibrate:

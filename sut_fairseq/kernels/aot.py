@@ -7,7 +7,10 @@ autograd Function launches (argument dtypes, layout constants, strides equal to 
 16-divisible integers specialised as the Triton runtime does).
 ``compile_launch`` builds one of them for ``GPUTarget("cuda", arch, 32)`` with one
 configuration and reads its registers / stack (spill) bytes from
-``cuobjdump -res-usage`` and its shared memory from ``compiled.metadata.shared``.
+``cuobjdump -res-usage`` and its shared memory from ``compiled.metadata.shared``, and
+``main_loop`` reads the SASS of its main loop (``cuobjdump -sass``): the instructions,
+block-wide barriers and matrix instructions of one iteration, the cost a profile would
+show and a CPU can count.
 
     python -m sut_fairseq.kernels.aot [--dtype fp16] [--jobs 2]   # prints the table
 """
@@ -135,17 +138,56 @@ def cuobjdump() -> str:
     return os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def resource_usage(cubin: bytes) -> dict:
-    """``{"regs", "stack", "shared", "local"}`` of the single function in ``cubin``."""
+def read_cubin(cubin: bytes, option: str) -> str:
+    """``cuobjdump option`` of ``cubin`` (``-res-usage``, ``-sass``)."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(cubin)
         f.flush()
-        text = subprocess.run([cuobjdump(), "-res-usage", f.name], check=True,
+        return subprocess.run([cuobjdump(), option, f.name], check=True,
                               capture_output=True, text=True).stdout
+
+
+def resource_usage(cubin: bytes) -> dict:
+    """``{"regs", "stack", "shared", "local"}`` of the single function in ``cubin``."""
+    text = read_cubin(cubin, "-res-usage")
     found = re.search(r"REG:(\d+) STACK:(\d+) SHARED:(\d+) LOCAL:(\d+)", text)
     if not found:
         raise RuntimeError(f"unexpected cuobjdump output:\n{text}")
     return dict(zip(("regs", "stack", "shared", "local"), map(int, found.groups())))
+
+
+# Matrix instructions in SASS: Hopper's warpgroup MMA, Ampere's warp MMA, and the FMA units'
+# fused multiply-adds (fp32 without TF32).
+_MMA = re.compile(r"\b(HGMMA|HMMA|FFMA)\b")
+_SASS_LINE = re.compile(r"/\*([0-9a-f]{4,})\*/\s+([^;]*);")
+_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """One iteration of a kernel's main loop in SASS."""
+    instructions: int
+    barriers: int  # BAR.SYNC: every warp of the block waits
+    mma: int
+
+
+def main_loop(sass: str) -> LoopStats:
+    """The loop (a backward branch's body) with the most matrix instructions in ``sass``,
+    the text of ``cuobjdump -sass`` for one kernel; its instructions are counted once,
+    as one iteration runs them."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
+    best = None
+    for address, text in code:
+        branch = _BRANCH.search(text)
+        if branch and int(branch.group(1), 16) < address:
+            body = [t for a, t in code if int(branch.group(1), 16) <= a <= address]
+            stats = LoopStats(len(body), sum("BAR.SYNC" in t for t in body),
+                              sum(bool(_MMA.search(t)) for t in body))
+            if best is None or stats.mma > best.mma:
+                best = stats
+    if best is None or best.mma == 0:
+        raise RuntimeError("no loop with matrix instructions in this kernel's SASS")
+    return best
 
 
 @dataclass
@@ -158,6 +200,7 @@ class Result:
     regs: int
     spill_bytes: int  # stack frame + local memory: spills are the only source here
     shared: int
+    loop: LoopStats
     seconds: float
 
     @property
@@ -179,7 +222,7 @@ def compile_launch(name: str, dtype: str, kernel, args: dict, config: triton.Con
     usage = resource_usage(compiled.asm["cubin"])
     return Result(name, kernel.__name__, config_name(config), arch, dtype, usage["regs"],
                   usage["stack"] + usage["local"], compiled.metadata.shared,
-                  time.perf_counter() - start)
+                  main_loop(read_cubin(compiled.asm["cubin"], "-sass")), time.perf_counter() - start)
 
 
 def all_jobs(dtypes=("fp16",), archs=ARCHS, launch_filter=None):
@@ -213,11 +256,13 @@ def compile_all(jobs, processes: int = 1) -> List[Result]:
 
 
 def format_table(results: List[Result]) -> str:
-    head = f"{'launch':<16} {'config':<18} {'dtype':<9} {'sm':>3} {'regs':>4} {'spill B':>7} {'shared B':>8} {'limit B':>7} ok"
+    head = (f"{'launch':<16} {'config':<18} {'dtype':<9} {'sm':>3} {'regs':>4} {'spill B':>7} "
+            f"{'shared B':>8} {'limit B':>7} ok  | main loop: {'instr':>5} {'bar':>3} {'mma':>4}")
     lines = [head, "-" * len(head)]
     for r in results:
         lines.append(f"{r.launch:<16} {r.config:<18} {r.dtype:<9} {r.arch:>3} {r.regs:>4} "
-                     f"{r.spill_bytes:>7} {r.shared:>8} {SHARED_LIMITS[r.arch]:>7} {'yes' if r.ok else 'NO'}")
+                     f"{r.spill_bytes:>7} {r.shared:>8} {SHARED_LIMITS[r.arch]:>7} {'yes' if r.ok else 'NO ':<3} "
+                     f"|            {r.loop.instructions:>5} {r.loop.barriers:>3} {r.loop.mma:>4}")
     return "\n".join(lines)
 
 

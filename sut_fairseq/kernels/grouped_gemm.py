@@ -200,7 +200,9 @@ def _routed_wgrad(
     k_ok = rk < K
     n_ok = rn < N
     acc = tl.zeros((BLOCK_K, BLOCK_N), dtype=tl.float32)
-    db = tl.zeros((BLOCK_N,), dtype=tl.float32)
+    # db's rows summed elementwise in the loop and across rows once after it: a sum over
+    # axis 0 per iteration is a cross-warp reduction (shared memory and barriers each time).
+    db_rows = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     for m0 in range(start, end, BLOCK_M):
         rm = (m0 + tl.arange(0, BLOCK_M)).to(tl.int64)
         row_ok = rm < end
@@ -223,13 +225,14 @@ def _routed_wgrad(
         else:
             dy = dy.to(X.dtype.element_ty)
         if HAS_BIAS:
-            db += tl.sum(dy.to(tl.float32), axis=0)
+            db_rows += dy.to(tl.float32)
         acc = tl.dot(tl.trans(x), dy, acc, input_precision=INPUT_PRECISION)
 
     tl.store(DW + e * stride_dwe + rk[:, None] * stride_dwk + rn[None, :] * stride_dwn,
              acc.to(DW.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
     if HAS_BIAS:
         if pid_k == 0:
+            db = tl.sum(db_rows, axis=0)
             tl.store(DB + e * stride_dbe + rn * stride_dbn, db.to(DB.dtype.element_ty), mask=n_ok)
 
 

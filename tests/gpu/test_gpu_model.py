@@ -14,7 +14,8 @@ import gpu_model  # noqa: E402
 def test_kernel_time_on_an_exact_example():
     """A bf16 (1, 1024, 1024, 1024) GEMM: 2^31 FLOPs, 3 x 2 MiB; and a small copy at the floor."""
     dev = gpu_model.Device("toy", bf16_tflops=100.0, hbm_tbs=1.0)
-    f = gpu_model.Factors(floor_us=5.0, gemm=0.5, misaligned_gemm=0.1, triton=0.2, bandwidth=0.5)
+    f = gpu_model.Factors(floor_us=5.0, gemm=0.5, misaligned_gemm=0.1, routed_gemm=0.2,
+                          routed_wgrad=0.1, bandwidth=0.5)
     gemm = gpu_model.Kernel("gemm", "mm", 1, 2.0 * 1024 ** 3, 3 * 2 * 1024 ** 2,
                             gemm=(1, 1024, 1024, 1024), dtype=torch.bfloat16)
     assert gpu_model.kernel_ms(gemm, dev, f) == pytest.approx(1e3 * 2 * 1024 ** 3 / 50e12)
@@ -22,6 +23,9 @@ def test_kernel_time_on_an_exact_example():
                            gemm=(1, 1024, 1024, 1023), dtype=torch.bfloat16)
     assert odd.misaligned() and not gemm.misaligned()
     assert gpu_model.kernel_ms(odd, dev, f) == pytest.approx(1e3 * 2 * 1024 ** 3 / 10e12)
+    for name, eff in (("_routed_gemm", 0.2), ("_routed_wgrad", 0.1)):  # each its own factor
+        routed = gpu_model.Kernel("triton", name, 1, 2.0 * 1024 ** 3, 3 * 2 * 1024 ** 2)
+        assert gpu_model.kernel_ms(routed, dev, f) == pytest.approx(1e3 * 2 * 1024 ** 3 / (eff * 100e12))
     copy = gpu_model.Kernel("aten", "copy_", 2, 0.0, 4096.0)
     assert gpu_model.kernel_ms(copy, dev, f) == pytest.approx(2 * 5e-3)
     big = gpu_model.Kernel("aten", "copy_", 1, 0.0, 1e9)
@@ -119,3 +123,18 @@ def test_inductor_sums_a_shared_weights_step_gradients_without_kernels_of_their_
     inductor_accumulation.main(["--steps", "4"])
     assert capsys.readouterr().out.splitlines()[-1] == (
         "inductor accumulation: 4 steps, 7 gemms, 3 accumulating, 4 other kernels")
+
+
+def test_factor_option_replaces_one_factor_and_refuses_bad_ones():
+    base = gpu_model.Factors()
+    new = gpu_model.replaced_factors(base, ["routed_wgrad=0.235", "floor_us=3"], pytest.fail)
+    assert new == gpu_model.dataclasses.replace(base, routed_wgrad=0.235, floor_us=3.0)
+
+    def error(message):
+        raise ValueError(message)
+
+    with pytest.raises(ValueError, match=r"--factor triton=0.2: 'triton' is not a factor \(one of floor_us, gemm"):
+        gpu_model.replaced_factors(base, ["triton=0.2"], error)
+    for bad in ("gemm=0", "gemm=-1", "gemm=fast", "gemm"):
+        with pytest.raises(ValueError, match=f"--factor {bad}: the value must be a positive number"):
+            gpu_model.replaced_factors(base, [bad], error)

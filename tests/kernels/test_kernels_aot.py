@@ -94,6 +94,50 @@ def test_no_spills_and_shared_memory_fits(dtype, arch, kernel):
     _check(_results(DEFAULT_DTYPES), dtype, arch, kernel)
 
 
+# Block-wide barriers (BAR.SYNC) in one iteration of a kernel's main loop: the GEMM's
+# pipelined loop has 2 (sm_90) or 3 (sm_80); the weight gradient 3-4 since its bias sum
+# over rows is reduced once after the loop (10-11 when it was reduced every iteration).
+MAX_LOOP_BARRIERS = 4
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_main_loops_wait_at_few_barriers(arch):
+    """Every shipped launch and configuration: each iteration of the main loop (SASS)
+    waits at most MAX_LOOP_BARRIERS times for the whole block and runs matrix
+    instructions."""
+    from sut_fairseq.kernels import aot
+
+    mine = [r for r in _results(DEFAULT_DTYPES) if r.arch == arch]
+    table = aot.format_table(mine)
+    assert {r.launch for r in mine} == {f"{u}.{p}" for u in aot.USES for p in ("fwd", "dx", "dw")}
+    assert all(r.loop.mma > 0 for r in mine), table
+    slow = [r for r in mine if r.loop.barriers > MAX_LOOP_BARRIERS]
+    assert not slow, f"main loops waiting at more than {MAX_LOOP_BARRIERS} barriers:\n{table}"
+
+
+def test_main_loop_reads_one_iteration_of_sass():
+    """``main_loop`` on a hand-written listing: the loop with the most matrix
+    instructions, counted once; a forward branch is not a loop."""
+    from sut_fairseq.kernels.aot import LoopStats, main_loop
+
+    sass = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0020*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0030*/               @P0 BRA 0x0010 ;
+        /*0040*/                   LDS R2, [R3] ;
+        /*0050*/                   BAR.SYNC.DEFER_BLOCKING 0x0 ;
+        /*0060*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0070*/                   HMMA.16816.F32 R4, R8, R12, R4 ;
+        /*0080*/               @P1 BRA 0x00a0 ;
+        /*0090*/               @P0 BRA 0x0040 ;
+        /*00a0*/                   EXIT ;
+    """
+    assert main_loop(sass) == LoopStats(instructions=6, barriers=1, mma=2)
+    with pytest.raises(RuntimeError, match="no loop with matrix instructions"):
+        main_loop("/*0000*/  EXIT ;\n")
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)
