@@ -173,8 +173,9 @@ class LoopStats:
 
 def main_loop(sass: str) -> LoopStats:
     """The loop (a backward branch's body) with the most matrix instructions in ``sass``,
-    the text of ``cuobjdump -sass`` for one kernel; its instructions are counted once,
-    as one iteration runs them."""
+    the text of ``cuobjdump -sass`` for one kernel; its instructions are counted once as
+    written: what one iteration runs when the body has no branch, an upper bound when it
+    has one (a branch not taken skips its instructions)."""
     code = [(int(m.group(1), 16), m.group(2)) for m in _SASS_LINE.finditer(sass)]
     best = None
     for address, text in code:
