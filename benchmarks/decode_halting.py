@@ -56,14 +56,17 @@ def decode_all(generator, model, batches, seconds):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description="Does halting save decoding time? Beam search "
+                                     "with a trained SUT/UT checkpoint at several alpha_thresh.")
     parser.add_argument("--path", required=True, help="a trained SUT/UT checkpoint")
     parser.add_argument("--data", required=True, help="its data-bin directory")
-    parser.add_argument("--subset", default="test")
-    parser.add_argument("--sentences", type=int, default=500)
-    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.999, 0.5])
+    parser.add_argument("--subset", default="test", help="binarised subset (default: test)")
+    parser.add_argument("--sentences", type=int, default=500,
+                        help="decode the subset's first N sentences (default 500)")
+    parser.add_argument("--thresholds", type=float, nargs="+", default=[0.999, 0.5],
+                        help="alpha_thresh values, the first the reference (default 0.999 0.5)")
     parser.add_argument("--beam", type=int, default=5)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
     args = parser.parse_args()
     torch.manual_seed(0)
     model, tgt_dict, batches = load(args.path, args.data, args.subset, args.sentences, args.batch_size)
