@@ -16,8 +16,17 @@ the decoder steps skipped; the encoder runs once per sentence and is inside the 
 The thresholds take turns batch by batch (a slow phase of a shared machine hits all
 alike), after one untimed batch each.
 
+A lower threshold can also change how long the hypotheses are, and a batch whose last
+sentences run long decodes them with few rows per call, which costs more per position
+whatever the halting. ``--fixed-length L`` removes that: every hypothesis is exactly L
+tokens (fairseq's ``min_len`` = ``max_len`` = L, end-of-sentence forced at L), so every
+threshold makes the same decoder calls on the same rows, and the time compares directly
+with the steps executed (the halting is the trained model's, on real sources; past a
+sentence's natural end the tokens are the model's continuation).
+
     python benchmarks/decode_halting.py --path CHECKPOINT --data DATA_BIN
         [--subset test] [--sentences 500] [--thresholds 0.999 0.5] [--beam 5] [--batch-size 64]
+        [--fixed-length L]
 """
 import argparse
 import logging
@@ -67,14 +76,22 @@ def main():
                         help="alpha_thresh values, the first the reference (default 0.999 0.5)")
     parser.add_argument("--beam", type=int, default=5)
     parser.add_argument("--batch-size", type=int, default=64, help="sentences per batch")
+    parser.add_argument("--fixed-length", type=int, metavar="L",
+                        help="every hypothesis exactly L tokens: the same decoder calls and rows "
+                             "at every threshold (default: fairseq-generate's own lengths)")
     args = parser.parse_args()
+    if args.fixed_length is not None and args.fixed_length < 1:
+        parser.error(f"--fixed-length {args.fixed_length}: needs at least one token (L >= 1)")
     torch.manual_seed(0)
     model, tgt_dict, batches = load(args.path, args.data, args.subset, args.sentences, args.batch_size)
-    generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam)
+    lengths = {} if args.fixed_length is None else dict(
+        min_len=args.fixed_length, max_len_a=0, max_len_b=args.fixed_length)
+    generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
     meter = model.step_meter
     n = sum(b["nsentences"] for b in batches)
+    length = "" if args.fixed_length is None else f", every hypothesis {args.fixed_length} tokens"
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; "
-          f"{n} sentences of {args.subset} in {len(batches)} batches, beam {args.beam}", flush=True)
+          f"{n} sentences of {args.subset} in {len(batches)} batches, beam {args.beam}{length}", flush=True)
     with torch.no_grad():
         for threshold in args.thresholds:  # untimed: allocator, caches
             model.set_halting_threshold(threshold)

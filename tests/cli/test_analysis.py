@@ -320,3 +320,21 @@ def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skip
     assert float(rows["0.999"]) == 100.0 and float(rows["0.4"]) < 100.0, out
     assert re.search(r"^alpha_thresh 0.4 against 0.999: time per position saved -?[\d.]+%, decoder steps "
                      r"skipped [\d.]+%; time saved per position / decoder steps skipped: -?[\d.]+$", out, re.M), out
+
+
+def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_threshold(trained):
+    """``--fixed-length 6``: every hypothesis 6 tokens (+ end of sentence), so both thresholds
+    make the same decoder calls on the same rows: 12 sentences x beam 2 x 7 positions."""
+    data_bin, ckpt, _ = trained
+    script = os.path.join(ROOT, "benchmarks", "decode_halting.py")
+    common = [sys.executable, script, "--path", ckpt, "--data", data_bin, "--sentences", "12",
+              "--batch-size", "5", "--beam", "2", "--thresholds", "0.999", "0.4"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(common + ["--fixed-length", "6"], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"in 3 batches, beam 2, every hypothesis 6 tokens$", out, re.M), out
+    positions = dict(re.findall(r"^alpha_thresh ([\d.]+): [\d.]+ sentences/s, (\d+) decoder positions", out, re.M))
+    assert positions == {"0.999": str(12 * 2 * 7), "0.4": str(12 * 2 * 7)}, out
+    bad = subprocess.run(common + ["--fixed-length", "0"], capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "--fixed-length 0: needs at least one token (L >= 1)" in bad.stderr
