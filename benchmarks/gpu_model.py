@@ -674,13 +674,14 @@ def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> No
     by_step = defaultdict(lambda: [0, 0.0])
     for k in kernels:
         ms = kernel_ms(k, device)
-        by_kind[k.kind][0] += k.launches
-        by_kind[k.kind][1] += ms
+        kind = f"triton {k.name}" if k.kind == "triton" else k.kind  # each routed kernel apart
+        by_kind[kind][0] += k.launches
+        by_kind[kind][1] += ms
         by_step[(k.step or "-", k.phase)][0] += k.launches
         by_step[(k.step or "-", k.phase)][1] += ms
     print(f"== {arch}: launches and device ms by kind ({device.name})")
     for kind, (n, ms) in sorted(by_kind.items(), key=lambda x: -x[1][1]):
-        print(f"  {kind:10s} {n:6d} {ms:8.2f}")
+        print(f"  {kind:20s} {n:6d} {ms:8.2f}")
     inside = [k for k in kernels if k.region is not None]
     if inside:  # compiled: what runs outside the graphs
         outside = [k for k in kernels if k.region is None]

@@ -60,9 +60,14 @@ def test_a_compiled_step_is_split_inside_and_outside_its_regions(capsys):
 @pytest.mark.parametrize("flag", [[], ["--compile-step"]])
 def test_sut_tiny_summary(capsys, flag):
     gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200", *flag])
-    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith("gpu model: sut_tiny")]
+    out = capsys.readouterr().out
+    lines = [l for l in out.splitlines() if l.startswith("gpu model: sut_tiny")]
     m = re.fullmatch(r"gpu model: sut_tiny launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)", lines[-1])
     assert m and int(m[1]) > 0 and float(m[2]) > 0
+    # the routed kernels by name in the table by kind: forward + input gradient, weight gradient
+    gemm = re.search(r"^  triton _routed_gemm +(\d+) ", out, re.M)
+    wgrad = re.search(r"^  triton _routed_wgrad +(\d+) ", out, re.M)
+    assert gemm and wgrad and int(gemm[1]) == 2 * int(wgrad[1]) > 0, out
 
 
 def test_compiled_fuses_kernels():
