@@ -63,6 +63,12 @@ class SUTTransformerModel(FairseqEncoderDecoderModel):
                                      "dec": expert_slots(decoder.side.block)})
         encoder.side.step_meter = decoder.side.step_meter = self.step_meter
 
+    def set_beam_size(self, beam_size: int) -> None:
+        """Called by fairseq's generator (``EnsembleModel.set_decoder_beam_size``, for beams
+        of two or more): the incremental decoder keeps the encoder's keys and values once
+        per sentence rather than once per beam row (``decoder_cache.CrossKV``)."""
+        self.decoder.set_beam_size(beam_size)
+
     def set_halting_threshold(self, threshold: float) -> None:
         """Change α_thresh of both sides after training (what --model-overrides does at load)."""
         for halting in (self.encoder.side.halting, self.decoder.side.halting):

@@ -195,9 +195,13 @@ class RecurrenceStep(nn.Module):
         memory_kv = inputs.memory_kv
         memory_kv = memory_kv[step - 1] if isinstance(memory_kv, list) else memory_kv
         query = h if te is None else add_embedding(h, te, inputs.coords)
-        h_new = block(query, k, v, running, self_padding_mask=inputs.self_padding_mask,
-                      q_start=inputs.q_start, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
-                      cross_padding_mask=inputs.cross_padding_mask, hyper_z=z, memory_kv=memory_kv)
+        rows = None if block.training else running_rows(running, query, inputs, z, memory_kv)
+        if rows is None:
+            h_new = block(query, k, v, running, self_padding_mask=inputs.self_padding_mask,
+                          q_start=inputs.q_start, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                          cross_padding_mask=inputs.cross_padding_mask, hyper_z=z, memory_kv=memory_kv)
+        else:  # the block on the running rows alone; the halted rows keep h (advance)
+            h_new = h.index_copy(0, rows, block_on_rows(block, rows, query, k, v, running, inputs))
         return advance(h, h_new, S, running, step, state, rule, decide_next, threshold)
 
     def memory_kv(self, M: torch.Tensor):
@@ -221,6 +225,44 @@ class RecurrenceStep(nn.Module):
             cache.record(l, k, v)
         cache.frozen_prefix.update(frozen_prefix_sums(cache.prefix_in, h, inputs.real,
                                                       first_skipped_step, cache.num_steps))
+
+
+#: incremental decoding runs a step's block on the running rows alone once at least this
+#: share of the rows halted (below it, gathering their keys and values costs more than the
+#: halted rows' attention, LayerNorms and projections save)
+COMPACT_HALTED_SHARE = 0.25
+
+
+def running_rows(running: torch.Tensor, query: torch.Tensor, inputs: StepInputs, z,
+                 memory_kv) -> Optional[torch.Tensor]:
+    """The running rows (R,) of one incremental decoding call, for the block to run on them
+    alone: one new position per row (B, 1), on a CPU (the count is read on the host), no
+    Hyper-UT mixture z, chunk memory or coordinate embedding, and at least
+    COMPACT_HALTED_SHARE of the rows halted but not all; otherwise None."""
+    if (inputs.cache is NO_CACHE or query.size(1) != 1 or query.is_cuda or z is not None
+            or memory_kv is not None or inputs.coords is not None):
+        return None
+    flags = running[:, 0]
+    count = int(flags.sum())
+    if count in (0, flags.numel()) or count > (1.0 - COMPACT_HALTED_SHARE) * flags.numel():
+        return None
+    return flags.nonzero().squeeze(1)
+
+
+def block_on_rows(block: nn.Module, rows: torch.Tensor, query: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor, running: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
+    """``block`` on the decoder rows ``rows`` (R,) of query (B, 1, d), their keys/values
+    (B, H, S, D), prefix padding and cross-attention inputs (one row per sentence under beam
+    search, B / G rows: each row reads its sentence's). Returns their new h (R, 1, d)."""
+    def pick(t, index=rows):
+        return None if t is None else t.index_select(0, index)
+
+    groups = query.size(0) // inputs.cross_k.size(0) if inputs.cross_k is not None else 1
+    sentences = rows // groups if groups > 1 else rows
+    return block(pick(query), pick(k), pick(v), pick(running),
+                 self_padding_mask=pick(inputs.self_padding_mask), q_start=inputs.q_start,
+                 cross_k=pick(inputs.cross_k, sentences), cross_v=pick(inputs.cross_v, sentences),
+                 cross_padding_mask=pick(inputs.cross_padding_mask, sentences))
 
 
 def advance(h: torch.Tensor, h_new: torch.Tensor, S: torch.Tensor, running: torch.Tensor,

@@ -15,3 +15,25 @@ with open(GOLDEN) as f:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_beam_search_matches_the_recorded_decoding(name):
     assert_same_hypotheses(decode_case(name), RECORDED["cases"][name])
+
+
+@pytest.mark.parametrize("name", ["stick-breaking", "global-mean", "act"])
+def test_steps_on_the_running_rows_alone_keep_the_recorded_decoding(name, monkeypatch):
+    """With ``COMPACT_HALTED_SHARE`` 0 every decoder step with a halted row runs its block on
+    the running rows alone (their keys, values, prefix padding and their sentence's
+    cross-attention row gathered; beam search's rows share one cross row per sentence):
+    the same hypotheses and scores, and the compacted steps did run, with grouped beams."""
+    from sut_fairseq.modules import recurrence
+
+    compacted = []
+    block_on_rows = recurrence.block_on_rows
+
+    def spy(block, rows, query, k, v, running, inputs):
+        compacted.append((rows.numel(), query.size(0), query.size(0) // inputs.cross_k.size(0)))
+        return block_on_rows(block, rows, query, k, v, running, inputs)
+
+    monkeypatch.setattr(recurrence, "COMPACT_HALTED_SHARE", 0.0)
+    monkeypatch.setattr(recurrence, "block_on_rows", spy)
+    assert_same_hypotheses(decode_case(name), RECORDED["cases"][name])
+    assert compacted and all(0 < rows < batch for rows, batch, _ in compacted)
+    assert any(groups > 1 for *_, groups in compacted), compacted
