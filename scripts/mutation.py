@@ -81,7 +81,8 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/recurrence.py": ("test_recurrence_step.py", "test_halting_per_position.py",
                                           "test_incremental.py", "test_step_embedding.py", "test_hyper_ut.py",
                                           "test_halting_kv.py", "test_tlb_unshared.py", "test_recurrent_side.py",
-                                          "test_lean_step.py", "test_compiled_step.py"),
+                                          "test_lean_step.py", "test_compiled_step.py",
+                                          "test_decoding_golden.py"),  # the compacted decoder step
     "sut_fairseq/modules/relative_position.py": ("test_relative_position.py", "test_expert_layers.py",
                                                 "test_flex_attention.py", "test_incremental.py"),
     "sut_fairseq/modules/router.py": ("test_router.py", "test_expert_layers.py", "test_router_losses.py",
