@@ -54,8 +54,8 @@ Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per arch
 and ``gpu model: sut_base / transformer_wmt_en_de device time R``.
 """
 import argparse
-import dataclasses
 import contextlib
+import dataclasses
 import itertools
 import math
 import os
@@ -646,7 +646,7 @@ def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
 
     def part_error(name, factor):
         def error(v):
-            f = Factors(**{**FACTORS.__dict__, factor: v})
+            f = dataclasses.replace(FACTORS, **{factor: v})
             got = sum(kernel_ms(k, H200, f) for k in sut if k.kind == "triton" and k.name == name)
             return abs(got / RECORDED_KERNEL_MS[name] - 1)
         return error
@@ -717,16 +717,17 @@ def replaced_factors(factors: Factors, items: List[str], error) -> Factors:
     ``error(message)`` on a bad item."""
     new = {}
     for item in items:
-        name, _, value = item.partition("=")
+        name, _, text = item.partition("=")
         if name not in Factors.__dataclass_fields__:
             error(f"--factor {item}: {name!r} is not a factor (one of "
                   f"{', '.join(Factors.__dataclass_fields__)})")
         try:
-            new[name] = float(value)
+            value = float(text)
         except ValueError:
-            new[name] = -1.0
-        if not new[name] > 0:
+            value = math.nan
+        if not value > 0:
             error(f"--factor {item}: the value must be a positive number")
+        new[name] = value
     return dataclasses.replace(factors, **new)
 
 

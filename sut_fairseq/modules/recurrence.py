@@ -242,11 +242,9 @@ def running_rows(running: torch.Tensor, query: torch.Tensor, inputs: StepInputs,
     if (inputs.cache is NO_CACHE or query.size(1) != 1 or query.is_cuda or z is not None
             or memory_kv is not None or inputs.coords is not None):
         return None
-    flags = running[:, 0]
-    count = int(flags.sum())
-    if count in (0, flags.numel()) or count > (1.0 - COMPACT_HALTED_SHARE) * flags.numel():
-        return None
-    return flags.nonzero().squeeze(1)
+    rows = running[:, 0].nonzero().squeeze(1)  # the one host read
+    count, total = rows.numel(), running.size(0)
+    return rows if 0 < count < total and count <= (1.0 - COMPACT_HALTED_SHARE) * total else None
 
 
 def block_on_rows(block: nn.Module, rows: torch.Tensor, query: torch.Tensor, k: torch.Tensor,
@@ -258,7 +256,7 @@ def block_on_rows(block: nn.Module, rows: torch.Tensor, query: torch.Tensor, k: 
         return None if t is None else t.index_select(0, index)
 
     groups = query.size(0) // inputs.cross_k.size(0) if inputs.cross_k is not None else 1
-    sentences = rows // groups if groups > 1 else rows
+    sentences = rows // groups
     return block(pick(query), pick(k), pick(v), pick(running),
                  self_padding_mask=pick(inputs.self_padding_mask), q_start=inputs.q_start,
                  cross_k=pick(inputs.cross_k, sentences), cross_v=pick(inputs.cross_v, sentences),
