@@ -16,6 +16,13 @@ the decoder steps skipped; the encoder runs once per sentence and is inside the 
 The thresholds take turns batch by batch (a slow phase of a shared machine hits all
 alike), after one untimed batch each.
 
+What halting can save is the time inside the decoder's recurrence steps (the shared block
+and the halting unit, ``RecurrenceStep``); beam search, the embedding, the output layer
+and its softmax cost the same at every threshold. Each threshold's line therefore also
+gives that time (``decoder steps S s, X% of the time``), and each comparison its own ratio
+in the steps alone: if the steps' time fell exactly with the steps skipped, the whole
+decoding's ratio would be their share of the time (X% at the reference threshold).
+
 A lower threshold can also change how long the hypotheses are, and a batch whose last
 sentences run long decodes them with few rows per call, which costs more per position
 whatever the halting. ``--fixed-length L`` removes that: every hypothesis is exactly L
@@ -56,6 +63,26 @@ def load(path: str, data: str, subset: str, sentences: int, batch_size: int):
     return model, task.target_dictionary, batches
 
 
+class StepClock:
+    """Seconds spent inside ``step``'s calls (forward pre- and post-hooks)."""
+
+    def __init__(self, step: torch.nn.Module):
+        self.seconds, self._start = 0.0, None
+        step.register_forward_pre_hook(self._enter)
+        step.register_forward_hook(self._leave)
+
+    def _enter(self, module, args):
+        self._start = time.perf_counter()
+
+    def _leave(self, module, args, output):
+        self.seconds += time.perf_counter() - self._start
+
+
+def decoder_step(model) -> torch.nn.Module:
+    """The decoder's ``RecurrenceStep`` (its shared block and halting, one step per call)."""
+    return model.decoder.side.recurrence.step
+
+
 def decode_all(generator, model, batches, seconds):
     """Decode every batch; add its seconds to ``seconds``."""
     for sample in batches:
@@ -88,6 +115,7 @@ def main():
         min_len=args.fixed_length, max_len_a=0, max_len_b=args.fixed_length)
     generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
     meter = model.step_meter
+    clock = StepClock(decoder_step(model))
     n = sum(b["nsentences"] for b in batches)
     length = "" if args.fixed_length is None else f", every hypothesis {args.fixed_length} tokens"
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; "
@@ -97,13 +125,15 @@ def main():
             model.set_halting_threshold(threshold)
             decode_all(generator, model, batches[:1], [])
         figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
-                       "positions": 0} for t in args.thresholds}
+                       "positions": 0, "step_seconds": 0.0} for t in args.thresholds}
         for i, sample in enumerate(batches, 1):
             for threshold in args.thresholds:
                 model.set_halting_threshold(threshold)
                 meter.reset()
+                clock.seconds = 0.0
                 decode_all(generator, model, [sample], figures[threshold]["seconds"])
                 f = figures[threshold]
+                f["step_seconds"] += clock.seconds
                 for side in ("enc", "dec"):
                     f["executed"][side] += meter.executed[side]
                     f["maximum"][side] += meter.maximum[side]
@@ -116,11 +146,14 @@ def main():
         f = figures[threshold]
         seconds = sum(f["seconds"])
         rows[threshold] = {"per_position": seconds / f["positions"],
+                           "steps_per_position": f["step_seconds"] / f["positions"],
+                           "share": f["step_seconds"] / seconds,
                            "dec": f["executed"]["dec"] / f["maximum"]["dec"],
                            "enc": f["executed"]["enc"] / f["maximum"]["enc"]}
         print(f"alpha_thresh {threshold}: {n / seconds:.2f} sentences/s, {f['positions']} decoder "
               f"positions, {1e6 * rows[threshold]['per_position']:.0f} us/position, decoder steps "
-              f"executed {100 * rows[threshold]['dec']:.1f}%, encoder {100 * rows[threshold]['enc']:.1f}%")
+              f"executed {100 * rows[threshold]['dec']:.1f}%, encoder {100 * rows[threshold]['enc']:.1f}%; "
+              f"decoder steps {f['step_seconds']:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time")
     base = rows[args.thresholds[0]]
     for threshold in args.thresholds[1:]:
         r = rows[threshold]
@@ -130,6 +163,11 @@ def main():
         print(f"alpha_thresh {threshold} against {args.thresholds[0]}: time per position saved "
               f"{100 * saved:.1f}%, decoder steps skipped {100 * skipped:.1f}%; time saved per "
               f"position / decoder steps skipped: {ratio}")
+        in_steps = 1 - r["steps_per_position"] / base["steps_per_position"]
+        ratio = f"{in_steps / skipped:.2f}" if skipped > 0 else "n/a"
+        print(f"  in the decoder steps alone: time saved {100 * in_steps:.1f}%, time saved / steps "
+              f"skipped: {ratio} (the whole decoding's ratio is at most about the steps' share of "
+              f"the time, {base['share']:.2f})")
 
 
 if __name__ == "__main__":

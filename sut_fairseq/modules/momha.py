@@ -20,6 +20,7 @@ from . import flex_attention
 from .expert_linear import ExpertLinear, rename_parameters
 from .relative_position import ClippedRelativePosition, T5RelativeBias
 from .router import Router
+from ..ops.short_softmax import softmax_lastdim
 
 
 def hidden_keys(T: int, picks: int, q_start: int, S: int, causal: bool,
@@ -199,7 +200,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
             logits = a[..., :S] + a[..., S:].gather(3, idx)
         if hidden is not None:
             logits = logits.masked_fill(hidden, float("-inf"))
-        p = logits.softmax(-1)
+        p = softmax_lastdim(logits)
         if self.training and self.attention_dropout > 0.0:
             p = F.dropout(p, self.attention_dropout)
         return torch.matmul(p, value)

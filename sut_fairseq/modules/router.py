@@ -16,6 +16,7 @@ import torch.nn as nn
 from ..ops import Routing, make_routing
 from ..compiler import tracing
 from ..ops.masked_linear_op import masked_linear
+from ..ops.short_softmax import softmax_lastdim
 from .dropout import Dropout
 
 EPS = 1e-9
@@ -89,7 +90,7 @@ class Router(nn.Module):
         hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
         logits = self.fc2(self.dropout(torch.tanh(hidden)))
         logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
-        probs = logits.softmax(-1)  # g(e|h)
+        probs = softmax_lastdim(logits)  # g(e|h)
         top_idx = self._select(logits, probs)
         top = probs.gather(1, top_idx)
         return probs, top_idx, top / top.sum(1, keepdim=True).clamp_min(EPS)

@@ -320,6 +320,14 @@ def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skip
     assert float(rows["0.999"]) == 100.0 and float(rows["0.4"]) < 100.0, out
     assert re.search(r"^alpha_thresh 0.4 against 0.999: time per position saved -?[\d.]+%, decoder steps "
                      r"skipped [\d.]+%; time saved per position / decoder steps skipped: -?[\d.]+$", out, re.M), out
+    # the time inside the decoder's recurrence steps: a real part of the decoding, not all of it
+    shares = dict(re.findall(r"^alpha_thresh ([\d.]+): .*; decoder steps [\d.]+ s, ([\d.]+)% of the time$",
+                             out, re.M))
+    assert shares.keys() == {"0.999", "0.4"} and all(0 < float(v) < 100 for v in shares.values()), out
+    bound = re.search(r"^  in the decoder steps alone: time saved -?[\d.]+%, time saved / steps skipped: "
+                      r"-?[\d.]+ \(the whole decoding's ratio is at most about the steps' share of the "
+                      r"time, ([\d.]+)\)$", out, re.M)
+    assert bound and abs(float(bound.group(1)) - float(shares["0.999"]) / 100) < 0.006, out
 
 
 def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_threshold(trained):
