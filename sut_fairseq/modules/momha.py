@@ -103,27 +103,32 @@ class MixtureOfMultiHeadAttention(nn.Module):
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 active: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
-                q_start: int = 0) -> torch.Tensor:
+                q_start: int = 0, grid_rows: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
         """query: (B, T, d) at positions q_start..; key/value: (B, H, S, D) at 0..S-1, or
         (B / G, H, S, D) shared by each group of G consecutive query rows (beam search's
         cross-attention, ``decoder_cache.CrossKV``; not causal, no relative term);
         active: (B, T) bool (inactive rows go to no expert and output 0 + b_o);
-        key_padding_mask: (B, S) bool, True = padding (B / G rows with groups).
-        Returns (B, T, d)."""
+        key_padding_mask: (B, S) bool, True = padding (B / G rows with groups);
+        grid_rows: with shared keys, (places (B,), N): the query rows are some of N = G ·
+        key.size(0) rows (decoding on the running rows alone), at those places; they are put
+        there (zeros elsewhere) for the grouped attention and read back. Returns (B, T, d)."""
         B, T, d = query.shape
         H, D, S = self.num_heads, self.head_dim, key.size(2)
-        groups = B // key.size(0)
-        if key.size(0) != B and (self.causal or self.relative is not None or B % key.size(0)):
-            raise ValueError(f"{B} query rows over {key.size(0)} key rows: shared keys are "
+        places, grid = grid_rows if grid_rows is not None else (None, B)
+        groups = grid // key.size(0)
+        if key.size(0) != grid and (self.causal or self.relative is not None or grid % key.size(0)):
+            raise ValueError(f"{grid} query rows over {key.size(0)} key rows: shared keys are "
                              "for non-causal attention without relative positions")
         routing = self.router(query.reshape(B * T, d), active.reshape(-1))
         k = routing.k
         q = self.q_proj(query.reshape(B * T, d), routing, fan_out=k)
         # query rows in slot order (position t, pick j): row m = t·k + j, position t = m // k
         q = q.view(B, T * k, H, D).transpose(1, 2)  # (B, H, T·k, D)
+        if places is not None:  # the rows in their places of the grid
+            q = q.new_zeros(grid, H, T * k, D).index_copy_(0, places, q)
         if groups > 1:  # one attention per key row: (B / G, H, G·T·k, D)
-            q = q.reshape(B // groups, groups, H, T * k, D).transpose(1, 2).reshape(
-                B // groups, H, groups * T * k, D)
+            q = q.reshape(grid // groups, groups, H, T * k, D).transpose(1, 2).reshape(
+                grid // groups, H, groups * T * k, D)
 
         hidden = self._hidden_keys(q, T, q_start, S, key_padding_mask)
         key, value = key.to(q.dtype), value.to(q.dtype)
@@ -136,7 +141,10 @@ class MixtureOfMultiHeadAttention(nn.Module):
                 q, key, value, attn_mask=self._attention_bias(q, T, q_start, S, hidden),
                 dropout_p=self.attention_dropout if self.training else 0.0)
         # slot rows again; with groups, (B / G, G·T·k) flattens to the same (B, T·k) rows
-        o = o.transpose(1, 2).reshape(B * T * k, H * D)
+        o = o.transpose(1, 2).reshape(grid, T * k, H * D)
+        if places is not None:
+            o = o.index_select(0, places)
+        o = o.reshape(B * T * k, H * D)
         return self.o_proj(o, routing, fan_out=1, gates=routing.gates).view(B, T, d)
 
     def _flex_applies(self, q: torch.Tensor, groups: int) -> bool:

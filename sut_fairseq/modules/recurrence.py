@@ -233,6 +233,13 @@ class RecurrenceStep(nn.Module):
 COMPACT_HALTED_SHARE = 0.25
 
 
+#: a step on the running rows alone keeps the cross-attention's keys whole (the rows
+#: attending from their places in the beam grid) while at least this share of the rows
+#: runs; below it, gathering each row's sentence's keys costs less than attending from
+#: the whole grid (one captured Multi30k decoder call: the two break even near 0.4)
+GRID_CROSS_SHARE = 0.5
+
+
 def running_rows(running: torch.Tensor, query: torch.Tensor, inputs: StepInputs, z,
                  memory_kv) -> Optional[torch.Tensor]:
     """The running rows (R,) of one incremental decoding call, for the block to run on them
@@ -250,17 +257,22 @@ def running_rows(running: torch.Tensor, query: torch.Tensor, inputs: StepInputs,
 def block_on_rows(block: nn.Module, rows: torch.Tensor, query: torch.Tensor, k: torch.Tensor,
                   v: torch.Tensor, running: torch.Tensor, inputs: StepInputs) -> torch.Tensor:
     """``block`` on the decoder rows ``rows`` (R,) of query (B, 1, d), their keys/values
-    (B, H, S, D), prefix padding and cross-attention inputs (one row per sentence under beam
-    search, B / G rows: each row reads its sentence's). Returns their new h (R, 1, d)."""
+    (B, H, S, D) and prefix padding. Cross-attention inputs (one row per sentence under beam
+    search, B / G rows): with at least GRID_CROSS_SHARE of the B rows running they stay
+    whole and the R rows attend from their places among the B (``cross_rows``: one grouped
+    attention, as at full depth); with fewer, each row's sentence's row is gathered."""
     def pick(t, index=rows):
         return None if t is None else t.index_select(0, index)
 
-    groups = query.size(0) // inputs.cross_k.size(0) if inputs.cross_k is not None else 1
-    sentences = rows // groups
+    cross = dict(cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                 cross_padding_mask=inputs.cross_padding_mask)
+    if inputs.cross_k is not None and rows.numel() >= GRID_CROSS_SHARE * query.size(0):
+        cross["cross_rows"] = (rows, query.size(0))
+    elif inputs.cross_k is not None:
+        sentences = rows // (query.size(0) // inputs.cross_k.size(0))
+        cross = {name: pick(t, sentences) for name, t in cross.items()}
     return block(pick(query), pick(k), pick(v), pick(running),
-                 self_padding_mask=pick(inputs.self_padding_mask), q_start=inputs.q_start,
-                 cross_k=pick(inputs.cross_k, sentences), cross_v=pick(inputs.cross_v, sentences),
-                 cross_padding_mask=pick(inputs.cross_padding_mask, sentences))
+                 self_padding_mask=pick(inputs.self_padding_mask), q_start=inputs.q_start, **cross)
 
 
 def advance(h: torch.Tensor, h_new: torch.Tensor, S: torch.Tensor, running: torch.Tensor,

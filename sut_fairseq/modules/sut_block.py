@@ -93,10 +93,13 @@ class SUTBlock(nn.Module):
                 cross_v: Optional[torch.Tensor] = None,
                 cross_padding_mask: Optional[torch.Tensor] = None,
                 hyper_z: Optional[torch.Tensor] = None,
-                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None) -> torch.Tensor:
+                memory_kv: Optional[Tuple[torch.Tensor, torch.Tensor]] = None,
+                cross_rows: Optional[Tuple[torch.Tensor, int]] = None) -> torch.Tensor:
         """h: (B, T, d) queries (un-halted states); self_k/self_v: (B, H, S, D) from the
         halted states; running: (B, T) bool; hyper_z: (B, d) or (B, T, d); memory_kv: keys
-        and values (B, H, k, D) of the chunk's memory. Returns the new h (B, T, d)."""
+        and values (B, H, k, D) of the chunk's memory; cross_rows: the rows' places among
+        the N rows of a beam grid whose sentences' keys cross_k holds (``MoMHA``'s
+        ``grid_rows``). Returns the new h (B, T, d)."""
         attn_z = (hyper_z,) if self.hyper_attn else ()  # only the hyper sub-layers read z
         ffd_z = (hyper_z,) if self.hyper_ffd else ()
         x = self._sublayer(h, self.self_attn_norm, lambda q: self.self_attn(
@@ -104,8 +107,9 @@ class SUTBlock(nn.Module):
         if memory_kv is not None:  # chunk-wise recurrence: read the memory (pre-LN always)
             x = x + self.dropout(self.memory_attn(x, *memory_kv))
         if self.cross_attn is not None:
+            rows = {} if cross_rows is None else {"grid_rows": cross_rows}
             x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
-                q, cross_k, cross_v, running, cross_padding_mask))
+                q, cross_k, cross_v, running, cross_padding_mask, **rows))
         out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running, *ffd_z))
         if self.gate is not None:  # GUT: h_l = G * out + (1 - G) * h_{l-1}
             g = self.gate(x)

@@ -20,7 +20,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from .reference_linear import _autocast_dtype
+from ..compiler import tracing
+from .reference_linear import _autocast_dtype, needs_autograd
 
 
 def _rows(mask: Tensor) -> Tensor:
@@ -38,12 +39,17 @@ def _dense(x: Tensor) -> bool:
     return x.is_cuda
 
 
-@torch.library.custom_op("sut::masked_linear", mutates_args=())
-def masked_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
-    """The selected rows only (``masked_affine``'s CPU path)."""
+def selected_rows_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
+    """The selected rows only (the op's body): x (N, in), W (out, in), mask (N,) -> (N, out)."""
     rows = _rows(mask)
     out = x.new_zeros(x.size(0), weight.size(0))
     return out.index_copy_(0, rows, F.linear(x.index_select(0, rows), weight, bias))
+
+
+@torch.library.custom_op("sut::masked_linear", mutates_args=())
+def masked_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
+    """``selected_rows_linear`` with its gradient (``masked_affine``'s CPU path)."""
+    return selected_rows_linear(x, weight, bias, mask)
 
 
 @masked_linear_op.register_fake
@@ -94,7 +100,12 @@ def masked_affine(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tenso
     """``masked_linear`` of the map x Wᵀ + b: W (out, in), b (out,) or None."""
     dtype = _autocast_dtype(x.device.type) or x.dtype
     bias = None if bias is None else bias.to(dtype)
-    op = dense_masked_linear if _dense(x) else torch.ops.sut.masked_linear
+    if _dense(x):
+        op = dense_masked_linear
+    elif tracing() or needs_autograd(x, weight, bias):
+        op = torch.ops.sut.masked_linear
+    else:  # eager, no gradient (decoding): the op's body without its dispatch
+        op = selected_rows_linear
     y = op(x.reshape(-1, x.size(-1)).to(dtype), weight.to(dtype), bias, mask.reshape(-1))
     return y.view(*x.shape[:-1], y.size(-1))
 

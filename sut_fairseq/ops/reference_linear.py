@@ -28,6 +28,13 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     return None
 
 
+def needs_autograd(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether autograd records an operation on ``tensors`` (None entries skipped): the
+    plugin's custom ops are called as ops then; eagerly without it (decoding) their bodies
+    are called directly, which skips the custom op's dispatch (about 30 us a call on a CPU)."""
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
 def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) -> torch.Tensor:
     """Rows start..end of the sorted order: ``t[start:end]`` or ``t[idx[start:end]]``."""
     return t[start:end] if idx is None else t.index_select(0, idx[start:end])

@@ -24,7 +24,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .reference_linear import _autocast_dtype, kernel_backend, reference_backward, reference_forward
+from ..compiler import tracing
+from .reference_linear import (_autocast_dtype, kernel_backend, needs_autograd, reference_backward,
+                               reference_forward)
 from .routing import Routing
 
 
@@ -55,6 +57,12 @@ def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: O
                      backend: str) -> Tensor:
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
+    return _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
+
+
+def _forward(x, weight, bias, gates, routing: Routing, fan_out: int, grouped_in: bool,
+             grouped_out: bool, backend: str) -> Tensor:
+    """The op's body: the forward on ``backend``."""
     if backend == "triton":
         from ..kernels.routed_linear_triton import triton_forward
 
@@ -143,6 +151,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
+    if not tracing() and not needs_autograd(x, weight, bias, gates):
+        # eager, no gradient (decoding): the op's body without the custom op's dispatch
+        return _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
     return torch.ops.sut.routed_linear(
         x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
         routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in, grouped_out,

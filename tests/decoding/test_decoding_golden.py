@@ -17,13 +17,17 @@ def test_beam_search_matches_the_recorded_decoding(name):
     assert_same_hypotheses(decode_case(name), RECORDED["cases"][name])
 
 
+@pytest.mark.parametrize("cross", ["grid", "gathered"])
 @pytest.mark.parametrize("name", ["stick-breaking", "global-mean", "act"])
-def test_steps_on_the_running_rows_alone_keep_the_recorded_decoding(name, monkeypatch):
+def test_steps_on_the_running_rows_alone_keep_the_recorded_decoding(name, cross, monkeypatch):
     """With ``COMPACT_HALTED_SHARE`` 0 every decoder step with a halted row runs its block on
-    the running rows alone (their keys, values, prefix padding and their sentence's
-    cross-attention row gathered; beam search's rows share one cross row per sentence):
-    the same hypotheses and scores, and the compacted steps did run, with grouped beams."""
+    the running rows alone (their keys, values and prefix padding gathered; beam search's
+    rows share one cross row per sentence, which they read from their places in the beam
+    grid, ``GRID_CROSS_SHARE`` 0, or gathered per row, ``GRID_CROSS_SHARE`` 2): the same
+    hypotheses and scores, and the compacted steps did run, with grouped beams."""
     from sut_fairseq.modules import recurrence
+
+    monkeypatch.setattr(recurrence, "GRID_CROSS_SHARE", 0.0 if cross == "grid" else 2.0)
 
     compacted = []
     block_on_rows = recurrence.block_on_rows

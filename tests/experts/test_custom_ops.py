@@ -322,3 +322,33 @@ def test_the_reference_backend_computes_in_the_promoted_or_autocast_dtype():
         torch.testing.assert_close(y.double(), want, **tol)
         for got, r in zip((x.grad, w.grad, b.grad, gate_in.grad), ref):
             torch.testing.assert_close(got.double(), r.grad, **tol)
+
+
+# --------------------------------------------------------------------------- without autograd
+
+def test_without_autograd_the_ops_bodies_run_directly_with_the_same_result():
+    """Eagerly without a gradient (decoding) ``routed_linear`` and ``masked_linear`` call the
+    ops' bodies, not the custom ops (no ``sut`` call dispatched), and return what the ops
+    return; with an input that needs a gradient they are the ops (a ``sut`` call, autograd)."""
+    g = torch.Generator().manual_seed(3)
+    routing, idx, gates = _routing()
+    x = torch.randn(N, IN, generator=g, dtype=torch.float64)
+    weight = torch.randn(E, IN, OUT, generator=g, dtype=torch.float64)
+    bias = torch.randn(E, OUT, generator=g, dtype=torch.float64)
+    linear = torch.nn.Linear(IN, OUT).double()
+    mask = torch.tensor([True, False, True, True, False])
+    ops = {"routed": lambda: routed_linear(x, weight, bias, routing, fan_out=K, gates=gates),
+           "masked": lambda: masked_linear(x, linear, mask)}
+    want = {"routed": _slot_loop(x, weight, bias, idx, K, gates),
+            "masked": torch.where(mask.unsqueeze(1), linear(x), 0.0).detach()}
+    for name, call in ops.items():
+        with torch.no_grad(), RecordDispatch() as record:
+            got = call()
+        assert record.calls == [], (name, record.calls)
+        torch.testing.assert_close(got, want[name])
+    x.requires_grad_()
+    for name, call in ops.items():
+        with RecordDispatch() as record:
+            got = call()
+        assert [op for op, _ in record.calls] == [f"{name}_linear"] and got.requires_grad
+        torch.testing.assert_close(got.detach(), want[name])
