@@ -19,7 +19,8 @@ alike), after one untimed batch each.
 What halting can save is the time inside the decoder's recurrence steps (the shared block
 and the halting unit, ``RecurrenceStep``); beam search, the embedding, the output layer
 and its softmax cost the same at every threshold. Each threshold's line therefore also
-gives that time (``decoder steps S s, X% of the time``), and each comparison its own ratio
+gives that time (``decoder steps S s, X% of the time``, and the output layer's share), and
+each comparison its own ratio
 in the steps alone: if the steps' time fell exactly with the steps skipped, the whole
 decoding's ratio would be their share of the time (X% at the reference threshold).
 
@@ -116,6 +117,7 @@ def main():
     generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
     meter = model.step_meter
     clock = StepClock(decoder_step(model))
+    output_clock = StepClock(model.decoder.output_projection)  # the same at every threshold
     n = sum(b["nsentences"] for b in batches)
     length = "" if args.fixed_length is None else f", every hypothesis {args.fixed_length} tokens"
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; "
@@ -125,15 +127,17 @@ def main():
             model.set_halting_threshold(threshold)
             decode_all(generator, model, batches[:1], [])
         figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
-                       "positions": 0, "step_seconds": 0.0} for t in args.thresholds}
+                       "positions": 0, "step_seconds": 0.0, "output_seconds": 0.0}
+                   for t in args.thresholds}
         for i, sample in enumerate(batches, 1):
             for threshold in args.thresholds:
                 model.set_halting_threshold(threshold)
                 meter.reset()
-                clock.seconds = 0.0
+                clock.seconds = output_clock.seconds = 0.0
                 decode_all(generator, model, [sample], figures[threshold]["seconds"])
                 f = figures[threshold]
                 f["step_seconds"] += clock.seconds
+                f["output_seconds"] += output_clock.seconds
                 for side in ("enc", "dec"):
                     f["executed"][side] += meter.executed[side]
                     f["maximum"][side] += meter.maximum[side]
@@ -153,7 +157,8 @@ def main():
         print(f"alpha_thresh {threshold}: {n / seconds:.2f} sentences/s, {f['positions']} decoder "
               f"positions, {1e6 * rows[threshold]['per_position']:.0f} us/position, decoder steps "
               f"executed {100 * rows[threshold]['dec']:.1f}%, encoder {100 * rows[threshold]['enc']:.1f}%; "
-              f"decoder steps {f['step_seconds']:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time")
+              f"decoder steps {f['step_seconds']:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time, "
+              f"output layer {100 * f['output_seconds'] / seconds:.1f}%")
     base = rows[args.thresholds[0]]
     for threshold in args.thresholds[1:]:
         r = rows[threshold]

@@ -321,9 +321,11 @@ def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skip
     assert re.search(r"^alpha_thresh 0.4 against 0.999: time per position saved -?[\d.]+%, decoder steps "
                      r"skipped [\d.]+%; time saved per position / decoder steps skipped: -?[\d.]+$", out, re.M), out
     # the time inside the decoder's recurrence steps: a real part of the decoding, not all of it
-    shares = dict(re.findall(r"^alpha_thresh ([\d.]+): .*; decoder steps [\d.]+ s, ([\d.]+)% of the time$",
-                             out, re.M))
+    found = re.findall(r"^alpha_thresh ([\d.]+): .*; decoder steps [\d.]+ s, ([\d.]+)% of the time, "
+                       r"output layer ([\d.]+)%$", out, re.M)
+    shares = {t: steps for t, steps, _ in found}
     assert shares.keys() == {"0.999", "0.4"} and all(0 < float(v) < 100 for v in shares.values()), out
+    assert all(0 < float(steps) + float(output) < 100 for _, steps, output in found), out
     bound = re.search(r"^  in the decoder steps alone: time saved -?[\d.]+%, time saved / steps skipped: "
                       r"-?[\d.]+ \(the whole decoding's ratio is at most about the steps' share of the "
                       r"time, ([\d.]+)\)$", out, re.M)
