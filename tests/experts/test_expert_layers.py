@@ -202,6 +202,28 @@ def test_momha_beams_over_shared_keys_equal_each_row_with_its_own_keys():
     torch.testing.assert_close(shared, own)
 
 
+def test_momha_rows_at_their_places_in_the_beam_grid_equal_those_rows_alone():
+    """``grid_rows``: 3 of the 6 rows of a grid of G = 3 beams over 2 sentences (one padded),
+    attending from their places, give what each gives over its own copy of its sentence's
+    keys; the rows at other places differ (the places are read)."""
+    m = _momha(4, 2)
+    torch.manual_seed(7)
+    src = torch.randn(2, 5, 6, dtype=torch.float64)
+    pad = torch.zeros(2, 5, dtype=torch.bool)
+    pad[0, -3:] = True
+    query = torch.randn(3, 1, 6, dtype=torch.float64)
+    active = torch.ones(3, 1, dtype=torch.bool)
+    places = torch.tensor([1, 3, 5])  # beam 1 of sentence 0, beams 0 and 2 of sentence 1
+    with torch.no_grad():
+        k, v = m.project_kv(src)
+        grid = m(query, k, v, active, key_padding_mask=pad, grid_rows=(places, 6))
+        sentence = places // 3
+        own = m(query, k[sentence], v[sentence], active, key_padding_mask=pad[sentence])
+        elsewhere = m(query, k, v, active, key_padding_mask=pad, grid_rows=(torch.tensor([0, 1, 2]), 6))
+    torch.testing.assert_close(grid, own)
+    assert not torch.allclose(elsewhere[1:], own[1:])
+
+
 @pytest.mark.parametrize("relative,causal,key_rows", [(None, False, 3), (None, True, 2), ("clipped", False, 2)])
 def test_momha_refuses_shared_keys_where_they_do_not_apply(relative, causal, key_rows):
     """Query rows sharing key rows: only a whole number of rows per key row, not causal,
