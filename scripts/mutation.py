@@ -77,7 +77,8 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     # incremental decoding (one query row, beams grouped over shared keys), FlexAttention,
     # an old checkpoint's parameter names
     "sut_fairseq/modules/momha.py": ("test_expert_layers.py", "test_decoder_cache.py", "test_incremental.py",
-                                     "test_flex_attention.py", "test_checkpoint_golden.py"),
+                                     "test_flex_attention.py", "test_checkpoint_golden.py",
+                                     "test_decoding_golden.py"),
     "sut_fairseq/modules/recurrence.py": ("test_recurrence_step.py", "test_halting_per_position.py",
                                           "test_incremental.py", "test_step_embedding.py", "test_hyper_ut.py",
                                           "test_halting_kv.py", "test_tlb_unshared.py", "test_recurrent_side.py",
@@ -92,6 +93,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/sut_block.py": ("test_sut_block.py", "test_incremental.py", "test_expert_layers.py",
                                         "test_options_off.py"),
     "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
+    "sut_fairseq/ops/short_softmax.py": ("test_short_softmax.py",),
     "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_custom_ops.py", "test_expert_layers.py",
                                         "test_compiled_step.py"),
     "sut_fairseq/ops/routing.py": ("test_routing_layout.py", "test_expert_layers.py"),
