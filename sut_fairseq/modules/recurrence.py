@@ -261,14 +261,14 @@ def block_on_rows(block: nn.Module, rows: torch.Tensor, query: torch.Tensor, k: 
     search, B / G rows): with at least GRID_CROSS_SHARE of the B rows running they stay
     whole and the R rows attend from their places among the B (``cross_rows``: one grouped
     attention, as at full depth); with fewer, each row's sentence's row is gathered."""
-    def pick(t, index=rows):
-        return None if t is None else t.index_select(0, index)
+    def pick(t, index=rows):  # every input is a tensor in incremental decoding
+        return t.index_select(0, index)
 
     cross = dict(cross_k=inputs.cross_k, cross_v=inputs.cross_v,
                  cross_padding_mask=inputs.cross_padding_mask)
-    if inputs.cross_k is not None and rows.numel() >= GRID_CROSS_SHARE * query.size(0):
+    if rows.numel() >= GRID_CROSS_SHARE * query.size(0):
         cross["cross_rows"] = (rows, query.size(0))
-    elif inputs.cross_k is not None:
+    else:
         sentences = rows // (query.size(0) // inputs.cross_k.size(0))
         cross = {name: pick(t, sentences) for name, t in cross.items()}
     return block(pick(query), pick(k), pick(v), pick(running),

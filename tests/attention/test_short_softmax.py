@@ -44,9 +44,19 @@ def test_gradient_equals_the_plain_softmax_gradient(n):
 
 def test_pads_only_short_float32_rows_on_the_cpu():
     """The padded result is a view of a (..., 16) tensor; the others are softmax's own."""
-    short = softmax_lastdim(torch.randn(4, 12))
-    assert short.stride(0) == VECTOR  # through the padding
+    for n in (2, 12, 15):
+        assert softmax_lastdim(torch.randn(4, n)).stride(0) == VECTOR  # through the padding
     for x in (torch.randn(4, 16), torch.randn(4, 40), torch.randn(4, 12, dtype=torch.float64),
               torch.randn(4, 1)):
         y = softmax_lastdim(x)
         assert y.is_contiguous() and torch.equal(y, x.softmax(-1))
+
+
+def test_a_compiled_graph_keeps_the_plain_softmax_over_the_last_dimension():
+    """Traced by dynamo (``aot_eager``: no code generated), the function is softmax(-1) over
+    the last of three dimensions, not padded (a view of 16 would add a guard on n)."""
+    x = torch.randn(2, 3, 12, generator=torch.Generator().manual_seed(1))
+    compiled = torch.compile(softmax_lastdim, backend="aot_eager", fullgraph=True)
+    got = compiled(x)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, x.softmax(-1), atol=0, rtol=0)

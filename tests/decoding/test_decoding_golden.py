@@ -27,7 +27,18 @@ def test_steps_on_the_running_rows_alone_keep_the_recorded_decoding(name, cross,
     hypotheses and scores, and the compacted steps did run, with grouped beams."""
     from sut_fairseq.modules import recurrence
 
+    from sut_fairseq.modules.momha import MixtureOfMultiHeadAttention
+
     monkeypatch.setattr(recurrence, "GRID_CROSS_SHARE", 0.0 if cross == "grid" else 2.0)
+    grid_calls = []  # MoMHA calls with the rows at their places in the beam grid
+    attention = MixtureOfMultiHeadAttention.forward
+
+    def counting(self, *args, grid_rows=None, **kwargs):
+        if grid_rows is not None:
+            grid_calls.append(grid_rows[0].numel())
+        return attention(self, *args, grid_rows=grid_rows, **kwargs)
+
+    monkeypatch.setattr(MixtureOfMultiHeadAttention, "forward", counting)
 
     compacted = []
     block_on_rows = recurrence.block_on_rows
@@ -41,3 +52,5 @@ def test_steps_on_the_running_rows_alone_keep_the_recorded_decoding(name, cross,
     assert_same_hypotheses(decode_case(name), RECORDED["cases"][name])
     assert compacted and all(0 < rows < batch for rows, batch, _ in compacted)
     assert any(groups > 1 for *_, groups in compacted), compacted
+    # the grid form: one cross-attention call per compacted step, on its rows; gathered: none
+    assert grid_calls == ([rows for rows, *_ in compacted] if cross == "grid" else []), grid_calls
