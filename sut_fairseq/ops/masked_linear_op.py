@@ -62,18 +62,20 @@ def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Ten
                               need_w: bool, need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
     rows = _rows(mask)
     g, xs = grad.index_select(0, rows), x.index_select(0, rows)
-    empty = x.new_empty(0)  # a gradient not asked for
-    grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight) if need_x else empty
-    grad_w = g.t() @ xs if need_w else empty
-    grad_b = g.sum(0) if need_b else empty
+    def empty():  # a gradient not asked for (one each: a custom op's outputs may not alias)
+        return x.new_empty(0)
+
+    grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight) if need_x else empty()
+    grad_w = g.t() @ xs if need_w else empty()
+    grad_b = g.sum(0) if need_b else empty()
     return grad_x, grad_w, grad_b
 
 
 @masked_linear_backward_op.register_fake
 def _(grad, x, weight, mask, need_x, need_w, need_b):
-    empty = x.new_empty(0)
-    return (torch.empty_like(x) if need_x else empty, torch.empty_like(weight) if need_w else empty,
-            x.new_empty(weight.size(0)) if need_b else empty)
+    return (torch.empty_like(x) if need_x else x.new_empty(0),
+            torch.empty_like(weight) if need_w else x.new_empty(0),
+            x.new_empty(weight.size(0)) if need_b else x.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):

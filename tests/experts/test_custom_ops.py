@@ -352,3 +352,26 @@ def test_without_autograd_the_ops_bodies_run_directly_with_the_same_result():
             got = call()
         assert [op for op, _ in record.calls] == [f"{name}_linear"] and got.requires_grad
         torch.testing.assert_close(got.detach(), want[name])
+
+
+@pytest.mark.parametrize("operand", ["weight", "bias", "gates"])
+def test_an_operand_alone_needing_a_gradient_gets_it(operand):
+    """Any one operand that needs a gradient (the input frozen, as the routed input of a
+    frozen layer) makes the call the op: the output has a gradient path to it."""
+    g = torch.Generator().manual_seed(4)
+    routing, idx, gates = _routing()
+    tensors = dict(weight=torch.randn(E, IN, OUT, generator=g, dtype=torch.float64),
+                   bias=torch.randn(E, OUT, generator=g, dtype=torch.float64), gates=gates.clone())
+    tensors[operand].requires_grad_()
+    x = torch.randn(N, IN, generator=g, dtype=torch.float64)
+    routed_linear(x, tensors["weight"], tensors["bias"], routing, fan_out=K, gates=tensors["gates"]).sum().backward()
+    assert tensors[operand].grad is not None and tensors[operand].grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("operand", ["weight", "bias"])
+def test_a_masked_linear_parameter_alone_needing_a_gradient_gets_it(operand):
+    linear = torch.nn.Linear(IN, OUT).double().requires_grad_(False)
+    getattr(linear, operand).requires_grad_()
+    x = torch.randn(N, IN, dtype=torch.float64)
+    masked_linear(x, linear, torch.tensor([True, False, True, True, False])).sum().backward()
+    assert getattr(linear, operand).grad.abs().sum() > 0
