@@ -60,3 +60,12 @@ def test_a_compiled_graph_keeps_the_plain_softmax_over_the_last_dimension():
     got = compiled(x)
     assert got.is_contiguous()
     torch.testing.assert_close(got, x.softmax(-1), atol=0, rtol=0)
+
+
+def test_the_compiled_branch_run_eagerly_is_the_plain_softmax(compiling_branch):
+    """The branch a compiled graph takes, run eagerly (so that mutation testing sees it):
+    softmax(-1) over the last of three dimensions, the short rows not padded."""
+    x = torch.randn(2, 3, 12, generator=torch.Generator().manual_seed(2))
+    got = softmax_lastdim(x)
+    assert got.is_contiguous()
+    torch.testing.assert_close(got, x.softmax(-1), atol=0, rtol=0)
