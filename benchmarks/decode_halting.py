@@ -79,11 +79,6 @@ class StepClock:
         self.seconds += time.perf_counter() - self._start
 
 
-def decoder_step(model) -> torch.nn.Module:
-    """The decoder's ``RecurrenceStep`` (its shared block and halting, one step per call)."""
-    return model.decoder.side.recurrence.step
-
-
 def decode_all(generator, model, batches, seconds):
     """Decode every batch; add its seconds to ``seconds``."""
     for sample in batches:
@@ -116,7 +111,7 @@ def main():
         min_len=args.fixed_length, max_len_a=0, max_len_b=args.fixed_length)
     generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
     meter = model.step_meter
-    clock = StepClock(decoder_step(model))
+    clock = StepClock(model.decoder.side.recurrence.step)  # the decoder's block and halting
     output_clock = StepClock(model.decoder.output_projection)  # the same at every threshold
     n = sum(b["nsentences"] for b in batches)
     length = "" if args.fixed_length is None else f", every hypothesis {args.fixed_length} tokens"

@@ -107,9 +107,8 @@ class SUTBlock(nn.Module):
         if memory_kv is not None:  # chunk-wise recurrence: read the memory (pre-LN always)
             x = x + self.dropout(self.memory_attn(x, *memory_kv))
         if self.cross_attn is not None:
-            rows = {} if cross_rows is None else {"grid_rows": cross_rows}
             x = self._sublayer(x, self.cross_attn_norm, lambda q: self.cross_attn(
-                q, cross_k, cross_v, running, cross_padding_mask, **rows))
+                q, cross_k, cross_v, running, cross_padding_mask, grid_rows=cross_rows))
         out = self._sublayer(x, self.ffd_norm, lambda q: self.ffd(q, running, *ffd_z))
         if self.gate is not None:  # GUT: h_l = G * out + (1 - G) * h_{l-1}
             g = self.gate(x)

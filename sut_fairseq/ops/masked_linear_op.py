@@ -20,8 +20,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..compiler import tracing
-from .reference_linear import _autocast_dtype, needs_autograd
+from .reference_linear import _autocast_dtype, as_custom_op
 
 
 def _rows(mask: Tensor) -> Tensor:
@@ -62,12 +61,10 @@ def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Ten
                               need_w: bool, need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
     rows = _rows(mask)
     g, xs = grad.index_select(0, rows), x.index_select(0, rows)
-    def empty():  # a gradient not asked for (one each: a custom op's outputs may not alias)
-        return x.new_empty(0)
-
-    grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight) if need_x else empty()
-    grad_w = g.t() @ xs if need_w else empty()
-    grad_b = g.sum(0) if need_b else empty()
+    # a gradient not asked for is an empty tensor, one each (a custom op's outputs may not alias)
+    grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight) if need_x else x.new_empty(0)
+    grad_w = g.t() @ xs if need_w else x.new_empty(0)
+    grad_b = g.sum(0) if need_b else x.new_empty(0)
     return grad_x, grad_w, grad_b
 
 
@@ -104,7 +101,7 @@ def masked_affine(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tenso
     bias = None if bias is None else bias.to(dtype)
     if _dense(x):
         op = dense_masked_linear
-    elif tracing() or needs_autograd(x, weight, bias):
+    elif as_custom_op(x, weight, bias):
         op = torch.ops.sut.masked_linear
     else:  # eager, no gradient (decoding): the op's body without its dispatch
         op = selected_rows_linear

@@ -8,6 +8,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..compiler import tracing
+
 
 _BACKENDS = ("auto", "reference", "triton")
 
@@ -28,11 +30,13 @@ def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:
     return None
 
 
-def needs_autograd(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether autograd records an operation on ``tensors`` (None entries skipped): the
-    plugin's custom ops are called as ops then; eagerly without it (decoding) their bodies
-    are called directly, which skips the custom op's dispatch (about 30 us a call on a CPU)."""
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+def as_custom_op(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether a plugin op on ``tensors`` (None entries skipped) is called as its custom op:
+    in a traced graph, or where autograd records it. Eagerly without a gradient (decoding)
+    its body is called directly, which skips the custom op's dispatch (about 30 us a call on
+    a CPU)."""
+    return tracing() or (torch.is_grad_enabled()
+                         and any(t is not None and t.requires_grad for t in tensors))
 
 
 def _rows(t: torch.Tensor, idx: Optional[torch.Tensor], start: int, end: int) -> torch.Tensor:

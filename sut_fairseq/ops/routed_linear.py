@@ -24,8 +24,7 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from ..compiler import tracing
-from .reference_linear import (_autocast_dtype, kernel_backend, needs_autograd, reference_backward,
+from .reference_linear import (_autocast_dtype, as_custom_op, kernel_backend, reference_backward,
                                reference_forward)
 from .routing import Routing
 
@@ -151,8 +150,7 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
-    if not tracing() and not needs_autograd(x, weight, bias, gates):
-        # eager, no gradient (decoding): the op's body without the custom op's dispatch
+    if not as_custom_op(x, weight, bias, gates):  # eager, no gradient (decoding)
         return _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
     return torch.ops.sut.routed_linear(
         x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,

@@ -19,9 +19,10 @@ VECTOR = 16
 def softmax_lastdim(x: torch.Tensor) -> torch.Tensor:
     """softmax(x, -1) for x (..., n); on a CPU in float32 with 1 < n < 16 through the padded
     row (module docstring). The result may be a strided view of a (..., 16) tensor."""
-    if tracing():  # a compiled graph: inductor writes its own softmax (and no guard on n)
-        return x.softmax(-1)
-    n = x.size(-1)
-    if x.device.type == "cpu" and x.dtype == torch.float32 and 1 < n < VECTOR:
+    # a compiled graph keeps softmax (inductor writes its own); tracing() is tested first so
+    # that dynamo reads no n, which would add a guard on it
+    if (not tracing() and x.device.type == "cpu" and x.dtype == torch.float32
+            and 1 < x.size(-1) < VECTOR):
+        n = x.size(-1)
         return F.pad(x, (0, VECTOR - n), value=float("-inf")).softmax(-1)[..., :n]
     return x.softmax(-1)
