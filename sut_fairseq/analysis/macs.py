@@ -172,10 +172,18 @@ def router_hook(router, inputs, routing) -> None:
              + _linear_macs(rows, fc2.in_features, fc2.out_features, fc2.bias is not None))
 
 
+def _expert_slots(module, active: torch.Tensor) -> Tuple[int, int]:
+    """(slots the experts processed, k) of a MoE-FFD or MoMHA call: its router's routing,
+    or with one expert (no router call) its active rows."""
+    if module.router.num_experts == 1:
+        return int(active.sum()), 1
+    routing = module.router._sut_routing
+    return int(routing.expert_offsets[-1]), routing.k
+
+
 def moe_ffd_hook(module, inputs, output) -> None:
     """MoE-FFD: only the k selected experts of each running position."""
-    routing = module.router._sut_routing
-    slots = int(routing.expert_offsets[-1])  # rows the experts processed
+    slots, _ = _expert_slots(module, inputs[1])  # rows the experts processed
     _, d, D = module.up.weight.shape
     _add(module, "ffd", slots * (d * D + D + D * d + d) + slots * d)
     _fold(module, module.router)
@@ -198,9 +206,8 @@ def momha_hook(module, inputs, output) -> None:
     B, T, d = query.shape
     H, S, D = key.size(1), key.size(2), key.size(3)
     inner = H * D
-    routing = module.router._sut_routing
-    slots = int(routing.expert_offsets[-1])
-    positions = slots // routing.k
+    slots, k = _expert_slots(module, inputs[3])
+    positions = slots // k
     _add(module, "att_proj", _linear_macs(slots, d, inner, True) + _linear_macs(slots, inner, d, False)
          + slots * d + positions * d)
     core = slots * H * (S * D + S + S * D)

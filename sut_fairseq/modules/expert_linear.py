@@ -4,6 +4,8 @@
 
 MoE-FFD's up/down and MoMHA's query/output projections; it owns the parameters and calls
 the custom op ``sut::routed_linear`` (``ops/routed_linear.py``: row layouts, backends).
+With one expert (the UT, GUT and the chunk-wise models) there is nothing to route:
+``dense`` maps the active rows in token order (``masked_affine``: one GEMM on their rows).
 """
 import math
 from typing import Optional
@@ -11,6 +13,7 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
+from ..ops.masked_linear_op import masked_affine
 from ..ops.routed_linear import routed_linear
 from ..ops.routing import Routing
 
@@ -41,6 +44,18 @@ class ExpertLinear(nn.Module):
         (M, out), or (N, out) summed over each token's slots with ``gates`` (N, k))."""
         bias = None if self.shared_bias else self.bias
         y = routed_linear(x, self.weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+        return y + self.bias if self.shared_bias else y
+
+    def dense(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """E = 1: the routed map without routing, x (N, in), active (N,) bool -> (N, out):
+
+            y_n = x_n W[0] + b[0]  where active_n, 0 elsewhere;   shared: y_n = [x_n W[0]] + b
+
+        (with one expert every active token's one slot goes to it with gate 1)."""
+        if self.weight.size(0) != 1:
+            raise ValueError(f"dense is the map of one expert; this layer has {self.weight.size(0)}")
+        bias = None if self.shared_bias else self.bias[0]
+        y = masked_affine(x, self.weight[0].t(), bias, active)
         return y + self.bias if self.shared_bias else y
 
     def extra_repr(self) -> str:

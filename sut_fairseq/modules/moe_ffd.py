@@ -2,7 +2,8 @@
 
 ``y(h) = Σ_{e in top-k} g_e · (W2_e · act(W1_e h + b1_e) + b2_e)``: the up projection
 ``up`` (W1, b1: E maps d -> D) and the down projection ``down`` (W2, b2: E maps D -> d) are
-``ExpertLinear``s. With E = k = 1 it is the dense FFN of a Transformer layer.
+``ExpertLinear``s. With E = k = 1 it is the dense FFN of a Transformer layer, and runs as
+one: no router, the active rows through ``ExpertLinear.dense``.
 """
 import torch
 import torch.nn as nn
@@ -32,6 +33,10 @@ class MoEFeedForward(nn.Module):
         """x: (..., d); active: (...) bool. Returns (..., d), zero on inactive rows."""
         shape = x.shape
         x = x.reshape(-1, shape[-1])
+        if self.router.num_experts == 1:  # the dense FFN on the active rows
+            active = active.reshape(-1)
+            h = self.activation_dropout(self.activation_fn(self.up.dense(x, active)))
+            return self.down.dense(h, active).reshape(shape)
         routing = self.router(x, active.reshape(-1))
         h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
         if kernel_backend(h) == "reference" and not tracing():

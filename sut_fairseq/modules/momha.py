@@ -9,6 +9,7 @@ The k picks of a position are k consecutive query rows per head (the routed proj
 slot order), so one attention over (B, H, T·k, D) queries serves all experts without
 copying K/V: ``scaled_dot_product_attention``, plain tensor operations on CPU with clipped
 relative positions (``_attend_clipped``), or FlexAttention on CUDA (``--flex-attention``).
+With E = 1 there is no router: the projections map the active rows (``ExpertLinear.dense``).
 """
 from typing import Optional, Tuple
 
@@ -119,9 +120,12 @@ class MixtureOfMultiHeadAttention(nn.Module):
         if key.size(0) != grid and (self.causal or self.relative is not None or grid % key.size(0)):
             raise ValueError(f"{grid} query rows over {key.size(0)} key rows: shared keys are "
                              "for non-causal attention without relative positions")
-        routing = self.router(query.reshape(B * T, d), active.reshape(-1))
-        k = routing.k
-        q = self.q_proj(query.reshape(B * T, d), routing, fan_out=k)
+        running = active.reshape(-1)
+        if self.router.num_experts == 1:  # dense multi-head attention on the active rows
+            routing, k, q = None, 1, self.q_proj.dense(query.reshape(B * T, d), running)
+        else:
+            routing = self.router(query.reshape(B * T, d), running)
+            k, q = routing.k, self.q_proj(query.reshape(B * T, d), routing, fan_out=routing.k)
         # query rows in slot order (position t, pick j): row m = t·k + j, position t = m // k
         q = q.view(B, T * k, H, D).transpose(1, 2)  # (B, H, T·k, D)
         if places is not None:  # the rows in their places of the grid
@@ -145,6 +149,8 @@ class MixtureOfMultiHeadAttention(nn.Module):
         if places is not None:
             o = o.index_select(0, places)
         o = o.reshape(B * T * k, H * D)
+        if routing is None:
+            return self.o_proj.dense(o, running).view(B, T, d)
         return self.o_proj(o, routing, fan_out=1, gates=routing.gates).view(B, T, d)
 
     def _flex_applies(self, q: torch.Tensor, groups: int) -> bool:

@@ -117,7 +117,7 @@ def _router_choice(router, x):
     return idxs, gates
 
 
-@pytest.mark.parametrize("E,k", [(4, 2), (3, 1), (3, 3)])
+@pytest.mark.parametrize("E,k", [(4, 2), (3, 1), (3, 3), (1, 1)])
 def test_moe_ffd_matches_per_token_per_expert_loop(E, k):
     m = _ffd(E, k)
     x = torch.randn(2, 5, 6, dtype=torch.float64)
@@ -134,8 +134,9 @@ def test_moe_ffd_matches_per_token_per_expert_loop(E, k):
     torch.testing.assert_close(y.reshape(-1, 6), expect)
 
 
-def test_moe_ffd_gradcheck():
-    m = _ffd(4, 2, activation="tanh")  # smooth activation in float64 (fairseq's gelu runs in fp32)
+@pytest.mark.parametrize("E,k", [(4, 2), (1, 1)])
+def test_moe_ffd_gradcheck(E, k):
+    m = _ffd(E, k, activation="tanh")  # smooth activation in float64 (fairseq's gelu runs in fp32)
     x = torch.randn(5, 6, dtype=torch.float64, requires_grad=True)
     active = torch.tensor([True, True, False, True, True])
     params = [m.up.weight, m.up.bias, m.down.weight, m.down.bias]
@@ -239,7 +240,8 @@ def test_momha_refuses_shared_keys_where_they_do_not_apply(relative, causal, key
 
 @pytest.mark.parametrize("E,k,relative,causal", [(4, 2, None, False), (3, 3, "clipped", True),
                                                  (4, 2, "clipped", False),
-                                                 (3, 1, "t5", False), (2, 2, "t5", True)])
+                                                 (3, 1, "t5", False), (2, 2, "t5", True),
+                                                 (1, 1, "clipped", True), (1, 1, None, False)])
 def test_momha_matches_per_token_per_expert_loop(E, k, relative, causal):
     m = _momha(E, k, relative=relative, causal=causal)
     B, T, S, H, D = 2, 4, 4, 2, 3
@@ -336,8 +338,9 @@ def test_clipped_attention_paths_agree(causal, q_start):
         torch.testing.assert_close(a, b)
 
 
-def test_momha_gradcheck():
-    m = _momha(3, 2, relative="clipped", causal=True)
+@pytest.mark.parametrize("E,k", [(3, 2), (1, 1)])
+def test_momha_gradcheck(E, k):
+    m = _momha(E, k, relative="clipped", causal=True)
     with torch.no_grad():  # non-zero T5/relative parameters so their gradients are exercised
         m.relative.embeddings.normal_()
     q_in = torch.randn(1, 3, 6, dtype=torch.float64, requires_grad=True)
@@ -398,6 +401,56 @@ def test_halted_positions_are_sent_to_no_expert(monkeypatch):
     routed = sum(r for r, _ in rows)
     assert routed == 4 * 2 * executed
     assert all(r == n for r, n in rows)
+
+
+@pytest.mark.parametrize("shared_bias", [False, True])
+def test_one_expert_dense_map_equals_the_routed_one_in_values_and_gradients(shared_bias):
+    """``ExpertLinear.dense`` (E = 1: the active rows through one masked GEMM) against the
+    routed op on the one-expert routing of the same rows (every active row to expert 0
+    with gate 1, the others to the no-op expert): outputs, dx, dW, db."""
+    from sut_fairseq.modules.expert_linear import ExpertLinear
+
+    torch.manual_seed(0)
+    layer = ExpertLinear(1, 5, 4, shared_bias=shared_bias).double()
+    with torch.no_grad():
+        layer.bias.normal_()
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    active = torch.tensor([True, False, True, True, False, True, True])
+    dy = torch.randn(7, 4, dtype=torch.float64)
+    routing = make_routing(torch.where(active, 0, 1).unsqueeze(1), active.double().unsqueeze(1), 1)
+    results = []
+    for run in (lambda: layer.dense(x, active), lambda: layer(x, routing, fan_out=1, gates=routing.gates)):
+        layer.zero_grad()
+        x.grad = None
+        y = run()
+        y.backward(dy)
+        results.append((y.detach(), x.grad.clone(), layer.weight.grad.clone(), layer.bias.grad.clone()))
+    for new, old in zip(*results):
+        torch.testing.assert_close(new, old)
+    assert (results[0][1][~active] == 0).all()  # inactive rows get no gradient
+    with pytest.raises(ValueError, match="one expert; this layer has 3"):
+        ExpertLinear(3, 5, 4).dense(x, active)
+
+
+def test_one_expert_layers_run_without_router_or_routed_op(monkeypatch):
+    """With E = 1 MoE-FFD and MoMHA call neither their router nor ``sut::routed_linear``:
+    the active rows go through ``masked_affine`` (one GEMM each), the others give 0
+    (MoMHA: its shared b_o)."""
+    import sut_fairseq.modules.expert_linear as expert_linear
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("routed with one expert")
+
+    monkeypatch.setattr(expert_linear, "routed_linear", refuse)
+    monkeypatch.setattr(Router, "forward", refuse)
+    active = torch.tensor([[True, False, True, True], [False, True, True, True]])
+    ffd = _ffd(1, 1)
+    y = ffd(torch.randn(2, 4, 6, dtype=torch.float64), active)
+    assert (y[~active] == 0).all() and (y[active] != 0).all()
+    m = _momha(1, 1, relative="clipped", causal=True)
+    K, V = m.project_kv(torch.randn(2, 4, 6, dtype=torch.float64))
+    y = m(torch.randn(2, 4, 6, dtype=torch.float64), K, V, active)
+    torch.testing.assert_close(y[~active], m.o_proj.bias.expand(2, 6).detach())
 
 
 def test_router_rejects_bad_k():
