@@ -49,6 +49,14 @@ run, the regime of the recipe's training (its halting units start at â = 0.047 
 
     python benchmarks/train_step.py --preset logic [--threads 1 2] [--repeats 5] [--bf16]
 
+``--arch`` of the logic preset also takes the recipe's dense models: ``ut_logic`` (UT with
+halting, ``configs/logic/ut-halting.json``), ``gut_logic``, ``tlb_logic`` and ``gutlb_logic``
+(``gut.json``, ``tlb.json``, ``gutlb.json``: the recurrent-transformers paper's models as the
+seq2seq recipe trains them, their own halting initialisation), each printed with its ms/step
+and, where it halts, its mean executed encoder steps:
+
+    python benchmarks/train_step.py --preset logic --threads 1 --arch ut_logic gut_logic tlb_logic gutlb_logic
+
 (``--bf16``: both models with parameters and activations in bfloat16, as fairseq's --bf16.)
 
 ``--compile`` (wmt, logic): after the eager figures, every model again compiled, the
@@ -113,10 +121,16 @@ import logic_recipe  # noqa: E402
 
 MODELS = ["sut_base", "ut_base", "transformer_wmt_en_de"]
 LOGIC_MODELS = ["sut_logic", "transformer"]
+#: the logic recipe's dense recurrent models, timed on request (--arch)
+LOGIC_DENSE_MODELS = ["ut_logic", "gut_logic", "tlb_logic", "gutlb_logic"]
 CPVR_MODELS = ["ut_cpvr", "sut_cpvr", "hyper_ut_cpvr"]
 #: benchmark arch -> (the recipe's model grid, its model: configs/TASK/MODEL.json over common.json)
 RECIPE_MODELS = {"sut_logic": (logic_recipe.GRID, "sut"),
                  "transformer": (logic_recipe.GRID, "transformer"),
+                 "ut_logic": (logic_recipe.GRID, "ut-halting"),
+                 "gut_logic": (logic_recipe.GRID, "gut"),
+                 "tlb_logic": (logic_recipe.GRID, "tlb"),
+                 "gutlb_logic": (logic_recipe.GRID, "gutlb"),
                  "ut_cpvr": (cpvr_recipe.GRID, "ut"),
                  "sut_cpvr": (cpvr_recipe.GRID, "sut"),
                  "hyper_ut_cpvr": (cpvr_recipe.GRID, "hyper-ut")}
@@ -271,6 +285,19 @@ def recipe_model(arch: str):
     return recipe_arch, kwargs, loss
 
 
+def encoder_depth(arch: str) -> int:
+    """Encoder steps (``--encoder-layers``) of a ``RECIPE_MODELS`` arch: its recipe's flag,
+    else its fairseq architecture's default."""
+    from argparse import Namespace
+
+    from fairseq.models import ARCH_CONFIG_REGISTRY
+
+    recipe_arch, kwargs, _ = recipe_model(arch)
+    args = Namespace(**kwargs)
+    ARCH_CONFIG_REGISTRY[recipe_arch](args)
+    return args.encoder_layers
+
+
 def force_halting(model, bias: float, seed: int = 0) -> None:
     """Halting units with random last layers (std 1 logits) and the given bias: positions
     halt at different, token-dependent steps."""
@@ -292,8 +319,8 @@ def cudagraph_skips() -> int:
 
 
 def is_recurrent(arch: str) -> bool:
-    """Whether ``arch`` is one of the plugin's models (SUT, UT, Hyper-UT)."""
-    return arch.startswith(("sut", "ut", "hyper_ut"))
+    """Whether ``arch`` is one of the plugin's models (SUT, UT, Hyper-UT, GUT, TLB, GUTLB)."""
+    return arch.startswith(("sut", "ut", "hyper_ut", "gut", "tlb"))
 
 
 def build(arch: str, vocab: int, halting_bias: float, compiled: bool = False):
@@ -548,16 +575,17 @@ def main_logic(args):
     dtype = torch.bfloat16 if args.bf16 else torch.float32
     for threads in args.threads:
         torch.set_num_threads(threads)
-        steps_log = []
+        steps_log = {}
         speed = {}
         for arch, t in time_steps(archs, sample, vocab, args.repeats, args.halting_bias,
                                   steps_log, dtype=dtype).items():
             speed[arch] = src_tokens / t
             print(f"[{threads} thread{'s' if threads > 1 else ''}] {arch:12s} {1e3 * t:8.1f} ms/step "
                   f"{speed[arch]:9.0f} source tokens/s", flush=True)
-        if steps_log:
-            print(f"[{threads} thread{'s' if threads > 1 else ''}] sut_logic mean executed encoder "
-                  f"steps: {statistics.mean(steps_log):.2f} of 12")
+        for arch, log in steps_log.items():
+            if log:
+                print(f"[{threads} thread{'s' if threads > 1 else ''}] {arch} mean executed encoder "
+                      f"steps: {statistics.mean(log):.2f} of {encoder_depth(arch)}")
         if {"sut_logic", "transformer"} <= speed.keys():
             ratio = speed["sut_logic"] / speed["transformer"]
             print(f"[{threads} thread{'s' if threads > 1 else ''}] sut_logic / transformer tokens/s: "
@@ -615,7 +643,8 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--arch", nargs="*", default=None,
-                        help=f"models (wmt: {' '.join(MODELS)}; logic: {' '.join(LOGIC_MODELS)}; "
+                        help=f"models (wmt: {' '.join(MODELS)}; logic: {' '.join(LOGIC_MODELS)}, or "
+                             f"{' '.join(LOGIC_DENSE_MODELS)}; "
                              f"cpvr: {' '.join(CPVR_MODELS)}); a SUT/UT with the suffix {LOOP} "
                              f"is compiled with --compile-loop (all steps one graph); with "
                              f"{GRAPHS} too (or fairseq's transformer with {GRAPHS}) in "

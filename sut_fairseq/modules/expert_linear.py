@@ -55,7 +55,7 @@ class ExpertLinear(nn.Module):
         if self.weight.size(0) != 1:
             raise ValueError(f"dense is the map of one expert; this layer has {self.weight.size(0)}")
         bias = None if self.shared_bias else self.bias[0]
-        y = masked_affine(x, self.weight[0].t(), bias, active)
+        y = masked_affine(x, self.weight.squeeze(0).t(), bias, active)  # a view: no gradient copy
         return y + self.bias if self.shared_bias else y
 
     def extra_repr(self) -> str:

@@ -39,8 +39,11 @@ def _dense(x: Tensor) -> bool:
 
 
 def selected_rows_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
-    """The selected rows only (the op's body): x (N, in), W (out, in), mask (N,) -> (N, out)."""
+    """The selected rows only (the op's body): x (N, in), W (out, in), mask (N,) -> (N, out).
+    Every row selected (nothing halted yet): the plain map, no gather or scatter."""
     rows = _rows(mask)
+    if rows.numel() == x.size(0):
+        return F.linear(x, weight, bias)
     out = x.new_zeros(x.size(0), weight.size(0))
     return out.index_copy_(0, rows, F.linear(x.index_select(0, rows), weight, bias))
 
@@ -60,10 +63,13 @@ def _(x, weight, bias, mask):
 def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Tensor, need_x: bool,
                               need_w: bool, need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
     rows = _rows(mask)
-    g, xs = grad.index_select(0, rows), x.index_select(0, rows)
+    every = rows.numel() == x.size(0)  # no gather or scatter
+    g, xs = (grad, x) if every else (grad.index_select(0, rows), x.index_select(0, rows))
     # a gradient not asked for is an empty tensor, one each (a custom op's outputs may not alias)
-    grad_x = torch.zeros_like(x).index_copy_(0, rows, g @ weight) if need_x else x.new_empty(0)
-    grad_w = g.t() @ xs if need_w else x.new_empty(0)
+    grad_x = (g @ weight if every else torch.zeros_like(x).index_copy_(0, rows, g @ weight)) \
+        if need_x else x.new_empty(0)
+    # dW in the weight's own layout (a transposed view's gradient accumulates without copies)
+    grad_w = ((xs.t() @ g).t() if weight.t().is_contiguous() else g.t() @ xs) if need_w else x.new_empty(0)
     grad_b = g.sum(0) if need_b else x.new_empty(0)
     return grad_x, grad_w, grad_b
 

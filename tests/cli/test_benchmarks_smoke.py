@@ -54,6 +54,17 @@ def test_train_step_logic_prints_the_ratio_and_its_mac_bound():
     assert re.search(r"^\[1 thread\] sut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
 
 
+def test_train_step_logic_times_the_recipes_dense_models():
+    """``--arch`` takes the logic recipe's UT, GUT, TLB and GUTLB; those that halt per
+    position print their mean executed encoder steps of their own depth."""
+    out = run("train_step.py", "--preset", "logic", "--logic-tokens", "120", "--repeats", "1",
+              "--threads", "1", "--arch", "ut_logic", "gut_logic", "tlb_logic", "gutlb_logic")
+    for arch in ("ut_logic", "gut_logic", "tlb_logic", "gutlb_logic"):
+        assert re.search(rf"^\[1 thread\] {arch}\s+\d+\.\d ms/step\s+\d+ source tokens/s$", out, re.M), out
+    assert re.search(r"^\[1 thread\] ut_logic mean executed encoder steps: \d+\.\d\d of 12$", out, re.M), out
+    assert re.search(r"^\[1 thread\] gut_logic mean executed encoder steps: \d+\.\d\d of 15$", out, re.M), out
+
+
 def test_train_step_logic_runs_in_bfloat16():
     out = run("train_step.py", "--preset", "logic", "--logic-tokens", "120", "--repeats", "1",
               "--threads", "1", "--bf16")

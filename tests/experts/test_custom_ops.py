@@ -67,6 +67,45 @@ def test_masked_linear_forward_and_gradients_against_a_row_loop():
     torch.testing.assert_close(linear.bias.grad, want_db)
 
 
+@pytest.mark.parametrize("every", [False, True])
+def test_masked_affine_of_a_transposed_weight_view_against_a_row_loop(every):
+    """One expert's dense map (``ExpertLinear.dense``): W the transposed view of an (in, out)
+    parameter. Values and gradients against the row loop; with every row selected (nothing
+    halted) the body is the plain map, no gather or scatter; the backward op gives dW in
+    the weight's own layout (transposed for a transposed view, so that the parameter's
+    steps accumulate without copies), and a plain (out, in) weight's dW contiguous."""
+    from sut_fairseq.ops.masked_linear_op import masked_affine, selected_rows_linear
+
+    g = torch.Generator().manual_seed(2)
+    P = torch.randn(5, 3, generator=g, dtype=torch.float64, requires_grad=True)  # (in, out)
+    b = torch.randn(3, generator=g, dtype=torch.float64, requires_grad=True)
+    x = torch.randn(6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    mask = torch.ones(6, dtype=torch.bool) if every else torch.tensor([True, False, True, True, False, True])
+    dy = torch.randn(6, 3, generator=g, dtype=torch.float64)
+    y = masked_affine(x, P.t(), b, mask)
+    y.backward(dy)
+    want_y, want_dx = torch.zeros(6, 3, dtype=torch.float64), torch.zeros(6, 5, dtype=torch.float64)
+    want_dP, want_db = torch.zeros(5, 3, dtype=torch.float64), torch.zeros(3, dtype=torch.float64)
+    for r in range(6):
+        if mask[r]:
+            want_y[r] = x[r].detach() @ P.detach() + b.detach()
+            want_dx[r] = P.detach() @ dy[r]
+            want_dP += torch.outer(x[r].detach(), dy[r])
+            want_db += dy[r]
+    for got, want in ((y.detach(), want_y), (x.grad, want_dx), (P.grad, want_dP), (b.grad, want_db)):
+        torch.testing.assert_close(got, want)
+    with RecordDispatch() as rec:
+        selected_rows_linear(x.detach(), P.detach().t(), b.detach(), mask)
+    moved = {name for name, _ in rec.ops} & {"index_select", "index_copy", "index_copy_"}
+    assert bool(moved) != every, rec.ops
+    _, dW, _ = torch.ops.sut.masked_linear_backward(dy, x.detach(), P.detach().t(), mask, True, True, True)
+    assert dW.shape == (3, 5) and dW.t().is_contiguous() and not dW.is_contiguous()
+    _, dW, _ = torch.ops.sut.masked_linear_backward(dy, x.detach(), P.detach().t().contiguous(), mask,
+                                                    True, True, True)
+    assert dW.is_contiguous()
+    torch.testing.assert_close(dW.t(), want_dP)
+
+
 @pytest.mark.parametrize("frozen", ["x", "weight", "bias", "no bias"])
 def test_masked_linear_asks_for_the_gradients_needed_only(frozen):
     """The backward op is told which gradients autograd needs (need_x, need_w, need_b): a
