@@ -23,8 +23,16 @@ from torch import Tensor
 from .reference_linear import _autocast_dtype, as_custom_op
 
 
-def _rows(mask: Tensor) -> Tensor:
-    return mask.nonzero().squeeze(1)
+def _rows(mask: Tensor) -> Optional[Tensor]:
+    """The selected rows' indices (R,), or None when every row is selected (nothing halted
+    yet: the op then works on the tensors as they are, no gather or scatter)."""
+    rows = mask.nonzero().squeeze(1)
+    return None if rows.numel() == mask.numel() else rows
+
+
+def _scatter(rows: Optional[Tensor], y: Tensor, n: int) -> Tensor:
+    """y (R, m) of the selected rows -> (n, m) with zeros elsewhere (y itself for every row)."""
+    return y if rows is None else y.new_zeros(n, y.size(1)).index_copy_(0, rows, y)
 
 
 def dense_masked_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask: Tensor) -> Tensor:
@@ -42,10 +50,8 @@ def selected_rows_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], mask
     """The selected rows only (the op's body): x (N, in), W (out, in), mask (N,) -> (N, out).
     Every row selected (nothing halted yet): the plain map, no gather or scatter."""
     rows = _rows(mask)
-    if rows.numel() == x.size(0):
-        return F.linear(x, weight, bias)
-    out = x.new_zeros(x.size(0), weight.size(0))
-    return out.index_copy_(0, rows, F.linear(x.index_select(0, rows), weight, bias))
+    xs = x if rows is None else x.index_select(0, rows)
+    return _scatter(rows, F.linear(xs, weight, bias), x.size(0))
 
 
 @torch.library.custom_op("sut::masked_linear", mutates_args=())
@@ -63,13 +69,12 @@ def _(x, weight, bias, mask):
 def masked_linear_backward_op(grad: Tensor, x: Tensor, weight: Tensor, mask: Tensor, need_x: bool,
                               need_w: bool, need_b: bool) -> Tuple[Tensor, Tensor, Tensor]:
     rows = _rows(mask)
-    every = rows.numel() == x.size(0)  # no gather or scatter
-    g, xs = (grad, x) if every else (grad.index_select(0, rows), x.index_select(0, rows))
+    g, xs = (grad, x) if rows is None else (grad.index_select(0, rows), x.index_select(0, rows))
     # a gradient not asked for is an empty tensor, one each (a custom op's outputs may not alias)
-    grad_x = (g @ weight if every else torch.zeros_like(x).index_copy_(0, rows, g @ weight)) \
-        if need_x else x.new_empty(0)
+    grad_x = _scatter(rows, g @ weight, x.size(0)) if need_x else x.new_empty(0)
     # dW in the weight's own layout (a transposed view's gradient accumulates without copies)
-    grad_w = ((xs.t() @ g).t() if weight.t().is_contiguous() else g.t() @ xs) if need_w else x.new_empty(0)
+    transposed = weight.t().is_contiguous()
+    grad_w = ((xs.t() @ g).t() if transposed else g.t() @ xs) if need_w else x.new_empty(0)
     grad_b = g.sum(0) if need_b else x.new_empty(0)
     return grad_x, grad_w, grad_b
 
