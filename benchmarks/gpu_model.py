@@ -19,7 +19,9 @@ Each record becomes kernels of a kind:
 * ``attention``: a fused ``scaled_dot_product_attention``, or with ``--flex-attention``
   (the ``+flex`` suffix of an arch) the FlexAttention kernel (1 launch forward, 2 backward);
 * ``custom``: aten work inside the plugin's custom ops (``sut::*``: zero-fills, sums, casts);
-* ``triton``: the routed ops' Triton launches (``_routed_gemm``, ``_routed_wgrad``);
+* ``triton``: the routed ops' Triton launches (``_routed_gemm``, ``_routed_wgrad``) and the
+  label-smoothed cross entropy's (``_ce_forward``, ``_ce_backward``: one pass over the
+  logits each, priced by their bytes);
 * ``accum``: the backward's additions of a shared parameter's gradients (one per extra use);
 * ``aten``: every other aten kernel (elementwise, reductions, sorts: ``LAUNCHES`` lists the
   operations of more than one kernel);
@@ -71,6 +73,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402
 
+from sut_fairseq.kernels import cross_entropy as ce  # noqa: E402
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import routed_linear_triton as rlf  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
@@ -306,6 +309,15 @@ class Recorder(TorchDispatchMode):
         name = "_routed_gemm" if kernel is gg.routed_gemm_kernel else "_routed_wgrad"
         self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + E * K * N + M * N))
 
+    def cross_entropy(self, kernel, args: dict):
+        """A cross-entropy Triton launch: no tensor-core FLOPs; bytes of the logits read (and,
+        backward, the gradient written) and the per-row fp32 vectors."""
+        logits = args["Z"].numel() * args["Z"].element_size()
+        vectors = sum(_nbytes(t) for name, t in args.items()
+                      if isinstance(t, torch.Tensor) and name not in ("Z", "DZ"))
+        written = logits if kernel is ce.ce_backward_kernel else 0
+        self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, logits + written + vectors)
+
     def key(self, t: torch.Tensor):
         """A tensor's storage: its address and the allocation count there."""
         address = t.untyped_storage()._cdata
@@ -418,7 +430,7 @@ def cuda_code_path(recorder: Recorder):
     ``scaled_dot_product_attention`` recorded, and every backward's nodes hooked."""
     is_cuda, sdpa, backward = torch.Tensor.is_cuda, F.scaled_dot_product_attention, torch.Tensor.backward
     attend = flex_attention.attend
-    recorder_before = rlf._launch_recorder
+    recorder_before, ce_recorder_before = rlf._launch_recorder, ce._launch_recorder
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
         return _FusedAttention.apply(recorder, "sdpa", q, k, v, attn_mask)
@@ -435,14 +447,14 @@ def cuda_code_path(recorder: Recorder):
     F.scaled_dot_product_attention = attention
     flex_attention.attend = flex
     torch.Tensor.backward = hooked_backward
-    rlf._launch_recorder = recorder.triton
+    rlf._launch_recorder, ce._launch_recorder = recorder.triton, recorder.cross_entropy
     try:
         yield
     finally:
         torch.Tensor.is_cuda, F.scaled_dot_product_attention = is_cuda, sdpa
         flex_attention.attend = attend
         torch.Tensor.backward = backward
-        rlf._launch_recorder = recorder_before
+        rlf._launch_recorder, ce._launch_recorder = recorder_before, ce_recorder_before
 
 
 def to_meta(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

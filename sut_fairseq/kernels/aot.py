@@ -10,7 +10,8 @@ configuration and reads its registers / stack (spill) bytes from
 ``cuobjdump -res-usage`` and its shared memory from ``compiled.metadata.shared``, and
 ``main_loop`` reads the SASS of its main loop (``cuobjdump -sass``): the instructions,
 block-wide barriers and matrix instructions of one iteration, the cost a profile would
-show and a CPU can count.
+show and a CPU can count. ``ce_jobs`` adds the label-smoothed cross entropy's two kernels
+(``cross_entropy.py``; no matrix loop, so resources only).
 
     python -m sut_fairseq.kernels.aot [--dtype fp16] [--jobs 2]   # prints the table
 """
@@ -25,13 +26,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 from types import SimpleNamespace
-from typing import List, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from . import cross_entropy as ce
 from . import grouped_gemm as gg
 from . import routed_linear_triton as rlf
 
@@ -201,7 +203,7 @@ class Result:
     regs: int
     spill_bytes: int  # stack frame + local memory: spills are the only source here
     shared: int
-    loop: LoopStats
+    loop: Optional[LoopStats]  # None: a kernel without a matrix loop (the cross entropy's)
     seconds: float
 
     @property
@@ -211,8 +213,8 @@ class Result:
 
 def config_name(config: triton.Config) -> str:
     kw = config.kwargs
-    return (f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} "
-            f"w{config.num_warps} s{config.num_stages}")
+    blocks = f"{kw['BLOCK_M']}x{kw['BLOCK_N']}x{kw['BLOCK_K']} " if "BLOCK_M" in kw else ""
+    return f"{blocks}w{config.num_warps} s{config.num_stages}"
 
 
 def compile_launch(name: str, dtype: str, kernel, args: dict, config: triton.Config, arch: int) -> Result:
@@ -221,9 +223,10 @@ def compile_launch(name: str, dtype: str, kernel, args: dict, config: triton.Con
     compiled = triton.compile(specialize(kernel, args, config), target=GPUTarget("cuda", arch, 32),
                               options=dict(num_warps=config.num_warps, num_stages=config.num_stages))
     usage = resource_usage(compiled.asm["cubin"])
+    loop = main_loop(read_cubin(compiled.asm["cubin"], "-sass")) if kernel in gg.KERNELS else None
     return Result(name, kernel.__name__, config_name(config), arch, dtype, usage["regs"],
-                  usage["stack"] + usage["local"], compiled.metadata.shared,
-                  main_loop(read_cubin(compiled.asm["cubin"], "-sass")), time.perf_counter() - start)
+                  usage["stack"] + usage["local"], compiled.metadata.shared, loop,
+                  time.perf_counter() - start)
 
 
 def all_jobs(dtypes=("fp16",), archs=ARCHS, launch_filter=None):
@@ -237,6 +240,30 @@ def all_jobs(dtypes=("fp16",), archs=ARCHS, launch_filter=None):
                 for arch in archs:
                     jobs.append((name, dtype, kernel, args, config, arch))
     return jobs
+
+
+def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, object, dict]]:
+    """``(name, kernel, args)`` of the cross entropy's forward and backward launches on
+    "meta" logits of ``dtype`` (a key of ``DTYPES``)."""
+    meta = dict(device="meta")
+    logits = torch.empty(N, V, dtype=DTYPES[dtype][0], **meta)
+    row = torch.empty(N, dtype=torch.float32, **meta)
+    launches, previous = [], ce._launch_recorder
+    ce._launch_recorder = lambda kernel, args: launches.append((kernel, args))
+    try:
+        lse, _ = ce.ce_forward(logits)
+        ce.ce_backward(logits, lse, row, row, torch.empty(N, dtype=torch.long, **meta), row)
+    finally:
+        ce._launch_recorder = previous
+    return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]
+
+
+def ce_jobs(dtypes=("fp16",), archs=ARCHS):
+    """The cross entropy's builds (its one configuration: ``NUM_WARPS`` warps)."""
+    config = triton.Config({}, num_warps=ce.NUM_WARPS)
+    return [(name, dtype, kernel, args, config, arch) for dtype in dict.fromkeys(
+        "fp32" if d == "fp32-ieee" else d for d in dtypes)
+        for name, kernel, args in ce_launches(dtype) for arch in archs]
 
 
 _JOBS = []
@@ -263,7 +290,8 @@ def format_table(results: List[Result]) -> str:
     for r in results:
         lines.append(f"{r.launch:<16} {r.config:<18} {r.dtype:<9} {r.arch:>3} {r.regs:>4} "
                      f"{r.spill_bytes:>7} {r.shared:>8} {SHARED_LIMITS[r.arch]:>7} {'yes' if r.ok else 'NO ':<3} "
-                     f"|            {r.loop.instructions:>5} {r.loop.barriers:>3} {r.loop.mma:>4}")
+                     f"|            " + (f"{r.loop.instructions:>5} {r.loop.barriers:>3} {r.loop.mma:>4}"
+                                           if r.loop else f"{'-':>5} {'-':>3} {'-':>4}"))
     return "\n".join(lines)
 
 
@@ -273,7 +301,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     start = time.perf_counter()
-    results = compile_all(all_jobs(args.dtype), args.jobs)
+    results = compile_all(all_jobs(args.dtype) + ce_jobs(args.dtype), args.jobs)
     print(format_table(results))
     bad = [r for r in results if not r.ok]
     print(f"{len(results)} builds in {time.perf_counter() - start:.0f} s; {len(bad)} over budget")

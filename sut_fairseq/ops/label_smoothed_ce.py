@@ -14,23 +14,63 @@ For a row with logits z (V,), target t and ε_i = ε / (V - 1) (fairseq's conven
 
 Rows whose target is ``ignore_index`` contribute 0 and get a zero gradient. The sums
 are accumulated in fp32 (fp64 for fp64 logits) whatever the logits' dtype, as fairseq's
-``log_softmax`` does. Both passes go over blocks of rows, converting one block at a time
-(fp16/bf16 logits are never copied whole to fp32): small enough to stay in cache on a CPU,
-large on a GPU, where each operation on a block is a kernel launch (docs/install.md).
+``log_softmax`` does.
+
+Two backends, chosen as the routed expert ops' (``SUT_KERNELS``, ``reference_linear.kernel_backend``):
+the Triton kernels of ``kernels/cross_entropy.py`` for CUDA tensors (one pass over the
+logits forward, one backward writing the gradient in the logits' dtype; fp64 logits take
+the PyTorch path), and PyTorch for CPU tensors: both passes over blocks of rows, converting
+one block at a time (fp16/bf16 logits are never copied whole to fp32), small enough to
+stay in cache.
 """
 from typing import Tuple
 
 import torch
 
-_BLOCK_ELEMENTS = 1 << 18  # logits per block of rows on a CPU: about 1 MB in fp32
-_BLOCK_ELEMENTS_GPU = 1 << 24  # on a GPU: about 64 MB in fp32
+from .reference_linear import kernel_backend
+
+_BLOCK_ELEMENTS = 1 << 18  # logits per block of rows: about 1 MB in fp32
 
 
-def _row_blocks(n_rows: int, n_cols: int, device: torch.device):
-    """Slices of rows, each holding at most the device's block of logits (one row at least)."""
-    elements = _BLOCK_ELEMENTS if device.type == "cpu" else _BLOCK_ELEMENTS_GPU
-    step = max(1, elements // n_cols)
+def _row_blocks(n_rows: int, n_cols: int):
+    """Slices of rows, each holding at most ``_BLOCK_ELEMENTS`` logits (one row at least)."""
+    step = max(1, _BLOCK_ELEMENTS // n_cols)
     return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
+
+
+def _uses_triton(logits: torch.Tensor) -> bool:
+    return logits.dtype != torch.float64 and kernel_backend(logits) == "triton"
+
+
+def _lse_and_row_sum(logits: torch.Tensor, acc: torch.dtype):
+    """(log Σ_j exp z_j, Σ_j z_j) per row of logits (N, V), both (N,) in ``acc``."""
+    if _uses_triton(logits):
+        from ..kernels.cross_entropy import ce_forward
+
+        return ce_forward(logits.contiguous())
+    N = logits.size(0)
+    lse, row_sum = logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc)
+    for rows in _row_blocks(*logits.shape):
+        z = logits[rows].to(acc)
+        torch.logsumexp(z, dim=1, out=lse[rows])
+        torch.sum(z, dim=1, out=row_sum[rows])
+    return lse, row_sum
+
+
+def _logit_gradient(logits, lse, scale, shift, target, target_term):
+    """∂loss/∂z (N, V) in the logits' dtype: exp(z - lse)·scale - shift, plus target_term at
+    each row's target; lse, scale, shift, target_term (N,), target (N,)."""
+    if _uses_triton(logits):
+        from ..kernels.cross_entropy import ce_backward
+
+        return ce_backward(logits.contiguous(), lse, scale, shift, target, target_term)
+    grad = torch.empty_like(logits, dtype=lse.dtype)  # the only (N, V) buffer
+    scale, shift = scale.unsqueeze(1), shift.unsqueeze(1)
+    for rows in _row_blocks(*logits.shape):
+        block = torch.sub(logits[rows].to(lse.dtype), lse[rows].unsqueeze(1), out=grad[rows])
+        block.exp_().mul_(scale[rows]).sub_(shift[rows])
+    grad.scatter_add_(1, target.unsqueeze(1), target_term.unsqueeze(1))
+    return grad.to(logits.dtype)
 
 
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
@@ -41,12 +81,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         eps_i = epsilon / (V - 1)
         keep = target.ne(ignore_index)
         safe_target = target.masked_fill(~keep, 0)
-        lse = logits.new_empty(N, dtype=acc)  # log Σ_j exp z_j per row
-        row_sum = logits.new_empty(N, dtype=acc)  # Σ_j z_j per row
-        for rows in _row_blocks(N, V, logits.device):
-            z = logits[rows].to(acc)
-            torch.logsumexp(z, dim=1, out=lse[rows])
-            torch.sum(z, dim=1, out=row_sum[rows])
+        lse, row_sum = _lse_and_row_sum(logits, acc)  # log Σ_j exp z_j, Σ_j z_j per row
         z_target = logits.gather(1, safe_target.unsqueeze(1)).squeeze(1).to(acc)
         nll_sum = ((lse - z_target) * keep).sum()
         smooth_sum = ((V * lse - row_sum) * keep).sum()
@@ -62,14 +97,9 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         on_target, eps_i = ctx.coefficients
         V, acc = logits.size(1), lse.dtype
         w = keep.to(acc) * grad_loss.to(acc)  # (N,) upstream weight of each row
-        scale = (w * (on_target + V * eps_i)).unsqueeze(1)
-        shift = (w * eps_i).unsqueeze(1)
-        grad = torch.empty_like(logits, dtype=acc)  # the only (N, V) buffer
-        for rows in _row_blocks(*logits.shape, logits.device):
-            block = torch.sub(logits[rows].to(acc), lse[rows].unsqueeze(1), out=grad[rows])
-            block.exp_().mul_(scale[rows]).sub_(shift[rows])
-        grad.scatter_add_(1, target.unsqueeze(1), (-on_target * w).unsqueeze(1))
-        return grad.to(logits.dtype), None, None, None
+        grad = _logit_gradient(logits, lse, w * (on_target + V * eps_i), w * eps_i, target,
+                               -on_target * w)
+        return grad, None, None, None
 
 
 def label_smoothed_cross_entropy(logits: torch.Tensor, target: torch.Tensor, epsilon: float,

@@ -78,6 +78,23 @@ def test_compiled_fuses_kernels():
     assert sum(k.kind == "triton" for k in eager) > 0
 
 
+def test_the_loss_is_one_triton_pass_over_the_logits_each_way():
+    """On the CUDA path the label-smoothed cross entropy is its two Triton kernels, priced
+    by their bytes: the bf16 logits (N x V) read forward, read and their gradient written
+    backward; no other kernel outside the steps touches an (N, V) tensor but the output
+    projection's GEMMs."""
+    B, T, V = 3, 5, 200  # N = 15 rows: no other tensor of the step has N x V elements
+    kernels = gpu_model.record_step("sut_tiny", False, B, T, V)
+    ce = {k.name: k for k in kernels if k.name.startswith("_ce_")}
+    assert sorted(ce) == ["_ce_backward", "_ce_forward"]
+    assert (ce["_ce_forward"].phase, ce["_ce_backward"].phase) == ("fwd", "bwd")
+    logits = B * T * V * 2
+    assert ce["_ce_forward"].bytes == logits + 2 * 4 * B * T  # + lse, row sums (fp32)
+    assert ce["_ce_backward"].bytes == 2 * logits + (4 * 4 + 8) * B * T  # + 4 fp32, 1 long
+    outside = [k for k in kernels if not k.step and k.launches and B * T * V in k.out_numels]
+    assert {k.kind for k in outside} <= {"gemm"}, [(k.kind, k.name) for k in outside]
+
+
 def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
     """``--compile-step``: the engine adds a shared parameter's gradient of every step
     after the first (an ``accum`` launch each); ``--compile-loop``: the sums are inside the

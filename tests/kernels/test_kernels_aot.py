@@ -138,6 +138,20 @@ def test_main_loop_reads_one_iteration_of_sass():
         main_loop("/*0000*/  EXIT ;\n")
 
 
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cross_entropy_kernels_build_without_spills(arch):
+    """The label-smoothed cross entropy's forward and backward (``cross_entropy.py``) for
+    the logits' dtypes a training run has (fp16, bf16 under autocast; fp32): built, no
+    spills, shared memory within the limit."""
+    from sut_fairseq.kernels import aot
+
+    results = aot.compile_all(aot.ce_jobs(("fp16", "bf16", "fp32"), archs=(arch,)))
+    table = aot.format_table(results)
+    assert {(r.launch, r.dtype) for r in results} == {
+        (f"ce.{p}", d) for p in ("fwd", "bwd") for d in ("fp16", "bf16", "fp32")}, table
+    assert all(r.ok and r.loop is None for r in results), table
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("arch", ARCHS)

@@ -58,15 +58,26 @@ def test_blocks_cover_every_row(monkeypatch):
     torch.testing.assert_close(x.grad, y.grad)
 
 
-@pytest.mark.parametrize("device, blocks", [("cpu", 512), ("cuda", 8)])
-def test_block_size_follows_the_device(device, blocks):
-    """A WMT-size batch (4,096 rows x 32,768 logits): cache-sized blocks on a CPU, few large
-    ones on a GPU (each operation on a block is a kernel launch there); the slices are
-    contiguous, in order and cover every row once."""
-    slices = label_smoothed_ce._row_blocks(4096, 32768, torch.device(device))
-    assert len(slices) == blocks
+def test_blocks_are_cache_sized_and_cover_every_row_once():
+    """A WMT-size batch (4,096 rows x 32,768 logits) in 512 blocks of about 1 MB in fp32;
+    the slices are contiguous, in order and cover every row once; a row longer than a
+    block is a block of its own."""
+    slices = label_smoothed_ce._row_blocks(4096, 32768)
+    assert len(slices) == 512
     assert [i for s in slices for i in range(s.start, s.stop)] == list(range(4096))
-    assert label_smoothed_ce._row_blocks(3, 1 << 25, torch.device(device)) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert label_smoothed_ce._row_blocks(3, 1 << 25) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+
+
+def test_backend_follows_the_routed_ops_choice(monkeypatch):
+    """CPU tensors take the PyTorch path, CUDA ones (or ``SUT_KERNELS=triton``) the Triton
+    kernels, but fp64 logits (gradcheck) always the PyTorch path: the kernels accumulate in
+    fp32 (their equality with this path: tests/kernels/test_cross_entropy_interpret.py)."""
+    monkeypatch.delenv("SUT_KERNELS", raising=False)
+    assert not label_smoothed_ce._uses_triton(torch.zeros(2, 3))
+    monkeypatch.setenv("SUT_KERNELS", "triton")
+    assert label_smoothed_ce._uses_triton(torch.zeros(2, 3))
+    assert label_smoothed_ce._uses_triton(torch.zeros(2, 3, dtype=torch.bfloat16))
+    assert not label_smoothed_ce._uses_triton(torch.zeros(2, 3, dtype=torch.float64))
 
 
 def test_gradcheck():
