@@ -21,7 +21,8 @@ Each record becomes kernels of a kind:
 * ``custom``: aten work inside the plugin's custom ops (``sut::*``: zero-fills, sums, casts);
 * ``triton``: the routed ops' Triton launches (``_routed_gemm``, ``_routed_wgrad``) and the
   label-smoothed cross entropy's (``_ce_forward``, ``_ce_backward``: one pass over the
-  logits each, priced by their bytes);
+  logits each, priced by their bytes) and the routers' (``_route_rows``, ``_route_sort``:
+  ``sut::route_top_k``, priced by the bytes of their tensors);
 * ``accum``: the backward's additions of a shared parameter's gradients (one per extra use);
 * ``aten``: every other aten kernel (elementwise, reductions, sorts: ``LAUNCHES`` lists the
   operations of more than one kernel);
@@ -76,6 +77,7 @@ import train_step  # noqa: E402
 from sut_fairseq.kernels import cross_entropy as ce  # noqa: E402
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import routed_linear_triton as rlf  # noqa: E402
+from sut_fairseq.kernels import routing_triton  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
 from sut_fairseq.modules.recurrence import TensorLoop  # noqa: E402
 
@@ -318,6 +320,11 @@ class Recorder(TorchDispatchMode):
         written = logits if kernel is ce.ce_backward_kernel else 0
         self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, logits + written + vectors)
 
+    def route(self, kernel, args: dict):
+        """A router's Triton launch: each of its tensors read or written once."""
+        nbytes = sum(_nbytes(t) for t in args.values() if isinstance(t, torch.Tensor))
+        self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, nbytes)
+
     def key(self, t: torch.Tensor):
         """A tensor's storage: its address and the allocation count there."""
         address = t.untyped_storage()._cdata
@@ -430,7 +437,7 @@ def cuda_code_path(recorder: Recorder):
     ``scaled_dot_product_attention`` recorded, and every backward's nodes hooked."""
     is_cuda, sdpa, backward = torch.Tensor.is_cuda, F.scaled_dot_product_attention, torch.Tensor.backward
     attend = flex_attention.attend
-    recorder_before, ce_recorder_before = rlf._launch_recorder, ce._launch_recorder
+    recorders_before = rlf._launch_recorder, ce._launch_recorder, routing_triton._launch_recorder
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
         return _FusedAttention.apply(recorder, "sdpa", q, k, v, attn_mask)
@@ -447,14 +454,15 @@ def cuda_code_path(recorder: Recorder):
     F.scaled_dot_product_attention = attention
     flex_attention.attend = flex
     torch.Tensor.backward = hooked_backward
-    rlf._launch_recorder, ce._launch_recorder = recorder.triton, recorder.cross_entropy
+    rlf._launch_recorder, ce._launch_recorder, routing_triton._launch_recorder = (
+        recorder.triton, recorder.cross_entropy, recorder.route)
     try:
         yield
     finally:
         torch.Tensor.is_cuda, F.scaled_dot_product_attention = is_cuda, sdpa
         flex_attention.attend = attend
         torch.Tensor.backward = backward
-        rlf._launch_recorder, ce._launch_recorder = recorder_before, ce_recorder_before
+        rlf._launch_recorder, ce._launch_recorder, routing_triton._launch_recorder = recorders_before
 
 
 def to_meta(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -16,6 +16,8 @@ import torch.nn as nn
 from ..ops import Routing, make_routing
 from ..compiler import tracing
 from ..ops.masked_linear_op import masked_linear
+from ..ops.reference_linear import kernel_backend
+from ..ops.route_op import top_k_by_argmax
 from ..ops.short_softmax import softmax_lastdim
 from .dropout import Dropout
 
@@ -78,18 +80,35 @@ class Router(nn.Module):
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
         # data-independent shapes: inactive rows skip the hidden layer (sut::masked_linear),
         # go to the no-op expert E with gate 0 and are left out of the statistics
+        if self._one_op(x):  # CUDA: the choice and its sorted layout in two kernels
+            probs, top_idx, gates, *layout = torch.ops.sut.route_top_k(
+                self._logits(x, active), active, self.top_k)
+            if self.stats is not None:
+                self.stats.add(probs, top_idx, active)
+            return Routing(layout[0], gates.to(x.dtype), *layout[1:], E)
         probs, top_idx, top_gates = self._route(x, active)
         if self.stats is not None:
             self.stats.add(probs, top_idx, active)
         keep = active.unsqueeze(1)
         return make_routing(top_idx.masked_fill(~keep, E), (top_gates * keep).to(x.dtype), E)
 
+    def _one_op(self, x: torch.Tensor) -> bool:
+        """Whether the choice is ``sut::route_top_k`` (``ops/route_op.py``): where the routed
+        ops run Triton (CUDA tensors, or ``SUT_KERNELS=triton``), unless some picks are
+        sampled."""
+        return kernel_backend(x) == "triton" and (self.sample_topk == 0 or not self.training)
+
+    def _logits(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (n, d) -> W2 · dropout(tanh(W1 x)) (n, E), fp32 at least; rows outside
+        ``active`` (n,) bool get a zero hidden layer (the caller drops them)."""
+        hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
+        logits = self.fc2(self.dropout(torch.tanh(hidden)))
+        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+
     def _route(self, x: torch.Tensor, active: Optional[torch.Tensor] = None):
         """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates;
         rows outside ``active`` (n,) bool get a zero hidden layer (the caller drops them)."""
-        hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
-        logits = self.fc2(self.dropout(torch.tanh(hidden)))
-        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
+        logits = self._logits(x, active)
         probs = softmax_lastdim(logits)  # g(e|h)
         top_idx = self._select(logits, probs)
         top = probs.gather(1, top_idx)
@@ -113,18 +132,3 @@ def _argmax_top_k(probs: torch.Tensor) -> bool:
     """Whether ``_select`` picks by ``top_k_by_argmax`` (a compiled step on CUDA, where the
     reductions fuse) rather than ``topk`` (eager, and the CPU)."""
     return probs.is_cuda and tracing()
-
-
-def top_k_by_argmax(scores: torch.Tensor, k: int) -> torch.Tensor:
-    """The indices (n, k) of the k largest of each row of scores (n, E), largest first,
-    as k argmax passes, each masking its pick:
-
-        i_j = argmax_e s^(j)_e,   s^(j+1) = s^(j) with s_{i_j} = -inf
-
-    = ``scores.topk(k).indices`` for distinct values (ties: the lowest index first)."""
-    picks, s = [], scores
-    for _ in range(k):
-        i = s.argmax(1, keepdim=True)
-        picks.append(i)
-        s = s.scatter(1, i, float("-inf"))
-    return torch.cat(picks, 1)

@@ -1,0 +1,83 @@
+"""The router's Triton kernels (``kernels/routing_triton.py``) against the PyTorch reference
+of ``sut::route_top_k``, on CPU in Triton's interpreter: the distribution and gates within
+float rounding, the picks, the slots' experts and the whole sorted layout exactly; and a
+router module on the op (``SUT_KERNELS=triton``) against its PyTorch path, outputs and
+gradients. Blocks of 4 rows here, so the counting sort spans several blocks (ragged last
+one). Run in a child pytest process with ``TRITON_INTERPRET=1`` when this one lacks it."""
+import pytest
+import torch
+
+from sut_fairseq.kernels.testing import delegate_module, interpreter_active
+
+IN_PROCESS = interpreter_active()
+
+
+def _case(N, E, seed=0, inactive="some"):
+    g = torch.Generator().manual_seed(seed)
+    logits = 2 * torch.randn(N, E, generator=g)
+    active = {"some": torch.rand(N, generator=g) > 0.3, "none": torch.zeros(N, dtype=torch.bool),
+              "all": torch.ones(N, dtype=torch.bool)}[inactive]
+    return logits, active
+
+
+@pytest.mark.parametrize("N, E, k, inactive", [
+    (13, 5, 2, "some"), (13, 5, 2, "none"), (8, 24, 4, "all"), (1, 3, 3, "all"),
+    (17, 2, 1, "some"), (9, 7, 7, "some"), (40, 12, 2, "some")])
+def test_kernels_equal_the_reference(N, E, k, inactive):
+    from sut_fairseq.kernels.routing_triton import route_top_k
+    from sut_fairseq.ops.route_op import route_top_k_reference
+
+    logits, active = _case(N, E, inactive=inactive)
+    got = route_top_k(logits, active, k)
+    want = route_top_k_reference(logits, active, k)
+    names = ["probs", "top_idx", "gates", "expert_idxs", "sorted_expert_idxs",
+             "sorted_scattered_idxs", "expert_offsets"]
+    for name, a, b in zip(names, got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.is_floating_point():
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7, msg=name)
+        else:
+            assert torch.equal(a, b), (name, a, b)
+
+
+def test_ties_pick_the_lowest_index():
+    from sut_fairseq.kernels.routing_triton import route_top_k
+
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
+    _, top_idx, *_ = route_top_k(logits, torch.ones(2, dtype=torch.bool), 3)
+    assert top_idx.tolist() == [[1, 2, 4], [0, 1, 2]]
+
+
+def test_router_on_the_op_equals_its_pytorch_path(monkeypatch):
+    """A router with statistics recorded, forward and backward, both paths: the Routing
+    (every field), the statistics and the gradients of its weights and input."""
+    from sut_fairseq.modules.router import Router, RouterStats
+
+    torch.manual_seed(0)
+    router = Router(8, 6, 2, 16)
+    x0 = torch.randn(11, 8)
+    active = torch.rand(11, generator=torch.Generator().manual_seed(3)) > 0.25
+    out = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv("SUT_KERNELS", backend)
+        router.zero_grad()
+        router.stats = RouterStats(6)
+        x = x0.clone().requires_grad_()
+        routing = router(x, active)
+        loss = (routing.gates * torch.arange(1.0, 3.0)).sum() + router.stats.sum_probs.pow(2).sum() \
+            + router.stats.sum_neg_entropy
+        loss.backward()
+        out[backend] = (routing, router.stats, x.grad, [p.grad.clone() for p in router.parameters()])
+    (r0, s0, dx0, dp0), (r1, s1, dx1, dp1) = out["reference"], out["triton"]
+    for field in ("expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
+        assert torch.equal(getattr(r0, field), getattr(r1, field)), field
+    torch.testing.assert_close(r1.gates, r0.gates, rtol=1e-6, atol=1e-7)
+    for field in ("sum_probs", "sum_neg_entropy", "count", "assignments"):
+        torch.testing.assert_close(getattr(s1, field), getattr(s0, field), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(dp1, dp0):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+if not IN_PROCESS:
+    delegate_module(globals(), {"TRITON_INTERPRET": "1"})
