@@ -10,8 +10,9 @@ configuration and reads its registers / stack (spill) bytes from
 ``cuobjdump -res-usage`` and its shared memory from ``compiled.metadata.shared``, and
 ``main_loop`` reads the SASS of its main loop (``cuobjdump -sass``): the instructions,
 block-wide barriers and matrix instructions of one iteration, the cost a profile would
-show and a CPU can count. ``ce_jobs`` adds the label-smoothed cross entropy's two kernels
-(``cross_entropy.py``; no matrix loop, so resources only).
+show and a CPU can count. ``ce_jobs`` and ``route_jobs`` add the label-smoothed cross
+entropy's two kernels (``cross_entropy.py``) and the routers' three
+(``routing_triton.py``); they have no matrix loop, so resources only.
 
     python -m sut_fairseq.kernels.aot [--dtype fp16] [--jobs 2]   # prints the table
 """
@@ -36,6 +37,7 @@ from triton.compiler import ASTSource
 from . import cross_entropy as ce
 from . import grouped_gemm as gg
 from . import routed_linear_triton as rlf
+from . import routing_triton
 
 ARCHS = (80, 90)
 # Largest dynamic shared memory one block may opt into (bytes).
@@ -44,7 +46,7 @@ SHARED_LIMITS = {80: 163 * 1024, 90: 227 * 1024}
 DTYPES = {"fp16": (torch.float16, False), "bf16": (torch.bfloat16, False),
           "fp32": (torch.float32, True), "fp32-ieee": (torch.float32, False)}
 _TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32",
-               torch.int64: "i64", torch.int32: "i32"}
+               torch.int64: "i64", torch.int32: "i32", torch.bool: "i1"}
 
 # name -> (rows of x: "token" (N), "slot" or "sorted" (M), keyword arguments, has bias)
 USES = {
@@ -258,12 +260,45 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
     return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]
 
 
+def route_launches(dtype: str, E: int, k: int, N: int = 4096) -> List[Tuple[str, object, dict]]:
+    """``(name, kernel, args)`` of a router's forward (rows, sort) and backward launches on
+    "meta" logits (N, E) of ``dtype`` with k picks."""
+    meta = dict(device="meta")
+    logits = torch.empty(N, E, dtype=DTYPES[dtype][0], **meta)
+    active = torch.empty(N, dtype=torch.bool, **meta)
+    launches, previous = [], routing_triton._launch_recorder
+    routing_triton._launch_recorder = lambda kernel, args: launches.append((kernel, args))
+    try:
+        _, expert_idxs, *_ = routing_triton.route_top_k(logits, active, k)
+        routing_triton.route_top_k_backward(logits, active, expert_idxs,
+                                            torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))
+    finally:
+        routing_triton._launch_recorder = previous
+    return [(f"route.{n}.E{E}k{k}", kernel, args)
+            for n, (kernel, args) in zip(("rows", "sort", "bwd"), launches)]
+
+
+def _operand_dtypes(dtypes):
+    return dict.fromkeys("fp32" if d == "fp32-ieee" else d for d in dtypes)
+
+
 def ce_jobs(dtypes=("fp16",), archs=ARCHS):
     """The cross entropy's builds (its one configuration: ``NUM_WARPS`` warps)."""
     config = triton.Config({}, num_warps=ce.NUM_WARPS)
-    return [(name, dtype, kernel, args, config, arch) for dtype in dict.fromkeys(
-        "fp32" if d == "fp32-ieee" else d for d in dtypes)
-        for name, kernel, args in ce_launches(dtype) for arch in archs]
+    return [(name, dtype, kernel, args, config, arch) for dtype in _operand_dtypes(dtypes)
+            for name, kernel, args in ce_launches(dtype) for arch in archs]
+
+
+#: the routers built: sut_base's (E 24, k 4) and sut_big's (E 48)
+ROUTERS = ((24, 4), (48, 4))
+
+
+def route_jobs(dtypes=("fp16",), archs=ARCHS):
+    """The routers' builds, for each of ``ROUTERS`` (one configuration: ``NUM_WARPS``)."""
+    config = triton.Config({}, num_warps=routing_triton.NUM_WARPS)
+    return [(name, dtype, kernel, args, config, arch) for dtype in _operand_dtypes(dtypes)
+            for E, k in ROUTERS for name, kernel, args in route_launches(dtype, E, k)
+            for arch in archs]
 
 
 _JOBS = []
@@ -301,7 +336,7 @@ def main():
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     args = parser.parse_args()
     start = time.perf_counter()
-    results = compile_all(all_jobs(args.dtype) + ce_jobs(args.dtype), args.jobs)
+    results = compile_all(all_jobs(args.dtype) + ce_jobs(args.dtype) + route_jobs(args.dtype), args.jobs)
     print(format_table(results))
     bad = [r for r in results if not r.ok]
     print(f"{len(results)} builds in {time.perf_counter() - start:.0f} s; {len(bad)} over budget")

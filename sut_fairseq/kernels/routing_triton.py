@@ -7,16 +7,21 @@ For router logits z (N, E) fp32, active rows a (N,) bool and k picks, with the l
 ``ops/routing.py`` (slot s = n k + j; inactive slots go to the no-op expert E, sorted last):
 
 * ``route_rows_kernel``, one program per block of ``BLOCK_N`` rows:
-  ``p = softmax(z)`` (N, E); the k picks ``i_j = argmax_e p^(j)`` (each pass masks its pick;
+  ``p = softmax(z)`` (N, E, not stored); the k picks ``i_j = argmax_e p^(j)`` (each pass masks its pick;
   ties: the lowest index, as ``torch.topk`` for distinct values); the gates
   ``g_j = a · p_{i_j} / max(Σ_j p_{i_j}, 1e-9)``; the slots' experts ``i_j`` (E where not a);
-  and the block's count of slots per expert 0..E, (NB, BINS) int32.
+  the block's count of slots per expert 0..E, (NB, BINS) int32; and the block's sums of
+  the routing statistics (Σ a p_e, Σ a Σ_e p_e log(p_e + 1e-9), Σ a), (NB, BINS) fp32.
 * ``route_sort_kernel``, one program per block: each expert's start
   ``start_e = Σ_{e' < e} count_e'`` over all blocks, plus the block's base, the slots of
   its experts before this block; a slot's rank among its expert's slots in the block
   (a cumulative sum of the one-hot matrix of its slots' experts, in slot order); so
   ``position(s) = start_e + base_e + rank(s)``, a stable counting sort: the sorted slots,
-  their experts, and (program 0) the experts' end offsets.
+  their experts, and (program 0) the experts' end offsets and the statistics summed over
+  the blocks.
+* ``route_backward_kernel``, one program per block of rows: the logits' gradient from the
+  gates' and the statistics' (``ops/route_op.py`` has the formula), the softmax
+  recomputed from the logits.
 
 CUDA tensors launch the compiled kernels; CPU tensors run them in Triton's interpreter
 (tests; ``TRITON_INTERPRET=1`` before ``triton`` is imported).
@@ -29,15 +34,14 @@ import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
 
-EPS = 1e-9      # the renormalisation's floor, as ``modules/router.py``
-BLOCK_N = 64    # rows per program on a GPU
+EPS = tl.constexpr(1e-9)  # the floor of the renormalisation and the log, as ``ops/route_op.py``
+BLOCK_N = 32    # rows per program on a GPU (the sort holds a (BLOCK_N k, E + 2) one-hot tile)
 NUM_WARPS = 4
 INTERPRET_BLOCK_N = 4  # small in the interpreter, so that tests span several blocks
 BLOCKS_PER_ITER = 64   # block counts read per iteration by the sort
 
 
-def _route_rows(LOGITS, ACTIVE, PROBS, TOP_IDX, EXPERT_IDX, GATES, COUNTS,
-                N, E, stride_ln,
+def _route_rows(LOGITS, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, stride_ln,
                 K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr, BLOCK_N: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -45,14 +49,7 @@ def _route_rows(LOGITS, ACTIVE, PROBS, TOP_IDX, EXPERT_IDX, GATES, COUNTS,
     picks = tl.arange(0, K_POW2)
     in_rows = rows < N
     is_expert = cols[None, :] < E
-    z = tl.load(LOGITS + rows[:, None].to(tl.int64) * stride_ln + cols[None, :],
-                mask=in_rows[:, None] & is_expert, other=0.0).to(tl.float32)
-    z = tl.where(is_expert, z, float("-inf"))  # rows past N: zeros, finite
-    # p = softmax(z)
-    e = tl.exp(z - tl.max(z, 1)[:, None])
-    p = e / tl.sum(e, 1)[:, None]
-    tl.store(PROBS + rows[:, None].to(tl.int64) * E + cols[None, :], p,
-             mask=in_rows[:, None] & is_expert)
+    p = _softmax(LOGITS, rows, cols, in_rows, is_expert, stride_ln)
     # k argmax passes; a pick is set to -2 and the padding columns are -1 (p >= 0)
     s = tl.where(is_expert, p, -1.0)
     idx = tl.zeros([BLOCK_N, K_POW2], tl.int32)
@@ -63,21 +60,36 @@ def _route_rows(LOGITS, ACTIVE, PROBS, TOP_IDX, EXPERT_IDX, GATES, COUNTS,
         idx = tl.where(picks[None, :] == j, i[:, None], idx)
         top = tl.where(picks[None, :] == j, v[:, None], top)
         s = tl.where(cols[None, :] == i[:, None], -2.0, s)
-    active = tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0
+    active = (tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows
+    a = active.to(tl.float32)
     gates = tl.where(active[:, None], top / tl.maximum(tl.sum(top, 1), EPS)[:, None], 0.0)
     experts = tl.where(active[:, None], idx, E)
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
-    tl.store(TOP_IDX + slots, idx.to(tl.int64), mask=slot_ok)
     tl.store(EXPERT_IDX + slots, experts.to(tl.int64), mask=slot_ok)
     tl.store(GATES + slots, gates, mask=slot_ok)
     # this block's slots per expert 0..E (padding slots are -1: no bin)
     flat = tl.reshape(tl.where(slot_ok, experts, -1), [BLOCK_N * K_POW2])
-    counts = tl.sum((flat[:, None] == cols[None, :]).to(tl.int32), 0)
-    tl.store(COUNTS + pid * BINS + cols, counts)
+    tl.store(COUNTS + pid * BINS + cols, tl.sum((flat[:, None] == cols[None, :]).to(tl.int32), 0))
+    # this block's statistics: sum_n a_n p_ne (columns 0..E-1), sum_n a_n sum_e p log(p + eps)
+    # (column E) and sum_n a_n (column E + 1); BINS >= E + 2
+    p_log_p = tl.where(is_expert, p * tl.log(p + EPS), 0.0)
+    part = tl.sum(a[:, None] * tl.where(is_expert, p, 0.0), 0)
+    part = tl.where(cols == E, tl.sum(a * tl.sum(p_log_p, 1), 0), part)
+    part = tl.where(cols == E + 1, tl.sum(a, 0), part)
+    tl.store(PARTIALS + pid * BINS + cols, part)
 
 
-def _route_sort(EXPERT_IDX, COUNTS, SORTED_EXPERT, SORTED_SLOT, OFFSETS, N, E, NB,
+def _softmax_rows(LOGITS, rows, cols, in_rows, is_expert, stride_ln):
+    """softmax over the E columns of the rows' logits, in fp32 (rows past N: uniform)."""
+    z = tl.load(LOGITS + rows[:, None].to(tl.int64) * stride_ln + cols[None, :],
+                mask=in_rows[:, None] & is_expert, other=0.0).to(tl.float32)
+    z = tl.where(is_expert, z, float("-inf"))
+    e = tl.exp(z - tl.max(z, 1)[:, None])
+    return e / tl.sum(e, 1)[:, None]
+
+
+def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, SORTED_EXPERT, SORTED_SLOT, OFFSETS, SUMS, N, E, NB,
                 K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr, BLOCK_N: tl.constexpr,
                 BLOCKS_PER_ITER: tl.constexpr):
     pid = tl.program_id(0)
@@ -106,21 +118,74 @@ def _route_sort(EXPERT_IDX, COUNTS, SORTED_EXPERT, SORTED_SLOT, OFFSETS, N, E, N
     tl.store(SORTED_EXPERT + position, flat, mask=flat_ok)
     if pid == 0:
         tl.store(OFFSETS + bins, ends.to(tl.int64), mask=bins < E)
+        # the statistics: [sum a p (E) | picks per expert (E) | sum a p log p | sum a]
+        sums = tl.zeros([BINS], tl.float32)
+        for first in range(0, NB, BLOCKS_PER_ITER):
+            blocks = first + tl.arange(0, BLOCKS_PER_ITER)
+            sums += tl.sum(tl.load(PARTIALS + blocks[:, None] * BINS + bins[None, :],
+                                   mask=(blocks < NB)[:, None], other=0.0), 0)
+        tl.store(SUMS + bins, sums, mask=bins < E)
+        tl.store(SUMS + E + bins, total.to(tl.float32), mask=bins < E)
+        tl.store(SUMS + E + bins, sums, mask=(bins == E) | (bins == E + 1))
 
 
-# Plain JITFunctions whatever TRITON_INTERPRET says (ahead-of-time builds need them).
+def _route_backward(LOGITS, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, N, E, stride_ln, stride_dn,
+                    K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr, BLOCK_N: tl.constexpr):
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.arange(0, BINS)
+    picks = tl.arange(0, K_POW2)
+    in_rows = rows < N
+    is_expert = cols[None, :] < E
+    p = _softmax(LOGITS, rows, cols, in_rows, is_expert, stride_ln)
+    a = ((tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows).to(tl.float32)
+    slot_ok = in_rows[:, None] & (picks[None, :] < K)
+    slots = rows[:, None].to(tl.int64) * K + picks[None, :]
+    experts = tl.load(EXPERT_IDX + slots, mask=slot_ok, other=-1)  # E where inactive
+    g = tl.load(DGATES + slots, mask=slot_ok, other=0.0) * a[:, None]
+    # the picks' probabilities and S = max(sum_j p_{i_j}, eps)
+    top = tl.zeros([BLOCK_N, K_POW2], tl.float32)
+    for j in tl.static_range(K):
+        e_j = tl.sum(tl.where(picks[None, :] == j, experts, 0), 1)
+        p_j = tl.sum(tl.where(cols[None, :] == e_j[:, None], p, 0.0), 1)
+        top = tl.where(picks[None, :] == j, p_j[:, None], top)
+    total = tl.maximum(tl.sum(top, 1), EPS)
+    c = tl.sum(g * top, 1) / total
+    # dL/dp: the statistics' terms, then each pick's
+    d_probs = tl.load(DSUMS + cols, mask=cols < E, other=0.0)
+    d_neg_entropy = tl.load(DSUMS + 2 * E)
+    dp = a[:, None] * (d_probs[None, :] + d_neg_entropy * (tl.log(p + EPS) + p / (p + EPS)))
+    for j in tl.static_range(K):
+        e_j = tl.sum(tl.where(picks[None, :] == j, experts, 0), 1)
+        g_j = tl.sum(tl.where(picks[None, :] == j, g, 0.0), 1)
+        dp += tl.where(cols[None, :] == e_j[:, None], ((g_j - c) / total)[:, None], 0.0)
+    dp = tl.where(is_expert, dp, 0.0)
+    dz = p * (dp - tl.sum(dp * p, 1)[:, None])
+    tl.store(DLOGITS + rows[:, None].to(tl.int64) * stride_dn + cols[None, :],
+             dz.to(DLOGITS.dtype.element_ty), mask=in_rows[:, None] & is_expert)
+
+
+# Plain JITFunctions whatever TRITON_INTERPRET says (ahead-of-time builds need them); the
+# kernels' helper is one where they are compiled, and plain Python in the interpreter (which
+# runs the kernels as Python and cannot call a JITFunction).
+_softmax = _softmax_rows if isinstance(tl.sum, InterpretedFunction) else JITFunction(_softmax_rows)
 route_rows_kernel = JITFunction(_route_rows)
 route_sort_kernel = JITFunction(_route_sort)
-KERNELS = (route_rows_kernel, route_sort_kernel)
+route_backward_kernel = JITFunction(_route_backward)
+KERNELS = (route_rows_kernel, route_sort_kernel, route_backward_kernel)
 
 # Set by the GPU model (benchmarks/gpu_model.py) and ``aot.route_launches`` to collect
 # launches, e.g. on "meta" tensors, instead of running them.
 _launch_recorder = None
 
 
-@functools.lru_cache(maxsize=None)
 def interpreted(kernel):
-    return InterpretedFunction(kernel.fn)
+    return _interpreted(kernel.fn)  # keyed by the function: hashing a kernel hashes its source
+
+
+@functools.lru_cache(maxsize=None)
+def _interpreted(fn):
+    return InterpretedFunction(fn)
 
 
 def _launch(kernel, blocks: int, args: dict, device: torch.device) -> None:
@@ -135,29 +200,50 @@ def _launch(kernel, blocks: int, args: dict, device: torch.device) -> None:
         kernel[(blocks,)](**args, num_warps=NUM_WARPS)
 
 
+def _shape(N: int, E: int, k: int, device: torch.device) -> dict:
+    block = INTERPRET_BLOCK_N if device.type == "cpu" and _launch_recorder is None else BLOCK_N
+    return dict(K=k, K_POW2=triton.next_power_of_2(k), BINS=triton.next_power_of_2(E + 2),
+                BLOCK_N=block)
+
+
 def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int):
-    """logits (N, E) fp32, active (N,) bool, 1 <= k <= E -> probs (N, E) fp32, top_idx (N, k),
+    """logits (N, E) (contiguous rows, any float dtype), active (N,) bool, 1 <= k <= E ->
     gates (N, k) fp32, expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
-    sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k."""
+    sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k; and the
+    statistics (2 E + 2,) fp32 (``ops/route_op.py``)."""
     N, E = logits.shape
     device = logits.device
-    block = INTERPRET_BLOCK_N if device.type == "cpu" and _launch_recorder is None else BLOCK_N
-    blocks = triton.cdiv(N, block)
-    shape = dict(K=k, K_POW2=triton.next_power_of_2(k), BINS=triton.next_power_of_2(E + 1),
-                 BLOCK_N=block)
-    probs = torch.empty(N, E, dtype=torch.float32, device=device)
-    top_idx, expert_idxs = (torch.empty(N, k, dtype=torch.long, device=device) for _ in range(2))
+    shape = _shape(N, E, k, device)
+    blocks = triton.cdiv(N, shape["BLOCK_N"])
+    expert_idxs = torch.empty(N, k, dtype=torch.long, device=device)
     gates = torch.empty(N, k, dtype=torch.float32, device=device)
     counts = torch.empty(blocks, shape["BINS"], dtype=torch.int32, device=device)
+    partials = torch.empty(blocks, shape["BINS"], dtype=torch.float32, device=device)
     sorted_expert, sorted_slot = (torch.empty(N * k, dtype=torch.long, device=device) for _ in range(2))
     offsets = torch.empty(E, dtype=torch.long, device=device)
+    sums = torch.empty(2 * E + 2, dtype=torch.float32, device=device)
+    if N == 0:
+        return gates, expert_idxs, sorted_expert, sorted_slot, offsets.zero_(), sums.zero_()
+    _launch(route_rows_kernel, blocks, dict(
+        LOGITS=logits, ACTIVE=active, EXPERT_IDX=expert_idxs, GATES=gates, COUNTS=counts,
+        PARTIALS=partials, N=N, E=E, stride_ln=logits.stride(0), **shape), device)
+    _launch(route_sort_kernel, blocks, dict(
+        EXPERT_IDX=expert_idxs, COUNTS=counts, PARTIALS=partials, SORTED_EXPERT=sorted_expert,
+        SORTED_SLOT=sorted_slot, OFFSETS=offsets, SUMS=sums, N=N, E=E, NB=blocks,
+        BLOCKS_PER_ITER=BLOCKS_PER_ITER, **shape), device)
+    return gates, expert_idxs, sorted_expert, sorted_slot, offsets, sums
+
+
+def route_top_k_backward(logits: torch.Tensor, active: torch.Tensor, expert_idxs: torch.Tensor,
+                         grad_gates: torch.Tensor, grad_sums: torch.Tensor) -> torch.Tensor:
+    """The logits' gradient (N, E), in their dtype, from the gates' (N, k) and the
+    statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the softmax recomputed."""
+    N, E = logits.shape
+    shape = _shape(N, E, expert_idxs.size(1), logits.device)
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
     if N:
-        _launch(route_rows_kernel, blocks, dict(
-            LOGITS=logits, ACTIVE=active, PROBS=probs, TOP_IDX=top_idx, EXPERT_IDX=expert_idxs,
-            GATES=gates, COUNTS=counts, N=N, E=E, stride_ln=logits.stride(0), **shape), device)
-        _launch(route_sort_kernel, blocks, dict(
-            EXPERT_IDX=expert_idxs, COUNTS=counts, SORTED_EXPERT=sorted_expert, SORTED_SLOT=sorted_slot,
-            OFFSETS=offsets, N=N, E=E, NB=blocks, BLOCKS_PER_ITER=BLOCKS_PER_ITER, **shape), device)
-    else:
-        offsets.zero_()
-    return probs, top_idx, gates, expert_idxs, sorted_expert, sorted_slot, offsets
+        _launch(route_backward_kernel, triton.cdiv(N, shape["BLOCK_N"]), dict(
+            LOGITS=logits, ACTIVE=active, EXPERT_IDX=expert_idxs, DGATES=grad_gates,
+            DSUMS=grad_sums, DLOGITS=grad, N=N, E=E, stride_ln=logits.stride(0),
+            stride_dn=grad.stride(0), **shape), logits.device)
+    return grad

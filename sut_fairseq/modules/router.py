@@ -49,6 +49,15 @@ class RouterStats:
         self.count = self.count + weight.sum()
         self.assignments = self.assignments + picks
 
+    def add_sums(self, sums: torch.Tensor):
+        """The same sums of one call as ``sut::route_top_k`` computes them (``ops/route_op.py``):
+        sums (2 E + 2,) = [Σ_x g(·|x) | picks per expert | Σ_x Σ_e g log g | |X|]."""
+        E = self.sum_probs.numel()
+        self.sum_probs = self.sum_probs + sums[:E]
+        self.assignments = self.assignments + sums[E:2 * E].detach()
+        self.sum_neg_entropy = self.sum_neg_entropy + sums[2 * E]
+        self.count = self.count + sums[2 * E + 1].detach()
+
 
 class Router(nn.Module):
     """Picks k of E experts per row (E = 1: no parameters, every active row to expert 0).
@@ -80,11 +89,11 @@ class Router(nn.Module):
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
         # data-independent shapes: inactive rows skip the hidden layer (sut::masked_linear),
         # go to the no-op expert E with gate 0 and are left out of the statistics
-        if self._one_op(x):  # CUDA: the choice and its sorted layout in two kernels
-            probs, top_idx, gates, *layout = torch.ops.sut.route_top_k(
-                self._logits(x, active), active, self.top_k)
+        if self._one_op(x):  # CUDA: the choice, its sorted layout and statistics in two kernels
+            gates, *layout, sums = torch.ops.sut.route_top_k(self._logits(x, active), active,
+                                                             self.top_k)
             if self.stats is not None:
-                self.stats.add(probs, top_idx, active)
+                self.stats.add_sums(sums)
             return Routing(layout[0], gates.to(x.dtype), *layout[1:], E)
         probs, top_idx, top_gates = self._route(x, active)
         if self.stats is not None:
@@ -99,16 +108,17 @@ class Router(nn.Module):
         return kernel_backend(x) == "triton" and (self.sample_topk == 0 or not self.training)
 
     def _logits(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x: (n, d) -> W2 · dropout(tanh(W1 x)) (n, E), fp32 at least; rows outside
-        ``active`` (n,) bool get a zero hidden layer (the caller drops them)."""
+        """x: (n, d) -> W2 · dropout(tanh(W1 x)) (n, E), in the compute dtype (the op reads
+        bf16/fp16 logits as fp32 itself); rows outside ``active`` (n,) bool get a zero
+        hidden layer (the caller drops them)."""
         hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
-        logits = self.fc2(self.dropout(torch.tanh(hidden)))
-        return logits.to(torch.promote_types(logits.dtype, torch.float32))
+        return self.fc2(self.dropout(torch.tanh(hidden)))
 
     def _route(self, x: torch.Tensor, active: Optional[torch.Tensor] = None):
         """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates;
         rows outside ``active`` (n,) bool get a zero hidden layer (the caller drops them)."""
         logits = self._logits(x, active)
+        logits = logits.to(torch.promote_types(logits.dtype, torch.float32))  # fp32 at least
         probs = softmax_lastdim(logits)  # g(e|h)
         top_idx = self._select(logits, probs)
         top = probs.gather(1, top_idx)

@@ -1,20 +1,23 @@
-"""A router's choice from its logits as one custom op, ``sut::route_top_k``: the
-distribution, the k picks, their renormalised gates and the sorted layout of
-``ops/routing.py``, in two Triton launches on CUDA (``kernels/routing_triton.py``) where
-the PyTorch ops are about 16 kernels; PyTorch (``route_top_k_reference``) elsewhere.
+"""A router's choice from its logits as one custom op, ``sut::route_top_k``: the k picks,
+their renormalised gates, the sorted layout of ``ops/routing.py`` and the sums of the
+routing statistics, in two Triton launches on CUDA (``kernels/routing_triton.py``; its
+gradient in one) where the PyTorch ops are about 20 kernels forward; PyTorch elsewhere.
 
 For logits z (N, E), active rows a (N,) and k picks:
 
-    p = softmax(z)                        (N, E)
-    i_j = argmax_e p^(j), p^(j+1) = p^(j) with its pick masked     (N, k), ties: lowest index
+    p = softmax(z)                                                   (N, E), fp32
+    i_j = argmax_e p^(j), p^(j+1) = p^(j) with its pick masked       (N, k), ties: lowest index
     g_j = a · p_{i_j} / S,  S = max(Σ_j p_{i_j}, 1e-9)               (N, k)
     expert of slot (n, j) = i_j if a_n else E (the no-op expert)
+    sums = [Σ_n a p_n (E) | picks per expert over active slots (E) | Σ_n a Σ_e p log(p + 1e-9) | Σ_n a]
 
-Gradient (p and g carry one; the indices none): with G the gates' gradient and P the
-distribution's (from the routing statistics),
+(``RouterStats`` of ``modules/router.py`` adds the sums up over a forward.) Gradient: the
+gates and the first E + 1 sums carry one, the rest none. With G the gates' gradient, P the
+sums' first E entries' and H the entropy term's,
 
-    ∂/∂p_{i_j} += a (G_j - Σ_l G_l p_{i_l} / S) / S      (S ≥ max_e p_e ≥ 1/E, the floor idle)
-    ∂/∂z = p ⊙ (P' - Σ_e P'_e p_e),  P' = P + the scattered term above
+    ∂/∂p_e = a (P_e + H (log(p_e + 1e-9) + p_e / (p_e + 1e-9)))
+             + a [e = i_j] (G_j - Σ_l G_l p_{i_l} / S) / S          (S ≥ max_e p_e ≥ 1/E)
+    ∂/∂z   = p ⊙ (∂/∂p - Σ_e p_e ∂/∂p_e)
 """
 from typing import Tuple
 
@@ -43,23 +46,44 @@ def top_k_by_argmax(scores: Tensor, k: int) -> Tensor:
 
 
 def route_top_k_reference(logits: Tensor, active: Tensor, k: int):
-    """The op's outputs from PyTorch operations (module docstring): probs (N, E), top_idx
-    (N, k), gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
-    sorted_scattered_idxs (M,), expert_offsets (E,)."""
+    """The op's outputs from PyTorch operations, differentiable by autograd (module
+    docstring): gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
+    sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
     E = logits.size(1)
-    probs = logits.softmax(1)
+    probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(1)
     top_idx = top_k_by_argmax(probs, k)
     top = probs.gather(1, top_idx)
     keep = active.unsqueeze(1)
+    a = active.to(probs.dtype)
     gates = top / top.sum(1, keepdim=True).clamp_min(EPS) * keep
     routing = make_routing(top_idx.masked_fill(~keep, E), gates, E)
-    return (probs, top_idx, gates, routing.expert_idxs, routing.sorted_expert_idxs,
-            routing.sorted_scattered_idxs, routing.expert_offsets.clone())
+    picks = torch.zeros(E + 1, dtype=probs.dtype, device=probs.device).scatter_add_(
+        0, routing.expert_idxs.reshape(-1), a.repeat_interleave(k))[:E]
+    sums = torch.cat([(probs * a.unsqueeze(1)).sum(0), picks,
+                      ((probs * torch.log(probs + EPS)).sum(1) * a).sum().unsqueeze(0),
+                      a.sum().unsqueeze(0)])
+    return (gates, routing.expert_idxs, routing.sorted_expert_idxs, routing.sorted_scattered_idxs,
+            routing.expert_offsets.clone(), sums)
+
+
+def route_top_k_backward_reference(logits: Tensor, active: Tensor, expert_idxs: Tensor,
+                                   grad_gates: Tensor, grad_sums: Tensor) -> Tensor:
+    """∂/∂z (N, E) in the logits' dtype by the formula of the module docstring."""
+    E = logits.size(1)
+    probs = logits.to(grad_sums.dtype).softmax(1)
+    a = active.to(probs.dtype).unsqueeze(1)
+    picks = expert_idxs.clamp_max(E - 1)  # an inactive row's slots (E) have zero G and a
+    top = probs.gather(1, picks)
+    total = top.sum(1, keepdim=True).clamp_min(EPS)
+    g = grad_gates * a
+    grad = a * (grad_sums[:E] + grad_sums[2 * E] * (torch.log(probs + EPS) + probs / (probs + EPS)))
+    grad = grad.scatter_add(1, picks, (g - (g * top).sum(1, keepdim=True) / total) / total)
+    return (probs * (grad - (grad * probs).sum(1, keepdim=True))).to(logits.dtype)
 
 
 @torch.library.custom_op("sut::route_top_k", mutates_args=())
 def route_top_k_op(logits: Tensor, active: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor, Tensor,
-                                                                    Tensor, Tensor, Tensor]:
+                                                                    Tensor, Tensor]:
     if kernel_backend(logits) == "triton":
         from ..kernels.routing_triton import route_top_k
 
@@ -70,27 +94,44 @@ def route_top_k_op(logits: Tensor, active: Tensor, k: int) -> Tuple[Tensor, Tens
 @route_top_k_op.register_fake
 def _(logits, active, k):
     N, E = logits.shape
-    index = dict(dtype=torch.long, device=logits.device)
-    return (logits.new_empty(N, E), logits.new_empty(N, k, **index), logits.new_empty(N, k),
-            logits.new_empty(N, k, **index), logits.new_empty(N * k, **index),
-            logits.new_empty(N * k, **index), logits.new_empty(E, **index))
+    index = dict(dtype=torch.long)
+    values = dict(dtype=torch.promote_types(logits.dtype, torch.float32))
+    return (logits.new_empty(N, k, **values), logits.new_empty(N, k, **index),
+            logits.new_empty(N * k, **index), logits.new_empty(N * k, **index),
+            logits.new_empty(E, **index), logits.new_empty(2 * E + 2, **values))
+
+
+@torch.library.custom_op("sut::route_top_k_backward", mutates_args=())
+def route_top_k_backward_op(logits: Tensor, active: Tensor, expert_idxs: Tensor, grad_gates: Tensor,
+                            grad_sums: Tensor) -> Tensor:
+    if kernel_backend(logits) == "triton":
+        from ..kernels.routing_triton import route_top_k_backward
+
+        return route_top_k_backward(logits.contiguous(), active.contiguous(), expert_idxs,
+                                    grad_gates.contiguous(), grad_sums.contiguous())
+    return route_top_k_backward_reference(logits, active, expert_idxs, grad_gates, grad_sums)
+
+
+@route_top_k_backward_op.register_fake
+def _(logits, active, expert_idxs, grad_gates, grad_sums):
+    return torch.empty_like(logits)
 
 
 def _setup_context(ctx, inputs, output):
-    _, active, _ = inputs
-    probs, top_idx, gates = output[:3]
-    ctx.save_for_backward(probs, top_idx, active)
+    logits, active, _ = inputs
+    ctx.save_for_backward(logits, active, output[1])
 
 
-def _backward(ctx, grad_probs, _top_idx, grad_gates, *_indices):
-    probs, top_idx, active = ctx.saved_tensors
-    grad = torch.zeros_like(probs) if grad_probs is None else grad_probs
-    if grad_gates is not None:
-        top = probs.gather(1, top_idx)
-        total = top.sum(1, keepdim=True).clamp_min(EPS)
-        g = grad_gates * active.unsqueeze(1)
-        grad = grad.scatter_add(1, top_idx, (g - (g * top).sum(1, keepdim=True) / total) / total)
-    return probs * (grad - (grad * probs).sum(1, keepdim=True)), None, None
+def _backward(ctx, grad_gates, *grads):
+    logits, active, expert_idxs = ctx.saved_tensors
+    grad_sums = grads[-1]
+    acc = torch.promote_types(logits.dtype, torch.float32)
+    if grad_gates is None:
+        grad_gates = expert_idxs.new_zeros(expert_idxs.shape, dtype=acc)
+    if grad_sums is None:
+        grad_sums = logits.new_zeros(2 * logits.size(1) + 2, dtype=acc)
+    grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grad_sums)
+    return grad, None, None
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)

@@ -1,11 +1,12 @@
-"""``sut::route_top_k`` (``ops/route_op.py``): its hand-written backward against autograd
-through the PyTorch reference and a numerical gradient check, its layout against the
-sorted layout of ``make_routing``, and the router's two paths against each other. The
-Triton kernels behind it on CUDA: tests/kernels/test_routing_interpret.py."""
+"""``sut::route_top_k`` (``ops/route_op.py``) on its PyTorch backend: its hand-written
+gradient against autograd through the reference's operations and a numerical gradient
+check, its layout against ``make_routing``, its statistics against ``RouterStats.add``,
+and which path a router takes. The Triton kernels behind it on CUDA:
+tests/kernels/test_routing_interpret.py."""
 import pytest
 import torch
 
-from sut_fairseq.modules.router import Router
+from sut_fairseq.modules.router import Router, RouterStats
 from sut_fairseq.ops.route_op import route_top_k_reference
 from sut_fairseq.ops.routing import make_routing
 
@@ -19,42 +20,61 @@ def _case(N=9, E=5, seed=0, dtype=torch.float64):
 
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_backward_equals_autograd_through_the_reference(k):
-    """A loss on the distribution (the routing statistics) and on the gates: the op's
-    gradient of the logits equals autograd's through the reference's operations."""
+    """A loss on the gates and on the statistics' sums (the distribution's and the
+    entropy's terms): the op's gradient of the logits equals autograd's through the
+    reference's operations."""
     logits, active, g = _case()
-    wp, wg = torch.randn(9, 5, generator=g, dtype=torch.float64), torch.randn(9, k, generator=g, dtype=torch.float64)
+    wg = torch.randn(9, k, generator=g, dtype=torch.float64)
+    ws = torch.randn(2 * 5 + 2, generator=g, dtype=torch.float64)
     grads = []
     for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
         z = logits.clone().requires_grad_()
-        probs, _, gates, *_ = fn(z, active, k)
-        ((probs * wp).sum() + (gates * wg).sum()).backward()
+        gates, *_, sums = fn(z, active, k)
+        ((gates * wg).sum() + (sums * ws).sum()).backward()
         grads.append(z.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
-    assert grads[0][~active].abs().sum() > 0  # inactive rows: the distribution's term only
+    assert grads[0][~active].abs().sum() == 0  # inactive rows: no gates, no statistics
 
 
-def test_gradcheck_of_the_gates_and_the_distribution():
+@pytest.mark.parametrize("part", ["gates", "sums"])
+def test_gradcheck(part):
     logits, active, _ = _case(N=5, E=4)
 
     def fn(z):
-        probs, _, gates, *_ = torch.ops.sut.route_top_k(z, active, 2)
-        return probs, gates
+        gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2)
+        return gates if part == "gates" else sums[:2 * 4 + 1]
 
     assert torch.autograd.gradcheck(fn, (logits.clone().requires_grad_(),))
 
 
 @pytest.mark.parametrize("N, E, k", [(9, 5, 2), (1, 3, 3), (16, 24, 4), (7, 2, 1)])
-def test_layout_is_make_routings_of_the_masked_picks(N, E, k):
+def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
+    """The picks, gates and layout are ``make_routing`` of the masked top-k of softmax(z);
+    the sums are those ``RouterStats.add`` accumulates from the distribution."""
     logits, active, _ = _case(N, E, dtype=torch.float32)
-    probs, top_idx, gates, expert_idxs, sorted_e, sorted_s, offsets = torch.ops.sut.route_top_k(logits, active, k)
-    torch.testing.assert_close(probs, logits.softmax(1))
-    assert torch.equal(top_idx, probs.topk(k, 1).indices)
+    gates, expert_idxs, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(logits, active, k)
+    probs = logits.softmax(1)
+    top_idx = probs.topk(k, 1).indices
     assert torch.equal(expert_idxs, top_idx.masked_fill(~active.unsqueeze(1), E))
     want = make_routing(expert_idxs, gates, E)
     assert torch.equal(sorted_e, want.sorted_expert_idxs) and torch.equal(sorted_s, want.sorted_scattered_idxs)
     assert torch.equal(offsets, want.expert_offsets)
     top = probs.gather(1, top_idx)
     torch.testing.assert_close(gates, top / top.sum(1, keepdim=True) * active.unsqueeze(1))
+    stats, summed = RouterStats(E), RouterStats(E)
+    stats.add(probs, top_idx, active)
+    summed.add_sums(sums)
+    for field in ("sum_probs", "assignments", "sum_neg_entropy", "count"):
+        torch.testing.assert_close(getattr(summed, field), getattr(stats, field), msg=field)
+
+
+def test_bf16_logits_give_fp32_gates_and_a_bf16_gradient():
+    logits, active, _ = _case(N=6, E=4, dtype=torch.float32)
+    z = logits.bfloat16().requires_grad_()
+    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2)
+    assert gates.dtype == sums.dtype == torch.float32
+    (gates.sum() + sums[:4].pow(2).sum()).backward()
+    assert z.grad.dtype == torch.bfloat16
 
 
 def test_router_takes_the_op_where_the_routed_ops_run_triton(monkeypatch):
@@ -68,3 +88,26 @@ def test_router_takes_the_op_where_the_routed_ops_run_triton(monkeypatch):
     assert router._one_op(x)
     sampling = Router(8, 4, 2, 16, sample_topk=1)
     assert not sampling._one_op(x) and sampling.eval()._one_op(x)
+
+
+def test_traced_by_aot_autograd_as_eager():
+    """Under ``torch.compile`` (AOT autograd, no inductor) the op's fake outputs and its
+    backward trace: the same outputs and gradient as eager, bf16 logits included."""
+    logits, active, g = _case(N=12, E=6, dtype=torch.float32)
+    wg = torch.randn(12, 3, generator=g)
+
+    def loss(z):
+        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, active, 3)
+        return (gates * wg).sum() + sums[:6].pow(2).sum() + sums[12], experts, sorted_s, offsets
+
+    compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
+    for dtype in (torch.float32, torch.bfloat16):
+        outs = []
+        for fn in (loss, compiled):
+            z = logits.to(dtype).requires_grad_()
+            value, *layout = fn(z)
+            value.backward()
+            outs.append((value, layout, z.grad))
+        torch.testing.assert_close(outs[1][0], outs[0][0])
+        assert all(torch.equal(a, b) for a, b in zip(outs[1][1], outs[0][1]))
+        torch.testing.assert_close(outs[1][2], outs[0][2])

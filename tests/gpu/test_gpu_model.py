@@ -95,6 +95,20 @@ def test_the_loss_is_one_triton_pass_over_the_logits_each_way():
     assert {k.kind for k in outside} <= {"gemm"}, [(k.kind, k.name) for k in outside]
 
 
+@pytest.mark.parametrize("compiled", [False, True])
+def test_a_router_is_two_triton_launches_forward_and_one_backward(compiled):
+    """On the CUDA path each router's choice is ``sut::route_top_k``: ``_route_rows`` and
+    ``_route_sort`` forward, ``_route_backward`` backward, one each per router call (as
+    many as the router's logits products), and no sort, top-k or argmax kernel is left."""
+    kernels = gpu_model.record_step("sut_tiny", compiled, 4, 8, 200)
+    names = Counter(k.name for k in kernels if k.launches)
+    E = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0].encoder.side.block.ffd.router.num_experts
+    calls = sum(1 for k in kernels if k.kind == "gemm" and k.phase == "fwd" and k.gemm[2] == E)
+    assert calls > 0
+    assert names["_route_rows"] == names["_route_sort"] == names["_route_backward"] == calls
+    assert not {"sort", "topk", "argmax"} & set(names), names
+
+
 def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
     """``--compile-step``: the engine adds a shared parameter's gradient of every step
     after the first (an ``accum`` launch each); ``--compile-loop``: the sums are inside the
