@@ -253,8 +253,9 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
     launches, previous = [], ce._launch_recorder
     ce._launch_recorder = lambda kernel, args: launches.append((kernel, args))
     try:
-        lse, _ = ce.ce_forward(logits)
-        ce.ce_backward(logits, lse, row, row, torch.empty(N, dtype=torch.long, **meta), row)
+        target = torch.empty(N, dtype=torch.long, **meta)
+        lse, _, _ = ce.ce_forward(logits, target)
+        ce.ce_backward(logits, lse, row, row, target, row)
     finally:
         ce._launch_recorder = previous
     return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]

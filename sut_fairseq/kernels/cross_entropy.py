@@ -4,8 +4,9 @@ where the formulas are derived): one pass over the logits forward, one backward.
 For logits z (N, V), one program per row, looping over the row in ``BLOCK_V`` columns:
 
 * ``ce_forward_kernel``: ``lse_n = log Σ_j exp z_nj`` (an online logsumexp: a running
-  maximum m and sum s rescaled by exp(m_old - m_new) when m grows) and ``Σ_j z_nj``,
-  accumulated in fp32 and written as two (N,) fp32 vectors;
+  maximum m and sum s rescaled by exp(m_old - m_new) when m grows), ``Σ_j z_nj`` and the
+  target's logit ``z_{n, target_n}``, accumulated in fp32 and written as three (N,) fp32
+  vectors;
 * ``ce_backward_kernel``: ``dz_nj = exp(z_nj - lse_n) · scale_n - shift_n`` plus
   ``target_term_n`` at ``j = target_n``, computed in fp32 and stored in the logits' dtype.
 
@@ -33,7 +34,7 @@ NUM_WARPS = 8
 INTERPRET_BLOCK_V = 16
 
 
-def _ce_forward(Z, LSE, ROW_SUM, V, stride_zn, BLOCK_V: tl.constexpr):
+def _ce_forward(Z, TARGET, LSE, ROW_SUM, Z_TARGET, V, stride_zn, BLOCK_V: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     z_row = Z + row * stride_zn
     cols = tl.arange(0, BLOCK_V)
@@ -49,6 +50,7 @@ def _ce_forward(Z, LSE, ROW_SUM, V, stride_zn, BLOCK_V: tl.constexpr):
         total += tl.where(inside, z, 0.0)
     tl.store(LSE + row, m + tl.log(s))
     tl.store(ROW_SUM + row, tl.sum(total, 0))
+    tl.store(Z_TARGET + row, tl.load(z_row + tl.load(TARGET + row)).to(tl.float32))
 
 
 def _ce_backward(Z, DZ, LSE, SCALE, SHIFT, TARGET, TARGET_TERM, V, stride_zn, stride_dn,
@@ -104,15 +106,16 @@ def _check_logits(logits: torch.Tensor) -> None:
                          f"{tuple(logits.shape)}, strides {logits.stride()}")
 
 
-def ce_forward(logits: torch.Tensor):
-    """logits (N, V) -> (lse (N,), row_sum (N,)), both fp32."""
+def ce_forward(logits: torch.Tensor, target: torch.Tensor):
+    """logits (N, V), target (N,) in [0, V) -> (lse, row_sum, z_target), each (N,) fp32."""
     _check_logits(logits)
     N, V = logits.shape
     lse = torch.empty(N, dtype=torch.float32, device=logits.device)
-    row_sum = torch.empty_like(lse)
-    _launch(ce_forward_kernel, N, dict(Z=logits, LSE=lse, ROW_SUM=row_sum, V=V,
-                                       stride_zn=logits.stride(0)), logits.device)
-    return lse, row_sum
+    row_sum, z_target = torch.empty_like(lse), torch.empty_like(lse)
+    _launch(ce_forward_kernel, N, dict(Z=logits, TARGET=target, LSE=lse, ROW_SUM=row_sum,
+                                       Z_TARGET=z_target, V=V, stride_zn=logits.stride(0)),
+            logits.device)
+    return lse, row_sum, z_target
 
 
 def ce_backward(logits: torch.Tensor, lse: torch.Tensor, scale: torch.Tensor,

@@ -42,19 +42,20 @@ def _uses_triton(logits: torch.Tensor) -> bool:
     return logits.dtype != torch.float64 and kernel_backend(logits) == "triton"
 
 
-def _lse_and_row_sum(logits: torch.Tensor, acc: torch.dtype):
-    """(log Σ_j exp z_j, Σ_j z_j) per row of logits (N, V), both (N,) in ``acc``."""
+def _row_terms(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype):
+    """(log Σ_j exp z_j, Σ_j z_j, z_target) per row of logits (N, V), target (N,) in
+    [0, V); each (N,) in ``acc``."""
     if _uses_triton(logits):
         from ..kernels.cross_entropy import ce_forward
 
-        return ce_forward(logits.contiguous())
+        return ce_forward(logits.contiguous(), target.contiguous())
     N = logits.size(0)
     lse, row_sum = logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc)
     for rows in _row_blocks(*logits.shape):
         z = logits[rows].to(acc)
         torch.logsumexp(z, dim=1, out=lse[rows])
         torch.sum(z, dim=1, out=row_sum[rows])
-    return lse, row_sum
+    return lse, row_sum, logits.gather(1, target.unsqueeze(1)).squeeze(1).to(acc)
 
 
 def _logit_gradient(logits, lse, scale, shift, target, target_term):
@@ -81,8 +82,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         eps_i = epsilon / (V - 1)
         keep = target.ne(ignore_index)
         safe_target = target.masked_fill(~keep, 0)
-        lse, row_sum = _lse_and_row_sum(logits, acc)  # log Σ_j exp z_j, Σ_j z_j per row
-        z_target = logits.gather(1, safe_target.unsqueeze(1)).squeeze(1).to(acc)
+        lse, row_sum, z_target = _row_terms(logits, safe_target, acc)  # log Σ exp z, Σ z, z_t
         nll_sum = ((lse - z_target) * keep).sum()
         smooth_sum = ((V * lse - row_sum) * keep).sum()
         loss = (1.0 - epsilon - eps_i) * nll_sum + eps_i * smooth_sum

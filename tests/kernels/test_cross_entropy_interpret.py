@@ -25,11 +25,13 @@ def _logits(n, v, dtype=torch.float32, seed=0):
 
 
 @pytest.mark.parametrize("v", [5, 16, 37, 64])
-def test_forward_kernel_equals_logsumexp_and_row_sum(v):
+def test_forward_kernel_equals_logsumexp_row_sum_and_the_target_logit(v):
     from sut_fairseq.kernels.cross_entropy import ce_forward
 
     z = _logits(7, v)
-    lse, row_sum = ce_forward(z)
+    target = torch.tensor([v - 1, 0, 1 % v, 2 % v, v // 2, 3 % v, v - 1])
+    lse, row_sum, z_target = ce_forward(z, target)
+    assert torch.equal(z_target, z[torch.arange(7), target])
     torch.testing.assert_close(lse, torch.logsumexp(z.double(), 1).float(), rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(row_sum, z.double().sum(1).float(), rtol=1e-6, atol=1e-4)
 
@@ -83,7 +85,7 @@ def test_non_contiguous_rows_are_refused_by_the_launcher():
     from sut_fairseq.kernels.cross_entropy import ce_forward
 
     with pytest.raises(ValueError, match=r"contiguous rows; got shape \(5, 4\)"):
-        ce_forward(torch.zeros(4, 5).t())
+        ce_forward(torch.zeros(4, 5).t(), torch.zeros(5, dtype=torch.long))
 
 
 if not IN_PROCESS:
