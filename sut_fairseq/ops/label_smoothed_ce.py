@@ -19,9 +19,9 @@ are accumulated in fp32 (fp64 for fp64 logits) whatever the logits' dtype, as fa
 Two backends, chosen as the routed expert ops' (``SUT_KERNELS``, ``reference_linear.kernel_backend``):
 the Triton kernels of ``kernels/cross_entropy.py`` for CUDA tensors (one pass over the
 logits forward, one backward writing the gradient in the logits' dtype; fp64 logits take
-the PyTorch path), and PyTorch for CPU tensors: both passes over blocks of rows, converting
-one block at a time (fp16/bf16 logits are never copied whole to fp32), small enough to
-stay in cache.
+the PyTorch path), and PyTorch for CPU tensors (or ``SUT_KERNELS=reference``): both passes
+over blocks of rows, converting one block at a time (fp16/bf16 logits are never copied
+whole to fp32), small enough to stay in cache on a CPU.
 """
 from typing import Tuple
 
@@ -29,12 +29,15 @@ import torch
 
 from .reference_linear import kernel_backend
 
-_BLOCK_ELEMENTS = 1 << 18  # logits per block of rows: about 1 MB in fp32
+_BLOCK_ELEMENTS = 1 << 18  # logits per block of rows on a CPU: about 1 MB in fp32
+_BLOCK_ELEMENTS_GPU = 1 << 24  # on a GPU (``SUT_KERNELS=reference``): about 64 MB in fp32
 
 
-def _row_blocks(n_rows: int, n_cols: int):
-    """Slices of rows, each holding at most ``_BLOCK_ELEMENTS`` logits (one row at least)."""
-    step = max(1, _BLOCK_ELEMENTS // n_cols)
+def _row_blocks(n_rows: int, n_cols: int, device: torch.device):
+    """Slices of rows, each holding at most the device's block of logits (one row at least):
+    cache-sized on a CPU, large on a GPU, where each operation on a block is a launch."""
+    elements = _BLOCK_ELEMENTS if device.type == "cpu" else _BLOCK_ELEMENTS_GPU
+    step = max(1, elements // n_cols)
     return [slice(i, min(i + step, n_rows)) for i in range(0, n_rows, step)]
 
 
@@ -51,7 +54,7 @@ def _row_terms(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype):
         return ce_forward(logits.contiguous(), target.contiguous())
     N = logits.size(0)
     lse, row_sum = logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc)
-    for rows in _row_blocks(*logits.shape):
+    for rows in _row_blocks(*logits.shape, logits.device):
         z = logits[rows].to(acc)
         torch.logsumexp(z, dim=1, out=lse[rows])
         torch.sum(z, dim=1, out=row_sum[rows])
@@ -67,7 +70,7 @@ def _logit_gradient(logits, lse, scale, shift, target, target_term):
         return ce_backward(logits.contiguous(), lse, scale, shift, target, target_term)
     grad = torch.empty_like(logits, dtype=lse.dtype)  # the only (N, V) buffer
     scale, shift = scale.unsqueeze(1), shift.unsqueeze(1)
-    for rows in _row_blocks(*logits.shape):
+    for rows in _row_blocks(*logits.shape, logits.device):
         block = torch.sub(logits[rows].to(lse.dtype), lse[rows].unsqueeze(1), out=grad[rows])
         block.exp_().mul_(scale[rows]).sub_(shift[rows])
     grad.scatter_add_(1, target.unsqueeze(1), target_term.unsqueeze(1))

@@ -58,14 +58,16 @@ def test_blocks_cover_every_row(monkeypatch):
     torch.testing.assert_close(x.grad, y.grad)
 
 
-def test_blocks_are_cache_sized_and_cover_every_row_once():
-    """A WMT-size batch (4,096 rows x 32,768 logits) in 512 blocks of about 1 MB in fp32;
-    the slices are contiguous, in order and cover every row once; a row longer than a
-    block is a block of its own."""
-    slices = label_smoothed_ce._row_blocks(4096, 32768)
-    assert len(slices) == 512
+@pytest.mark.parametrize("device, blocks", [("cpu", 512), ("cuda", 8)])
+def test_block_size_follows_the_device(device, blocks):
+    """The PyTorch path on a WMT-size batch (4,096 rows x 32,768 logits): cache-sized blocks
+    on a CPU, few large ones on a GPU (``SUT_KERNELS=reference``: each operation on a block
+    is a kernel launch there); the slices are contiguous, in order and cover every row
+    once; a row longer than a block is a block of its own."""
+    slices = label_smoothed_ce._row_blocks(4096, 32768, torch.device(device))
+    assert len(slices) == blocks
     assert [i for s in slices for i in range(s.start, s.stop)] == list(range(4096))
-    assert label_smoothed_ce._row_blocks(3, 1 << 25) == [slice(0, 1), slice(1, 2), slice(2, 3)]
+    assert label_smoothed_ce._row_blocks(3, 1 << 25, torch.device(device)) == [slice(0, 1), slice(1, 2), slice(2, 3)]
 
 
 def test_backend_follows_the_routed_ops_choice(monkeypatch):
