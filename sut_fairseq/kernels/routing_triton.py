@@ -67,7 +67,7 @@ def _route_rows(LOGITS, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, strid
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
     tl.store(EXPERT_IDX + slots, experts.to(tl.int64), mask=slot_ok)
-    tl.store(GATES + slots, gates, mask=slot_ok)
+    tl.store(GATES + slots, gates.to(GATES.dtype.element_ty), mask=slot_ok)
     # this block's slots per expert 0..E (padding slots are -1: no bin)
     flat = tl.reshape(tl.where(slot_ok, experts, -1), [BLOCK_N * K_POW2])
     tl.store(COUNTS + pid * BINS + cols, tl.sum((flat[:, None] == cols[None, :]).to(tl.int32), 0))
@@ -142,7 +142,7 @@ def _route_backward(LOGITS, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, N, E, st
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
     experts = tl.load(EXPERT_IDX + slots, mask=slot_ok, other=-1)  # E where inactive
-    g = tl.load(DGATES + slots, mask=slot_ok, other=0.0) * a[:, None]
+    g = tl.load(DGATES + slots, mask=slot_ok, other=0.0).to(tl.float32) * a[:, None]
     # the picks' probabilities and S = max(sum_j p_{i_j}, eps)
     top = tl.zeros([BLOCK_N, K_POW2], tl.float32)
     for j in tl.static_range(K):
@@ -206,9 +206,10 @@ def _shape(N: int, E: int, k: int, device: torch.device) -> dict:
                 BLOCK_N=block)
 
 
-def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int):
+def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int,
+                gate_dtype: torch.dtype = torch.float32):
     """logits (N, E) (contiguous rows, any float dtype), active (N,) bool, 1 <= k <= E ->
-    gates (N, k) fp32, expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
+    gates (N, k) in ``gate_dtype`` (computed in fp32), expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k; and the
     statistics (2 E + 2,) fp32 (``ops/route_op.py``)."""
     N, E = logits.shape
@@ -216,7 +217,7 @@ def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int):
     shape = _shape(N, E, k, device)
     blocks = triton.cdiv(N, shape["BLOCK_N"])
     expert_idxs = torch.empty(N, k, dtype=torch.long, device=device)
-    gates = torch.empty(N, k, dtype=torch.float32, device=device)
+    gates = torch.empty(N, k, dtype=gate_dtype, device=device)
     counts = torch.empty(blocks, shape["BINS"], dtype=torch.int32, device=device)
     partials = torch.empty(blocks, shape["BINS"], dtype=torch.float32, device=device)
     sorted_expert, sorted_slot = (torch.empty(N * k, dtype=torch.long, device=device) for _ in range(2))
@@ -236,7 +237,7 @@ def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int):
 
 def route_top_k_backward(logits: torch.Tensor, active: torch.Tensor, expert_idxs: torch.Tensor,
                          grad_gates: torch.Tensor, grad_sums: torch.Tensor) -> torch.Tensor:
-    """The logits' gradient (N, E), in their dtype, from the gates' (N, k) and the
+    """The logits' gradient (N, E), in their dtype, from the gates' (N, k, any float dtype) and the
     statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the softmax recomputed."""
     N, E = logits.shape
     shape = _shape(N, E, expert_idxs.size(1), logits.device)

@@ -91,10 +91,10 @@ class Router(nn.Module):
         # go to the no-op expert E with gate 0 and are left out of the statistics
         if self._one_op(x):  # CUDA: the choice, its sorted layout and statistics in two kernels
             gates, *layout, sums = torch.ops.sut.route_top_k(self._logits(x, active), active,
-                                                             self.top_k)
+                                                             self.top_k, x.dtype)
             if self.stats is not None:
                 self.stats.add_sums(sums)
-            return Routing(layout[0], gates.to(x.dtype), *layout[1:], E)
+            return Routing(layout[0], gates, *layout[1:], E)
         probs, top_idx, top_gates = self._route(x, active)
         if self.stats is not None:
             self.stats.add(probs, top_idx, active)

@@ -3,7 +3,8 @@ their renormalised gates, the sorted layout of ``ops/routing.py`` and the sums o
 routing statistics, in two Triton launches on CUDA (``kernels/routing_triton.py``; its
 gradient in one) where the PyTorch ops are about 20 kernels forward; PyTorch elsewhere.
 
-For logits z (N, E), active rows a (N,) and k picks:
+For logits z (N, E), active rows a (N,) and k picks (the gates returned in ``gate_dtype``,
+the compute dtype of the expert layers, the rest in fp32 at least):
 
     p = softmax(z)                                                   (N, E), fp32
     i_j = argmax_e p^(j), p^(j+1) = p^(j) with its pick masked       (N, k), ties: lowest index
@@ -45,7 +46,8 @@ def top_k_by_argmax(scores: Tensor, k: int) -> Tensor:
     return torch.cat(picks, 1)
 
 
-def route_top_k_reference(logits: Tensor, active: Tensor, k: int):
+def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
+                          gate_dtype: torch.dtype = torch.float32):
     """The op's outputs from PyTorch operations, differentiable by autograd (module
     docstring): gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
@@ -62,8 +64,8 @@ def route_top_k_reference(logits: Tensor, active: Tensor, k: int):
     sums = torch.cat([(probs * a.unsqueeze(1)).sum(0), picks,
                       ((probs * torch.log(probs + EPS)).sum(1) * a).sum().unsqueeze(0),
                       a.sum().unsqueeze(0)])
-    return (gates, routing.expert_idxs, routing.sorted_expert_idxs, routing.sorted_scattered_idxs,
-            routing.expert_offsets.clone(), sums)
+    return (gates.to(gate_dtype), routing.expert_idxs, routing.sorted_expert_idxs,
+            routing.sorted_scattered_idxs, routing.expert_offsets.clone(), sums)
 
 
 def route_top_k_backward_reference(logits: Tensor, active: Tensor, expert_idxs: Tensor,
@@ -75,28 +77,28 @@ def route_top_k_backward_reference(logits: Tensor, active: Tensor, expert_idxs: 
     picks = expert_idxs.clamp_max(E - 1)  # an inactive row's slots (E) have zero G and a
     top = probs.gather(1, picks)
     total = top.sum(1, keepdim=True).clamp_min(EPS)
-    g = grad_gates * a
+    g = grad_gates.to(probs.dtype) * a
     grad = a * (grad_sums[:E] + grad_sums[2 * E] * (torch.log(probs + EPS) + probs / (probs + EPS)))
     grad = grad.scatter_add(1, picks, (g - (g * top).sum(1, keepdim=True) / total) / total)
     return (probs * (grad - (grad * probs).sum(1, keepdim=True))).to(logits.dtype)
 
 
 @torch.library.custom_op("sut::route_top_k", mutates_args=())
-def route_top_k_op(logits: Tensor, active: Tensor, k: int) -> Tuple[Tensor, Tensor, Tensor, Tensor,
-                                                                    Tensor, Tensor]:
+def route_top_k_op(logits: Tensor, active: Tensor, k: int, gate_dtype: torch.dtype
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     if kernel_backend(logits) == "triton":
         from ..kernels.routing_triton import route_top_k
 
-        return route_top_k(logits.contiguous(), active.contiguous(), k)
-    return route_top_k_reference(logits, active, k)
+        return route_top_k(logits.contiguous(), active.contiguous(), k, gate_dtype)
+    return route_top_k_reference(logits, active, k, gate_dtype)
 
 
 @route_top_k_op.register_fake
-def _(logits, active, k):
+def _(logits, active, k, gate_dtype):
     N, E = logits.shape
     index = dict(dtype=torch.long)
     values = dict(dtype=torch.promote_types(logits.dtype, torch.float32))
-    return (logits.new_empty(N, k, **values), logits.new_empty(N, k, **index),
+    return (logits.new_empty(N, k, dtype=gate_dtype), logits.new_empty(N, k, **index),
             logits.new_empty(N * k, **index), logits.new_empty(N * k, **index),
             logits.new_empty(E, **index), logits.new_empty(2 * E + 2, **values))
 
@@ -118,7 +120,7 @@ def _(logits, active, expert_idxs, grad_gates, grad_sums):
 
 
 def _setup_context(ctx, inputs, output):
-    logits, active, _ = inputs
+    logits, active, _, _ = inputs
     ctx.save_for_backward(logits, active, output[1])
 
 
@@ -131,7 +133,7 @@ def _backward(ctx, grad_gates, *grads):
     if grad_sums is None:
         grad_sums = logits.new_zeros(2 * logits.size(1) + 2, dtype=acc)
     grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grad_sums)
-    return grad, None, None
+    return grad, None, None, None
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)

@@ -29,7 +29,7 @@ def test_backward_equals_autograd_through_the_reference(k):
     grads = []
     for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
         z = logits.clone().requires_grad_()
-        gates, *_, sums = fn(z, active, k)
+        gates, *_, sums = fn(z, active, k, z.dtype)
         ((gates * wg).sum() + (sums * ws).sum()).backward()
         grads.append(z.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
@@ -41,7 +41,7 @@ def test_gradcheck(part):
     logits, active, _ = _case(N=5, E=4)
 
     def fn(z):
-        gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2)
+        gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype)
         return gates if part == "gates" else sums[:2 * 4 + 1]
 
     assert torch.autograd.gradcheck(fn, (logits.clone().requires_grad_(),))
@@ -52,7 +52,8 @@ def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
     """The picks, gates and layout are ``make_routing`` of the masked top-k of softmax(z);
     the sums are those ``RouterStats.add`` accumulates from the distribution."""
     logits, active, _ = _case(N, E, dtype=torch.float32)
-    gates, expert_idxs, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(logits, active, k)
+    gates, expert_idxs, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(
+        logits, active, k, torch.float32)
     probs = logits.softmax(1)
     top_idx = probs.topk(k, 1).indices
     assert torch.equal(expert_idxs, top_idx.masked_fill(~active.unsqueeze(1), E))
@@ -68,11 +69,15 @@ def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
         torch.testing.assert_close(getattr(summed, field), getattr(stats, field), msg=field)
 
 
-def test_bf16_logits_give_fp32_gates_and_a_bf16_gradient():
+def test_bf16_logits_give_gates_in_the_asked_dtype_and_a_bf16_gradient():
+    """Gates in the expert layers' compute dtype (rounded once from fp32, as the router's
+    PyTorch path casts them), statistics in fp32, the logits' gradient in their dtype."""
     logits, active, _ = _case(N=6, E=4, dtype=torch.float32)
     z = logits.bfloat16().requires_grad_()
-    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2)
-    assert gates.dtype == sums.dtype == torch.float32
+    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, torch.bfloat16)
+    assert gates.dtype == torch.bfloat16 and sums.dtype == torch.float32
+    want = route_top_k_reference(logits.bfloat16(), active, 2)[0]
+    assert want.dtype == torch.float32 and torch.equal(gates, want.bfloat16())
     (gates.sum() + sums[:4].pow(2).sum()).backward()
     assert z.grad.dtype == torch.bfloat16
 
@@ -97,7 +102,7 @@ def test_traced_by_aot_autograd_as_eager():
     wg = torch.randn(12, 3, generator=g)
 
     def loss(z):
-        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, active, 3)
+        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, active, 3, z.dtype)
         return (gates * wg).sum() + sums[:6].pow(2).sum() + sums[12], experts, sorted_s, offsets
 
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)

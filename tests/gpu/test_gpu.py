@@ -481,9 +481,11 @@ def test_router_kernels_match_the_reference(E, k, dtype):
     g = torch.Generator(device="cuda").manual_seed(1)
     logits = (2 * torch.randn(4100, E, device="cuda", generator=g)).to(dtype)
     active = torch.rand(4100, device="cuda", generator=g) > 0.33
-    got, want = route_top_k(logits, active, k), route_top_k_reference(logits, active, k)
+    got, want = route_top_k(logits, active, k, dtype), route_top_k_reference(logits, active, k, dtype)
     for a, b in zip(got, want):
-        if a.is_floating_point():
+        if a.dtype == torch.bfloat16:  # the gates, in the logits' dtype
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3)
+        elif a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
         else:
             assert torch.equal(a, b)
@@ -501,7 +503,7 @@ def test_router_on_its_kernels_makes_no_host_sync():
     active = torch.rand(4096, device="cuda") > 0.2
 
     def step():
-        gates, *_, sums = torch.ops.sut.route_top_k(logits, active, 4)
+        gates, *_, sums = torch.ops.sut.route_top_k(logits, active, 4, torch.float32)
         (gates.sum() + sums[:24].pow(2).sum()).backward()
 
     step()  # warm-up: compilation

@@ -25,19 +25,22 @@ def _case(N, E, seed=0, inactive="some"):
     (17, 2, 1, "some"), (9, 7, 7, "some"), (40, 12, 2, "some")])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernels_equal_the_reference(N, E, k, inactive, dtype):
-    """bf16 logits (a bf16 run's router output) are read as fp32 by both."""
+    """bf16 logits (a bf16 run's router output) are read as fp32 by both; the gates come
+    back in the logits' dtype (the expert layers' compute dtype)."""
     from sut_fairseq.kernels.routing_triton import route_top_k
     from sut_fairseq.ops.route_op import route_top_k_reference
 
     logits, active = _case(N, E, inactive=inactive)
     logits = logits.to(dtype)
-    got = route_top_k(logits, active, k)
-    want = route_top_k_reference(logits, active, k)
+    got = route_top_k(logits, active, k, gate_dtype=dtype)
+    want = route_top_k_reference(logits, active, k, gate_dtype=dtype)
     names = ["gates", "expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs",
              "expert_offsets", "sums"]
     for name, a, b in zip(names, got, want):
         assert a.dtype == b.dtype and a.shape == b.shape, name
-        if a.is_floating_point():
+        if a.dtype == torch.bfloat16:  # the gates: one rounding (the interpreter's may truncate)
+            torch.testing.assert_close(a.float(), b.float(), rtol=1e-2, atol=1e-3, msg=name)
+        elif a.is_floating_point():
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6, msg=name)
         else:
             assert torch.equal(a, b), (name, a, b)
