@@ -92,9 +92,9 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                               "test_recurrence_step.py"),
     "sut_fairseq/modules/sut_block.py": ("test_sut_block.py", "test_incremental.py", "test_expert_layers.py",
                                         "test_options_off.py"),
-    "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py",),
-    # the PyTorch backend and the hand-written gradient (the Triton one: test_routing_interpret.py)
-    "sut_fairseq/ops/route_op.py": ("test_route_op.py",),
+    # the Triton branches through the interpreted kernels (a child pytest, TRITON_INTERPRET=1)
+    "sut_fairseq/ops/label_smoothed_ce.py": ("test_label_smoothed_ce.py", "test_cross_entropy_interpret.py"),
+    "sut_fairseq/ops/route_op.py": ("test_route_op.py", "test_routing_interpret.py"),
     "sut_fairseq/ops/short_softmax.py": ("test_short_softmax.py",),
     "sut_fairseq/ops/routed_linear.py": ("test_routed_linear_api.py", "test_custom_ops.py", "test_expert_layers.py",
                                         "test_compiled_step.py"),

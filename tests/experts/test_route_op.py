@@ -116,3 +116,39 @@ def test_traced_by_aot_autograd_as_eager():
         torch.testing.assert_close(outs[1][0], outs[0][0])
         assert all(torch.equal(a, b) for a, b in zip(outs[1][1], outs[0][1]))
         torch.testing.assert_close(outs[1][2], outs[0][2])
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_router_through_the_op_equals_its_pytorch_path(monkeypatch, k):
+    """The router's op branch (the CUDA one) with the op's PyTorch backend, against the
+    router's own PyTorch path: every field of the Routing, the statistics added to the
+    running sums of an earlier call, and the gradients of the input and the router's
+    weights; gates in the input's dtype."""
+    torch.manual_seed(0)
+    router = Router(8, 5, k, 16)
+    x0 = torch.randn(10, 8)
+    active = torch.rand(10, generator=torch.Generator().manual_seed(4)) > 0.3
+    out = {}
+    for one_op in (False, True):
+        monkeypatch.setattr(Router, "_one_op", lambda self, x, use=one_op: use)
+        router.zero_grad()
+        router.stats = RouterStats(5)
+        router(torch.randn(4, 8, generator=torch.Generator().manual_seed(1)), torch.ones(4, dtype=torch.bool))
+        x = x0.clone().requires_grad_()
+        routing = router(x, active)
+        s = router.stats
+        loss = (routing.gates * torch.arange(1.0, k + 1.0)).sum() + s.sum_probs.pow(2).sum() + 3 * s.sum_neg_entropy
+        loss.backward()
+        out[one_op] = (routing, [s.sum_probs, s.sum_neg_entropy, s.count, s.assignments], x.grad,
+                       [p.grad.clone() for p in router.parameters()])
+    (r0, s0, dx0, dp0), (r1, s1, dx1, dp1) = out[False], out[True]
+    for field in ("expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
+        assert torch.equal(getattr(r1, field), getattr(r0, field)), field
+    assert r1.gates.dtype == torch.float32 and r1.num_experts == 5
+    torch.testing.assert_close(r1.gates, r0.gates)
+    for a, b in zip(s1, s0):
+        torch.testing.assert_close(a.detach(), b.detach())
+    assert not s1[2].requires_grad and not s1[3].requires_grad  # the counts carry no gradient
+    torch.testing.assert_close(dx1, dx0)
+    for a, b in zip(dp1, dp0):
+        torch.testing.assert_close(a, b)
