@@ -37,6 +37,23 @@ def test_backward_equals_autograd_through_the_reference(k):
 
 
 @pytest.mark.parametrize("part", ["gates", "sums"])
+def test_a_loss_on_one_output_alone(part):
+    """Only the gates, or only the statistics, in the loss (autograd then hands the op's
+    backward None for the other): the same gradient as autograd through the reference."""
+    logits, active, g = _case()
+    w = torch.randn(9, 2, generator=g, dtype=torch.float64) if part == "gates" else \
+        torch.randn(12, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
+        z = logits.clone().requires_grad_()
+        gates, *_, sums = fn(z, active, 2, z.dtype)
+        ((gates if part == "gates" else sums) * w).sum().backward()
+        grads.append(z.grad)
+    torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
+    assert grads[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("part", ["gates", "sums"])
 def test_gradcheck(part):
     logits, active, _ = _case(N=5, E=4)
 
