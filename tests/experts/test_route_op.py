@@ -86,6 +86,28 @@ def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
         torch.testing.assert_close(getattr(summed, field), getattr(stats, field), msg=field)
 
 
+def test_a_vanishing_probability_keeps_the_statistics_finite():
+    """A logit 40 below the rest (p ~ 1e-18 < the 1e-9 floor): p log(p + 1e-9) is ~0, not
+    NaN, in the statistics and in their gradient."""
+    logits, active, g = _case(N=4, E=3)
+    logits[:, 2] = -40.0
+    z = logits.clone().requires_grad_()
+    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype)
+    (sums[:7] * torch.randn(7, generator=g, dtype=torch.float64)).sum().backward()
+    assert torch.isfinite(sums).all() and torch.isfinite(z.grad).all()
+    want = route_top_k_reference(logits, active, 2)[-1]
+    p = logits.softmax(1)
+    torch.testing.assert_close(want[6], ((p * torch.log(p + 1e-9)).sum(1) * active).sum())
+
+
+def test_backward_op_returns_the_logits_dtype():
+    logits, active, g = _case(N=5, E=4, dtype=torch.bfloat16)
+    experts = route_top_k_reference(logits, active, 2)[1]
+    grad = torch.ops.sut.route_top_k_backward(logits, active, experts, torch.randn(5, 2, generator=g),
+                                              torch.randn(10, generator=g))
+    assert grad.dtype == torch.bfloat16 and grad.shape == (5, 4)
+
+
 def test_bf16_logits_give_gates_in_the_asked_dtype_and_a_bf16_gradient():
     """Gates in the expert layers' compute dtype (rounded once from fp32, as the router's
     PyTorch path casts them), statistics in fp32, the logits' gradient in their dtype."""
