@@ -191,3 +191,41 @@ def test_router_through_the_op_equals_its_pytorch_path(monkeypatch, k):
     torch.testing.assert_close(dx1, dx0)
     for a, b in zip(dp1, dp0):
         torch.testing.assert_close(a, b)
+
+
+def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
+    """``SUT_KERNELS=triton`` with the kernels' launchers replaced by the reference
+    functions (their contract; the kernels are checked against them in
+    tests/kernels/test_routing_interpret.py): outputs and gradient equal the PyTorch
+    backend's, and the launchers get contiguous logits and the asked gate dtype."""
+    from sut_fairseq.kernels import routing_triton
+    from sut_fairseq.ops.route_op import route_top_k_backward_reference
+
+    calls = []
+
+    def forward(logits, active, k, gate_dtype):
+        calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype))
+        return route_top_k_reference(logits, active, k, gate_dtype)
+
+    def backward(logits, active, expert_idxs, grad_gates, grad_sums):
+        calls.append(tuple(t.is_contiguous() for t in (logits, active, grad_gates, grad_sums)))
+        return route_top_k_backward_reference(logits, active, expert_idxs, grad_gates, grad_sums)
+
+    logits, active, g = _case(N=8, E=5, dtype=torch.float32)
+    w = torch.randn(8, 2, generator=g)
+    out = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv("SUT_KERNELS", backend)
+        monkeypatch.setattr(routing_triton, "route_top_k", forward)
+        monkeypatch.setattr(routing_triton, "route_top_k_backward", backward)
+        z = logits.t().contiguous().t().requires_grad_()  # column-major: the branch makes it contiguous
+        gates, *layout, sums = torch.ops.sut.route_top_k(z, active, 2, torch.float64)
+        ((gates * w).sum() + sums[:5].pow(2).sum() + sums[10]).backward()
+        out[backend] = (gates, layout, sums, z.grad)
+    assert calls == [(True, True, torch.float64), (True, True, True, True)]
+    (g1, l1, s1, d1), (g0, l0, s0, d0) = out["triton"], out["reference"]
+    assert g1.dtype == torch.float64
+    torch.testing.assert_close(g1, g0)
+    assert all(torch.equal(a, b) for a, b in zip(l1, l0))
+    torch.testing.assert_close(s1, s0)
+    torch.testing.assert_close(d1, d0)

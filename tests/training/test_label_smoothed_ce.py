@@ -178,3 +178,35 @@ def test_row_sums_of_shifted_bfloat16_logits_are_held_in_float32():
     keep = target != PAD
     smooth = (300 * torch.logsumexp(exact, 1) - exact.sum(1))[keep].sum()
     torch.testing.assert_close(loss.double(), smooth / 300, rtol=1e-5, atol=0)
+
+
+def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
+    """``SUT_KERNELS=triton`` with the two kernels replaced by PyTorch stand-ins of their
+    contract (``kernels/cross_entropy.py``; the kernels themselves are checked against it
+    in tests/kernels/test_cross_entropy_interpret.py): the op's loss, nll and gradient are
+    the PyTorch path's, so every argument reached the right place; the kernels get
+    contiguous logits whatever the caller's layout."""
+    from sut_fairseq.kernels import cross_entropy
+
+    def forward(logits, target):
+        assert logits.is_contiguous() and target.is_contiguous()
+        z = logits.float()
+        return torch.logsumexp(z, 1), z.sum(1), z.gather(1, target.unsqueeze(1)).squeeze(1)
+
+    def backward(logits, lse, scale, shift, target, target_term):
+        assert logits.is_contiguous()
+        dz = torch.exp(logits.float() - lse.unsqueeze(1)) * scale.unsqueeze(1) - shift.unsqueeze(1)
+        return dz.scatter_add(1, target.unsqueeze(1), target_term.unsqueeze(1)).to(logits.dtype)
+
+    logits, target = case(n=19, v=9, dtype=torch.float32)
+    out = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv("SUT_KERNELS", backend)
+        monkeypatch.setattr(cross_entropy, "ce_forward", forward)
+        monkeypatch.setattr(cross_entropy, "ce_backward", backward)
+        x = logits.t().contiguous().t().requires_grad_()  # column-major
+        loss, nll = label_smoothed_cross_entropy(x, target, 0.2, PAD)
+        (0.7 * loss).backward()
+        out[backend] = (loss.detach(), nll, x.grad)
+    for a, b in zip(out["triton"], out["reference"]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
