@@ -125,14 +125,9 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad_gates, *grads):
+    # autograd hands over zeros (not None) for an output the loss did not use
     logits, active, expert_idxs = ctx.saved_tensors
-    grad_sums = grads[-1]
-    acc = torch.promote_types(logits.dtype, torch.float32)
-    if grad_gates is None:
-        grad_gates = expert_idxs.new_zeros(expert_idxs.shape, dtype=acc)
-    if grad_sums is None:
-        grad_sums = logits.new_zeros(2 * logits.size(1) + 2, dtype=acc)
-    grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grad_sums)
+    grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grads[-1])
     return grad, None, None, None
 
 
