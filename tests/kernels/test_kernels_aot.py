@@ -152,20 +152,30 @@ def test_cross_entropy_kernels_build_without_spills(arch):
     assert all(r.ok and r.loop is None for r in results), table
 
 
-@pytest.mark.parametrize("arch", ARCHS)
-def test_router_kernels_build_without_spills(arch):
-    """The routers' kernels (``routing_triton.py``: rows, sort, backward) for ``sut_base``'s
-    and ``sut_big``'s routers (E 24 / 48, k 4) on bf16 and fp32 logits: built (the
-    interpreter does not check what the compiler refuses, e.g. a global that is not a
-    constexpr), no spills, shared memory within the limit."""
+def _check_routers(arch, dtypes):
     from sut_fairseq.kernels import aot
 
-    results = aot.compile_all(aot.route_jobs(("bf16", "fp32"), archs=(arch,)))
+    results = aot.compile_all(aot.route_jobs(dtypes, archs=(arch,)))
     table = aot.format_table(results)
     assert {(r.launch, r.dtype) for r in results} == {
         (f"route.{p}.E{E}k{k}", d) for p in ("rows", "sort", "bwd") for E, k in aot.ROUTERS
-        for d in ("bf16", "fp32")}, table
+        for d in dtypes}, table
     assert all(r.ok for r in results), table
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_router_kernels_build_without_spills(arch):
+    """The routers' kernels (``routing_triton.py``: rows, sort, backward) for ``sut_base``'s
+    and ``sut_big``'s routers (E 24 / 48, k 4) on bf16 logits: built (the interpreter does
+    not check what the compiler refuses, e.g. a global that is not a constexpr), no spills,
+    shared memory within the limit; ``-m slow`` adds fp32 logits."""
+    _check_routers(arch, ("bf16",))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("arch", ARCHS)
+def test_router_kernels_build_without_spills_fp32(arch):
+    _check_routers(arch, ("fp32",))
 
 
 @pytest.mark.slow
