@@ -14,7 +14,7 @@ uniform routing for every token gives 0. The Switch-Transformer load-balancing l
 is the Table 2 "- MIM loss" ablation.
 """
 import contextlib
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Dict, Iterator, List
 
 import torch
@@ -57,9 +57,13 @@ def stack_stats(stats: List[RouterStats]) -> List[StackedStats]:
     all routers take a few kernels, not a few per router."""
     groups: Dict[int, List[RouterStats]] = {}
     for s in stats:
-        groups.setdefault(s.sum_probs.numel(), []).append(s)
-    return [StackedStats(*(torch.stack([getattr(s, f.name) for s in group]) for f in fields(StackedStats)))
-            for group in groups.values()]
+        groups.setdefault(s.num_experts, []).append(s)
+    stacked = []
+    for E, group in groups.items():
+        sums = torch.stack([s.sums for s in group])  # (R, 2 E + 2), RouterStats' layout
+        stacked.append(StackedStats(sums[:, :E], sums[:, 2 * E], sums[:, 2 * E + 1].detach(),
+                                    sums[:, E:2 * E].detach()))
+    return stacked
 
 
 @contextlib.contextmanager

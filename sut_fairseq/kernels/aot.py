@@ -270,7 +270,8 @@ def route_launches(dtype: str, E: int, k: int, N: int = 4096) -> List[Tuple[str,
     launches, previous = [], routing_triton._launch_recorder
     routing_triton._launch_recorder = lambda kernel, args: launches.append((kernel, args))
     try:
-        _, expert_idxs, *_ = routing_triton.route_top_k(logits, active, k)
+        running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
+        _, expert_idxs, *_ = routing_triton.route_top_k(logits, active, k, logits.dtype, running)
         routing_triton.route_top_k_backward(logits, active, expert_idxs,
                                             torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))
     finally:

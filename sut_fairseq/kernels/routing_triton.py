@@ -27,6 +27,7 @@ CUDA tensors launch the compiled kernels; CPU tensors run them in Triton's inter
 (tests; ``TRITON_INTERPRET=1`` before ``triton`` is imported).
 """
 import functools
+from typing import Optional
 
 import torch
 import triton
@@ -89,9 +90,9 @@ def _softmax_rows(LOGITS, rows, cols, in_rows, is_expert, stride_ln):
     return e / tl.sum(e, 1)[:, None]
 
 
-def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, SORTED_EXPERT, SORTED_SLOT, OFFSETS, SUMS, N, E, NB,
-                K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr, BLOCK_N: tl.constexpr,
-                BLOCKS_PER_ITER: tl.constexpr):
+def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, RUNNING, SORTED_EXPERT, SORTED_SLOT, OFFSETS, SUMS,
+                N, E, NB, K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCKS_PER_ITER: tl.constexpr, HAS_RUNNING: tl.constexpr):
     pid = tl.program_id(0)
     bins = tl.arange(0, BINS)
     total = tl.zeros([BINS], tl.int32)   # slots per expert, all blocks
@@ -124,9 +125,17 @@ def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, SORTED_EXPERT, SORTED_SLOT, OFFSET
             blocks = first + tl.arange(0, BLOCKS_PER_ITER)
             sums += tl.sum(tl.load(PARTIALS + blocks[:, None] * BINS + bins[None, :],
                                    mask=(blocks < NB)[:, None], other=0.0), 0)
-        tl.store(SUMS + bins, sums, mask=bins < E)
-        tl.store(SUMS + E + bins, total.to(tl.float32), mask=bins < E)
-        tl.store(SUMS + E + bins, sums, mask=(bins == E) | (bins == E + 1))
+        # positions of the three parts in SUMS: bins (< E), E + bins (< E), E + bins (E, E + 1)
+        firsts = bins < E
+        lasts = (bins == E) | (bins == E + 1)
+        picked = total.to(tl.float32)
+        if HAS_RUNNING:  # the forward's earlier calls
+            sums += tl.load(RUNNING + bins, mask=firsts, other=0.0)
+            sums += tl.load(RUNNING + E + bins, mask=lasts, other=0.0)
+            picked += tl.load(RUNNING + E + bins, mask=firsts, other=0.0)
+        tl.store(SUMS + bins, sums, mask=firsts)
+        tl.store(SUMS + E + bins, picked, mask=firsts)
+        tl.store(SUMS + E + bins, sums, mask=lasts)
 
 
 def _route_backward(LOGITS, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, N, E, stride_ln, stride_dn,
@@ -207,11 +216,11 @@ def _shape(N: int, E: int, k: int, device: torch.device) -> dict:
 
 
 def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int,
-                gate_dtype: torch.dtype = torch.float32):
+                gate_dtype: torch.dtype = torch.float32, running: Optional[torch.Tensor] = None):
     """logits (N, E) (contiguous rows, any float dtype), active (N,) bool, 1 <= k <= E ->
     gates (N, k) in ``gate_dtype`` (computed in fp32), expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k; and the
-    statistics (2 E + 2,) fp32 (``ops/route_op.py``)."""
+    statistics (2 E + 2,) fp32 (``ops/route_op.py``), ``running`` (2 E + 2,) fp32 added."""
     N, E = logits.shape
     device = logits.device
     shape = _shape(N, E, k, device)
@@ -224,14 +233,16 @@ def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int,
     offsets = torch.empty(E, dtype=torch.long, device=device)
     sums = torch.empty(2 * E + 2, dtype=torch.float32, device=device)
     if N == 0:
-        return gates, expert_idxs, sorted_expert, sorted_slot, offsets.zero_(), sums.zero_()
+        sums = running.clone() if running is not None else sums.zero_()
+        return gates, expert_idxs, sorted_expert, sorted_slot, offsets.zero_(), sums
     _launch(route_rows_kernel, blocks, dict(
         LOGITS=logits, ACTIVE=active, EXPERT_IDX=expert_idxs, GATES=gates, COUNTS=counts,
         PARTIALS=partials, N=N, E=E, stride_ln=logits.stride(0), **shape), device)
     _launch(route_sort_kernel, blocks, dict(
-        EXPERT_IDX=expert_idxs, COUNTS=counts, PARTIALS=partials, SORTED_EXPERT=sorted_expert,
+        EXPERT_IDX=expert_idxs, COUNTS=counts, PARTIALS=partials,
+        RUNNING=running.contiguous() if running is not None else sums, SORTED_EXPERT=sorted_expert,
         SORTED_SLOT=sorted_slot, OFFSETS=offsets, SUMS=sums, N=N, E=E, NB=blocks,
-        BLOCKS_PER_ITER=BLOCKS_PER_ITER, **shape), device)
+        BLOCKS_PER_ITER=BLOCKS_PER_ITER, HAS_RUNNING=running is not None, **shape), device)
     return gates, expert_idxs, sorted_expert, sorted_slot, offsets, sums
 
 

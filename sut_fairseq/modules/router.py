@@ -25,16 +25,36 @@ EPS = 1e-9
 
 
 class RouterStats:
-    """Sums over the (position, step) pairs a router saw during one recorded forward."""
+    """Sums over the (position, step) pairs a router saw during one recorded forward, in
+    one vector ``sums`` (2 E + 2,) = [Σ_x g(·|x) (E) | top-k picks per expert (E) |
+    Σ_x Σ_e g log g | |X|], the layout ``sut::route_top_k`` adds to (``ops/route_op.py``)."""
 
     def __init__(self, num_experts: int, device=None, grad: bool = False):
-        """Zero tensors on ``device`` (fixed attribute types for a compiled step). ``grad``:
-        the two gate sums start as leaves requiring grad, as they are after the first call,
-        so that dynamo (which specialises on ``requires_grad``) compiles one step graph."""
-        self.sum_probs = torch.zeros(num_experts, device=device, requires_grad=grad)  # (E,)  Σ_x g(e|x)
-        self.sum_neg_entropy = torch.zeros((), device=device, requires_grad=grad)  # ()  Σ_x Σ_e g log g
-        self.count = torch.zeros((), device=device)  # ()  |X|
-        self.assignments = torch.zeros(num_experts, device=device)  # (E,) top-k picks per expert
+        """Zeros on ``device`` (fixed attribute types for a compiled step). ``grad``: the
+        sums start as a leaf requiring grad, as they are after the first call, so that
+        dynamo (which specialises on ``requires_grad``) compiles one step graph."""
+        self.num_experts = num_experts
+        self.sums = torch.zeros(2 * num_experts + 2, device=device, requires_grad=grad)
+
+    @property
+    def sum_probs(self) -> torch.Tensor:
+        """(E,) Σ_x g(e|x)."""
+        return self.sums[:self.num_experts]
+
+    @property
+    def assignments(self) -> torch.Tensor:
+        """(E,) top-k picks per expert (no gradient)."""
+        return self.sums[self.num_experts:2 * self.num_experts].detach()
+
+    @property
+    def sum_neg_entropy(self) -> torch.Tensor:
+        """() Σ_x Σ_e g(e|x) log g(e|x)."""
+        return self.sums[2 * self.num_experts]
+
+    @property
+    def count(self) -> torch.Tensor:
+        """() |X| (no gradient)."""
+        return self.sums[2 * self.num_experts + 1].detach()
 
     def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor,
             active: Optional[torch.Tensor] = None):
@@ -44,19 +64,9 @@ class RouterStats:
         neg_ent_rows = (probs * torch.log(probs + EPS)).sum(1)
         picks = probs.new_zeros(probs.size(1)).scatter_add_(
             0, expert_idxs.reshape(-1), weight.repeat_interleave(expert_idxs.size(1)))
-        self.sum_probs = self.sum_probs + (probs * weight.unsqueeze(1)).sum(0)
-        self.sum_neg_entropy = self.sum_neg_entropy + (neg_ent_rows * weight).sum()
-        self.count = self.count + weight.sum()
-        self.assignments = self.assignments + picks
-
-    def add_sums(self, sums: torch.Tensor):
-        """The same sums of one call as ``sut::route_top_k`` computes them (``ops/route_op.py``):
-        sums (2 E + 2,) = [Σ_x g(·|x) | picks per expert | Σ_x Σ_e g log g | |X|]."""
-        E = self.sum_probs.numel()
-        self.sum_probs = self.sum_probs + sums[:E]
-        self.assignments = self.assignments + sums[E:2 * E].detach()
-        self.sum_neg_entropy = self.sum_neg_entropy + sums[2 * E]
-        self.count = self.count + sums[2 * E + 1].detach()
+        self.sums = self.sums + torch.cat([(probs * weight.unsqueeze(1)).sum(0), picks,
+                                           (neg_ent_rows * weight).sum().unsqueeze(0),
+                                           weight.sum().unsqueeze(0)])
 
 
 class Router(nn.Module):
@@ -90,10 +100,11 @@ class Router(nn.Module):
         # data-independent shapes: inactive rows skip the hidden layer (sut::masked_linear),
         # go to the no-op expert E with gate 0 and are left out of the statistics
         if self._one_op(x):  # CUDA: the choice, its sorted layout and statistics in two kernels
+            running = None if self.stats is None else self.stats.sums
             gates, *layout, sums = torch.ops.sut.route_top_k(self._logits(x, active), active,
-                                                             self.top_k, x.dtype)
+                                                             self.top_k, x.dtype, running)
             if self.stats is not None:
-                self.stats.add_sums(sums)
+                self.stats.sums = sums  # the running sums with this call's added
             return Routing(layout[0], gates, *layout[1:], E)
         probs, top_idx, top_gates = self._route(x, active)
         if self.stats is not None:

@@ -11,16 +11,17 @@ the compute dtype of the expert layers, the rest in fp32 at least):
     g_j = a · p_{i_j} / S,  S = max(Σ_j p_{i_j}, 1e-9)               (N, k)
     expert of slot (n, j) = i_j if a_n else E (the no-op expert)
     sums = [Σ_n a p_n (E) | picks per expert over active slots (E) | Σ_n a Σ_e p log(p + 1e-9) | Σ_n a]
+           + running  (the sums of the forward's earlier calls, ``RouterStats.sums``; or none)
 
-(``RouterStats`` of ``modules/router.py`` adds the sums up over a forward.) Gradient: the
-gates and the first E + 1 sums carry one, the rest none. With G the gates' gradient, P the
+Gradient: the gates, the first E + 1 sums and ``running`` carry one (running's is the sums'
+gradient itself), the rest none. With G the gates' gradient, P the
 sums' first E entries' and H the entropy term's,
 
     ∂/∂p_e = a (P_e + H (log(p_e + 1e-9) + p_e / (p_e + 1e-9)))
              + a [e = i_j] (G_j - Σ_l G_l p_{i_l} / S) / S          (S ≥ max_e p_e ≥ 1/E)
     ∂/∂z   = p ⊙ (∂/∂p - Σ_e p_e ∂/∂p_e)
 """
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import Tensor
@@ -47,7 +48,7 @@ def top_k_by_argmax(scores: Tensor, k: int) -> Tensor:
 
 
 def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
-                          gate_dtype: torch.dtype = torch.float32):
+                          gate_dtype: torch.dtype = torch.float32, running: Optional[Tensor] = None):
     """The op's outputs from PyTorch operations, differentiable by autograd (module
     docstring): gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
@@ -64,6 +65,8 @@ def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
     sums = torch.cat([(probs * a.unsqueeze(1)).sum(0), picks,
                       ((probs * torch.log(probs + EPS)).sum(1) * a).sum().unsqueeze(0),
                       a.sum().unsqueeze(0)])
+    if running is not None:
+        sums = running + sums
     return (gates.to(gate_dtype), routing.expert_idxs, routing.sorted_expert_idxs,
             routing.sorted_scattered_idxs, routing.expert_offsets.clone(), sums)
 
@@ -84,17 +87,17 @@ def route_top_k_backward_reference(logits: Tensor, active: Tensor, expert_idxs: 
 
 
 @torch.library.custom_op("sut::route_top_k", mutates_args=())
-def route_top_k_op(logits: Tensor, active: Tensor, k: int, gate_dtype: torch.dtype
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+def route_top_k_op(logits: Tensor, active: Tensor, k: int, gate_dtype: torch.dtype,
+                   running: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     if kernel_backend(logits) == "triton":
         from ..kernels.routing_triton import route_top_k
 
-        return route_top_k(logits.contiguous(), active.contiguous(), k, gate_dtype)
-    return route_top_k_reference(logits, active, k, gate_dtype)
+        return route_top_k(logits.contiguous(), active.contiguous(), k, gate_dtype, running)
+    return route_top_k_reference(logits, active, k, gate_dtype, running)
 
 
 @route_top_k_op.register_fake
-def _(logits, active, k, gate_dtype):
+def _(logits, active, k, gate_dtype, running):
     N, E = logits.shape
     index = dict(dtype=torch.long)
     values = dict(dtype=torch.promote_types(logits.dtype, torch.float32))
@@ -120,15 +123,17 @@ def _(logits, active, expert_idxs, grad_gates, grad_sums):
 
 
 def _setup_context(ctx, inputs, output):
-    logits, active, _, _ = inputs
+    logits, active, _, _, running = inputs
     ctx.save_for_backward(logits, active, output[1])
+    ctx.has_running = running is not None
 
 
 def _backward(ctx, grad_gates, *grads):
     # autograd hands over zeros (not None) for an output the loss did not use
     logits, active, expert_idxs = ctx.saved_tensors
-    grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grads[-1])
-    return grad, None, None, None
+    grad_sums = grads[-1]
+    grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grad_sums)
+    return grad, None, None, None, grad_sums if ctx.has_running else None
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)

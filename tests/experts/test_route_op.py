@@ -29,7 +29,7 @@ def test_backward_equals_autograd_through_the_reference(k):
     grads = []
     for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
         z = logits.clone().requires_grad_()
-        gates, *_, sums = fn(z, active, k, z.dtype)
+        gates, *_, sums = fn(z, active, k, z.dtype, None)
         ((gates * wg).sum() + (sums * ws).sum()).backward()
         grads.append(z.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
@@ -46,7 +46,7 @@ def test_a_loss_on_one_output_alone(part):
     grads = []
     for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
         z = logits.clone().requires_grad_()
-        gates, *_, sums = fn(z, active, 2, z.dtype)
+        gates, *_, sums = fn(z, active, 2, z.dtype, None)
         ((gates if part == "gates" else sums) * w).sum().backward()
         grads.append(z.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
@@ -58,7 +58,7 @@ def test_gradcheck(part):
     logits, active, _ = _case(N=5, E=4)
 
     def fn(z):
-        gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype)
+        gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype, None)
         return gates if part == "gates" else sums[:2 * 4 + 1]
 
     assert torch.autograd.gradcheck(fn, (logits.clone().requires_grad_(),))
@@ -70,7 +70,7 @@ def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
     the sums are those ``RouterStats.add`` accumulates from the distribution."""
     logits, active, _ = _case(N, E, dtype=torch.float32)
     gates, expert_idxs, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(
-        logits, active, k, torch.float32)
+        logits, active, k, torch.float32, None)
     probs = logits.softmax(1)
     top_idx = probs.topk(k, 1).indices
     assert torch.equal(expert_idxs, top_idx.masked_fill(~active.unsqueeze(1), E))
@@ -79,11 +79,9 @@ def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
     assert torch.equal(offsets, want.expert_offsets)
     top = probs.gather(1, top_idx)
     torch.testing.assert_close(gates, top / top.sum(1, keepdim=True) * active.unsqueeze(1))
-    stats, summed = RouterStats(E), RouterStats(E)
+    stats = RouterStats(E)
     stats.add(probs, top_idx, active)
-    summed.add_sums(sums)
-    for field in ("sum_probs", "assignments", "sum_neg_entropy", "count"):
-        torch.testing.assert_close(getattr(summed, field), getattr(stats, field), msg=field)
+    torch.testing.assert_close(sums, stats.sums)
 
 
 def test_a_vanishing_probability_keeps_the_statistics_finite():
@@ -92,7 +90,7 @@ def test_a_vanishing_probability_keeps_the_statistics_finite():
     logits, active, g = _case(N=4, E=3)
     logits[:, 2] = -40.0
     z = logits.clone().requires_grad_()
-    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype)
+    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype, None)
     (sums[:7] * torch.randn(7, generator=g, dtype=torch.float64)).sum().backward()
     assert torch.isfinite(sums).all() and torch.isfinite(z.grad).all()
     want = route_top_k_reference(logits, active, 2)[-1]
@@ -113,7 +111,7 @@ def test_bf16_logits_give_gates_in_the_asked_dtype_and_a_bf16_gradient():
     PyTorch path casts them), statistics in fp32, the logits' gradient in their dtype."""
     logits, active, _ = _case(N=6, E=4, dtype=torch.float32)
     z = logits.bfloat16().requires_grad_()
-    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, torch.bfloat16)
+    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, torch.bfloat16, None)
     assert gates.dtype == torch.bfloat16 and sums.dtype == torch.float32
     want = route_top_k_reference(logits.bfloat16(), active, 2)[0]
     assert want.dtype == torch.float32 and torch.equal(gates, want.bfloat16())
@@ -141,7 +139,7 @@ def test_traced_by_aot_autograd_as_eager():
     wg = torch.randn(12, 3, generator=g)
 
     def loss(z):
-        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, active, 3, z.dtype)
+        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, active, 3, z.dtype, None)
         return (gates * wg).sum() + sums[:6].pow(2).sum() + sums[12], experts, sorted_s, offsets
 
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
@@ -203,9 +201,9 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
 
     calls = []
 
-    def forward(logits, active, k, gate_dtype):
+    def forward(logits, active, k, gate_dtype, running):
         calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype))
-        return route_top_k_reference(logits, active, k, gate_dtype)
+        return route_top_k_reference(logits, active, k, gate_dtype, running)
 
     def backward(logits, active, expert_idxs, grad_gates, grad_sums):
         calls.append(tuple(t.is_contiguous() for t in (logits, active, grad_gates, grad_sums)))
@@ -219,13 +217,28 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
         monkeypatch.setattr(routing_triton, "route_top_k", forward)
         monkeypatch.setattr(routing_triton, "route_top_k_backward", backward)
         z = logits.t().contiguous().t().requires_grad_()  # column-major: the branch makes it contiguous
-        gates, *layout, sums = torch.ops.sut.route_top_k(z, active, 2, torch.float64)
+        running = torch.arange(12.0, dtype=torch.float64).requires_grad_()
+        gates, *layout, sums = torch.ops.sut.route_top_k(z, active, 2, torch.float64, running)
         ((gates * w).sum() + sums[:5].pow(2).sum() + sums[10]).backward()
-        out[backend] = (gates, layout, sums, z.grad)
+        out[backend] = (gates, layout, sums, z.grad, running.grad)
     assert calls == [(True, True, torch.float64), (True, True, True, True)]
-    (g1, l1, s1, d1), (g0, l0, s0, d0) = out["triton"], out["reference"]
+    (g1, l1, s1, d1, r1), (g0, l0, s0, d0, r0) = out["triton"], out["reference"]
+    torch.testing.assert_close(r1, r0)
     assert g1.dtype == torch.float64
     torch.testing.assert_close(g1, g0)
     assert all(torch.equal(a, b) for a, b in zip(l1, l0))
     torch.testing.assert_close(s1, s0)
     torch.testing.assert_close(d1, d0)
+
+
+def test_running_sums_are_added_and_get_the_sums_gradient():
+    """``running`` (the forward's earlier calls) is added to the call's sums, and its
+    gradient is the sums' gradient."""
+    logits, active, g = _case(N=6, E=3)
+    running = torch.randn(8, generator=g, dtype=torch.float64).requires_grad_()
+    alone = torch.ops.sut.route_top_k(logits, active, 2, logits.dtype, None)[-1]
+    added = torch.ops.sut.route_top_k(logits, active, 2, logits.dtype, running)[-1]
+    torch.testing.assert_close(added, alone + running)
+    w = torch.randn(8, generator=g, dtype=torch.float64)
+    (added * w).sum().backward()
+    torch.testing.assert_close(running.grad, w)

@@ -92,8 +92,8 @@ def test_stacked_losses_equal_each_routers_own():
         stacked = torch.cat([loss(g) for g in groups])
         assert torch.equal(stacked, torch.stack([loss(stats[i]) for i in order]))
         total = sum(loss(g).sum() for g in groups)
-        grads = torch.autograd.grad(total, [s.sum_probs for s in stats])
-        expect = torch.autograd.grad(sum(loss(s) for s in stats), [s.sum_probs for s in stats])
+        grads = torch.autograd.grad(total, [s.sums for s in stats])  # Σ g's part of each router's
+        expect = torch.autograd.grad(sum(loss(s) for s in stats), [s.sums for s in stats])
         for a, b in zip(grads, expect):
             torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
     assert loss(groups[0])[1].item() == 0.0  # the router that saw nothing
@@ -118,7 +118,7 @@ def test_auxiliary_terms_sum_the_routers_and_leave_out_weight_zero_router_terms(
     nan = torch.tensor(float("nan"), requires_grad=True)
     aux = AuxiliaryLosses(terms.mim, nan, act, {}).weighted(0.3, 0.1, 0.0)
     torch.testing.assert_close(aux, 0.3 * terms.mim + 0.1 * 4.0)
-    grad = torch.autograd.grad(aux, stats[0].sum_probs)[0]
+    grad = torch.autograd.grad(aux, stats[0].sums)[0][:3]  # the Σ g part (E = 3)
     assert torch.isfinite(grad).all() and grad.abs().sum() > 0
     aux = AuxiliaryLosses(nan, terms.switch, act, {}).weighted(0.0, 0.0, 0.2)
     torch.testing.assert_close(aux, 0.2 * terms.switch)

@@ -503,7 +503,7 @@ def test_router_on_its_kernels_makes_no_host_sync():
     active = torch.rand(4096, device="cuda") > 0.2
 
     def step():
-        gates, *_, sums = torch.ops.sut.route_top_k(logits, active, 4, torch.float32)
+        gates, *_, sums = torch.ops.sut.route_top_k(logits, active, 4, torch.float32, None)
         (gates.sum() + sums[:24].pow(2).sum()).backward()
 
     step()  # warm-up: compilation

@@ -26,14 +26,15 @@ def _case(N, E, seed=0, inactive="some"):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_kernels_equal_the_reference(N, E, k, inactive, dtype):
     """bf16 logits (a bf16 run's router output) are read as fp32 by both; the gates come
-    back in the logits' dtype (the expert layers' compute dtype)."""
+    back in the logits' dtype (the expert layers' compute dtype); running sums added."""
     from sut_fairseq.kernels.routing_triton import route_top_k
     from sut_fairseq.ops.route_op import route_top_k_reference
 
     logits, active = _case(N, E, inactive=inactive)
     logits = logits.to(dtype)
-    got = route_top_k(logits, active, k, gate_dtype=dtype)
-    want = route_top_k_reference(logits, active, k, gate_dtype=dtype)
+    running = torch.randn(2 * E + 2, generator=torch.Generator().manual_seed(9))
+    got = route_top_k(logits, active, k, gate_dtype=dtype, running=running)
+    want = route_top_k_reference(logits, active, k, gate_dtype=dtype, running=running)
     names = ["gates", "expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs",
              "expert_offsets", "sums"]
     for name, a, b in zip(names, got, want):
