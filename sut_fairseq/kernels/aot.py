@@ -58,15 +58,17 @@ USES = {
 
 
 @contextlib.contextmanager
-def record_launches():
-    """Collect ``(kernel, args)`` of every launch in the block instead of running it."""
+def record_launches(module=rlf):
+    """Collect ``(kernel, args)`` of every launch of ``module``'s kernels (a module with a
+    ``_launch_recorder``: the routed linear map's, ``cross_entropy``, ``routing_triton``)
+    in the block instead of running it."""
     launches = []
-    previous = rlf._launch_recorder
-    rlf._launch_recorder = lambda kernel, args: launches.append((kernel, dict(args)))
+    previous = module._launch_recorder
+    module._launch_recorder = lambda kernel, args: launches.append((kernel, dict(args)))
     try:
         yield launches
     finally:
-        rlf._launch_recorder = previous
+        module._launch_recorder = previous
 
 
 def shipped_launches(dtype: str, E: int = 24, d: int = 512, D: int = 512, k: int = 4,
@@ -250,14 +252,10 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
     meta = dict(device="meta")
     logits = torch.empty(N, V, dtype=DTYPES[dtype][0], **meta)
     row = torch.empty(N, dtype=torch.float32, **meta)
-    launches, previous = [], ce._launch_recorder
-    ce._launch_recorder = lambda kernel, args: launches.append((kernel, args))
-    try:
-        target = torch.empty(N, dtype=torch.long, **meta)
+    target = torch.empty(N, dtype=torch.long, **meta)
+    with record_launches(ce) as launches:
         lse, _, _ = ce.ce_forward(logits, target)
         ce.ce_backward(logits, lse, row, row, target, row)
-    finally:
-        ce._launch_recorder = previous
     return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]
 
 
@@ -267,15 +265,11 @@ def route_launches(dtype: str, E: int, k: int, N: int = 4096) -> List[Tuple[str,
     meta = dict(device="meta")
     logits = torch.empty(N, E, dtype=DTYPES[dtype][0], **meta)
     active = torch.empty(N, dtype=torch.bool, **meta)
-    launches, previous = [], routing_triton._launch_recorder
-    routing_triton._launch_recorder = lambda kernel, args: launches.append((kernel, args))
-    try:
-        running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
+    running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
+    with record_launches(routing_triton) as launches:
         _, expert_idxs, *_ = routing_triton.route_top_k(logits, active, k, logits.dtype, running)
         routing_triton.route_top_k_backward(logits, active, expert_idxs,
                                             torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))
-    finally:
-        routing_triton._launch_recorder = previous
     return [(f"route.{n}.E{E}k{k}", kernel, args)
             for n, (kernel, args) in zip(("rows", "sort", "bwd"), launches)]
 
