@@ -14,7 +14,6 @@ uniform routing for every token gives 0. The Switch-Transformer load-balancing l
 is the Table 2 "- MIM loss" ablation.
 """
 import contextlib
-from dataclasses import dataclass
 from typing import Dict, Iterator, List
 
 import torch
@@ -41,29 +40,14 @@ def switch_loss(stats: RouterStats) -> torch.Tensor:
     return stats.sum_probs.size(-1) * (fraction * stats.sum_probs / n.unsqueeze(-1)).sum(-1)
 
 
-@dataclass
-class StackedStats:
-    """The statistics of R routers with the same E, stacked: sum_probs (R, E),
-    sum_neg_entropy (R,), count (R,), assignments (R, E)."""
-
-    sum_probs: torch.Tensor
-    sum_neg_entropy: torch.Tensor
-    count: torch.Tensor
-    assignments: torch.Tensor
-
-
-def stack_stats(stats: List[RouterStats]) -> List[StackedStats]:
-    """One ``StackedStats`` per distinct expert count among ``stats``, so that the losses of
-    all routers take a few kernels, not a few per router."""
+def stack_stats(stats: List[RouterStats]) -> List[RouterStats]:
+    """One ``RouterStats`` per distinct expert count among ``stats``, its sums the routers'
+    stacked (R, 2 E + 2), so that the losses of all routers take a few kernels, not a few
+    per router."""
     groups: Dict[int, List[RouterStats]] = {}
     for s in stats:
         groups.setdefault(s.num_experts, []).append(s)
-    stacked = []
-    for E, group in groups.items():
-        sums = torch.stack([s.sums for s in group])  # (R, 2 E + 2), RouterStats' layout
-        stacked.append(StackedStats(sums[:, :E], sums[:, 2 * E], sums[:, 2 * E + 1].detach(),
-                                    sums[:, E:2 * E].detach()))
-    return stacked
+    return [RouterStats.of_sums(torch.stack([s.sums for s in group]), E) for E, group in groups.items()]
 
 
 @contextlib.contextmanager

@@ -17,17 +17,16 @@ from ..ops import Routing, make_routing
 from ..compiler import tracing
 from ..ops.masked_linear_op import masked_linear
 from ..ops.reference_linear import kernel_backend
-from ..ops.route_op import top_k_by_argmax
+from ..ops.route_op import EPS, routing_sums, top_k_by_argmax
 from ..ops.short_softmax import softmax_lastdim
 from .dropout import Dropout
-
-EPS = 1e-9
 
 
 class RouterStats:
     """Sums over the (position, step) pairs a router saw during one recorded forward, in
-    one vector ``sums`` (2 E + 2,) = [Σ_x g(·|x) (E) | top-k picks per expert (E) |
-    Σ_x Σ_e g log g | |X|], the layout ``sut::route_top_k`` adds to (``ops/route_op.py``)."""
+    one vector ``sums`` (..., 2 E + 2) = [Σ_x g(·|x) (E) | top-k picks per expert (E) |
+    Σ_x Σ_e g log g | |X|], the layout of ``route_op.routing_sums``, which
+    ``sut::route_top_k`` adds to (a leading dimension: ``stack_stats``' R routers)."""
 
     def __init__(self, num_experts: int, device=None, grad: bool = False):
         """Zeros on ``device`` (fixed attribute types for a compiled step). ``grad``: the
@@ -36,37 +35,38 @@ class RouterStats:
         self.num_experts = num_experts
         self.sums = torch.zeros(2 * num_experts + 2, device=device, requires_grad=grad)
 
+    @classmethod
+    def of_sums(cls, sums: torch.Tensor, num_experts: int) -> "RouterStats":
+        """Statistics over sums (..., 2 E + 2) already made (e.g. several routers' stacked)."""
+        stats = cls.__new__(cls)
+        stats.num_experts, stats.sums = num_experts, sums
+        return stats
+
     @property
     def sum_probs(self) -> torch.Tensor:
-        """(E,) Σ_x g(e|x)."""
-        return self.sums[:self.num_experts]
+        """(..., E) Σ_x g(e|x)."""
+        return self.sums[..., :self.num_experts]
 
     @property
     def assignments(self) -> torch.Tensor:
-        """(E,) top-k picks per expert (no gradient)."""
-        return self.sums[self.num_experts:2 * self.num_experts].detach()
+        """(..., E) top-k picks per expert (no gradient)."""
+        return self.sums[..., self.num_experts:2 * self.num_experts].detach()
 
     @property
     def sum_neg_entropy(self) -> torch.Tensor:
-        """() Σ_x Σ_e g(e|x) log g(e|x)."""
-        return self.sums[2 * self.num_experts]
+        """(...) Σ_x Σ_e g(e|x) log g(e|x)."""
+        return self.sums[..., 2 * self.num_experts]
 
     @property
     def count(self) -> torch.Tensor:
-        """() |X| (no gradient)."""
-        return self.sums[2 * self.num_experts + 1].detach()
+        """(...) |X| (no gradient)."""
+        return self.sums[..., 2 * self.num_experts + 1].detach()
 
     def add(self, probs: torch.Tensor, expert_idxs: torch.Tensor,
             active: Optional[torch.Tensor] = None):
         """probs: (N, E) fp32 router distributions of one call; expert_idxs: (N, k) their
         top-k picks; active: (N,) bool, the rows that count (None: all). No host sync."""
-        weight = probs.new_ones(probs.size(0)) if active is None else active.to(probs.dtype)
-        neg_ent_rows = (probs * torch.log(probs + EPS)).sum(1)
-        picks = probs.new_zeros(probs.size(1)).scatter_add_(
-            0, expert_idxs.reshape(-1), weight.repeat_interleave(expert_idxs.size(1)))
-        self.sums = self.sums + torch.cat([(probs * weight.unsqueeze(1)).sum(0), picks,
-                                           (neg_ent_rows * weight).sum().unsqueeze(0),
-                                           weight.sum().unsqueeze(0)])
+        self.sums = self.sums + routing_sums(probs, expert_idxs, active)
 
 
 class Router(nn.Module):

@@ -47,6 +47,17 @@ def top_k_by_argmax(scores: Tensor, k: int) -> Tensor:
     return torch.cat(picks, 1)
 
 
+def routing_sums(probs: Tensor, top_idx: Tensor, active: Optional[Tensor] = None) -> Tensor:
+    """The statistics of one router call (2 E + 2,) (module docstring) from its distribution
+    probs (N, E) fp32, its picks top_idx (N, k) and its active rows (N,) bool (None: all)."""
+    a = probs.new_ones(probs.size(0)) if active is None else active.to(probs.dtype)
+    picks = probs.new_zeros(probs.size(1)).scatter_add_(
+        0, top_idx.reshape(-1), a.repeat_interleave(top_idx.size(1)))
+    return torch.cat([(probs * a.unsqueeze(1)).sum(0), picks,
+                      ((probs * torch.log(probs + EPS)).sum(1) * a).sum().unsqueeze(0),
+                      a.sum().unsqueeze(0)])
+
+
 def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
                           gate_dtype: torch.dtype = torch.float32, running: Optional[Tensor] = None):
     """The op's outputs from PyTorch operations, differentiable by autograd (module
@@ -57,14 +68,9 @@ def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
     top_idx = top_k_by_argmax(probs, k)
     top = probs.gather(1, top_idx)
     keep = active.unsqueeze(1)
-    a = active.to(probs.dtype)
     gates = top / top.sum(1, keepdim=True).clamp_min(EPS) * keep
     routing = make_routing(top_idx.masked_fill(~keep, E), gates, E)
-    picks = torch.zeros(E + 1, dtype=probs.dtype, device=probs.device).scatter_add_(
-        0, routing.expert_idxs.reshape(-1), a.repeat_interleave(k))[:E]
-    sums = torch.cat([(probs * a.unsqueeze(1)).sum(0), picks,
-                      ((probs * torch.log(probs + EPS)).sum(1) * a).sum().unsqueeze(0),
-                      a.sum().unsqueeze(0)])
+    sums = routing_sums(probs, top_idx, active)
     if running is not None:
         sums = running + sums
     return (gates.to(gate_dtype), routing.expert_idxs, routing.sorted_expert_idxs,
