@@ -74,10 +74,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402
 
-from sut_fairseq.kernels import cross_entropy as ce  # noqa: E402
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
-from sut_fairseq.kernels import routed_linear_triton as rlf  # noqa: E402
-from sut_fairseq.kernels import routing_triton  # noqa: E402
+from sut_fairseq.kernels import launch  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
 from sut_fairseq.modules.recurrence import TensorLoop  # noqa: E402
 
@@ -304,26 +302,18 @@ class Recorder(TorchDispatchMode):
         self.kernels.append(Kernel(kind, name, launches, flops, nbytes, step, phase, region))
 
     def triton(self, kernel, args: dict):
-        """A routed-op Triton launch: FLOPs 2 M K N, bytes of x rows, weights and output rows."""
+        """A Triton launch: the routed ops' (FLOPs 2 M K N, bytes of x rows, weights and
+        output rows), or the loss's and the routers' (no tensor-core FLOPs; each of their
+        tensors read or written once: the logits, the gradient written, the per-row vectors)."""
+        if kernel not in gg.KERNELS:
+            nbytes = sum(_nbytes(t) for t in args.values() if isinstance(t, torch.Tensor))
+            self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, nbytes)
+            return
         M = args["sorted_scattered_idxs"].numel() if "M" not in args else args["M"]
         K, N, E = args["K"], args["N"], args["E"]
         size = args["X"].element_size()
         name = "_routed_gemm" if kernel is gg.routed_gemm_kernel else "_routed_wgrad"
         self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + E * K * N + M * N))
-
-    def cross_entropy(self, kernel, args: dict):
-        """A cross-entropy Triton launch: no tensor-core FLOPs; bytes of the logits read (and,
-        backward, the gradient written) and the per-row fp32 vectors."""
-        logits = args["Z"].numel() * args["Z"].element_size()
-        vectors = sum(_nbytes(t) for name, t in args.items()
-                      if isinstance(t, torch.Tensor) and name not in ("Z", "DZ"))
-        written = logits if kernel is ce.ce_backward_kernel else 0
-        self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, logits + written + vectors)
-
-    def route(self, kernel, args: dict):
-        """A router's Triton launch: each of its tensors read or written once."""
-        nbytes = sum(_nbytes(t) for t in args.values() if isinstance(t, torch.Tensor))
-        self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, nbytes)
 
     def key(self, t: torch.Tensor):
         """A tensor's storage: its address and the allocation count there."""
@@ -437,7 +427,7 @@ def cuda_code_path(recorder: Recorder):
     ``scaled_dot_product_attention`` recorded, and every backward's nodes hooked."""
     is_cuda, sdpa, backward = torch.Tensor.is_cuda, F.scaled_dot_product_attention, torch.Tensor.backward
     attend = flex_attention.attend
-    recorders_before = rlf._launch_recorder, ce._launch_recorder, routing_triton._launch_recorder
+    recorder_before = launch.recorder
 
     def attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kw):
         return _FusedAttention.apply(recorder, "sdpa", q, k, v, attn_mask)
@@ -454,15 +444,14 @@ def cuda_code_path(recorder: Recorder):
     F.scaled_dot_product_attention = attention
     flex_attention.attend = flex
     torch.Tensor.backward = hooked_backward
-    rlf._launch_recorder, ce._launch_recorder, routing_triton._launch_recorder = (
-        recorder.triton, recorder.cross_entropy, recorder.route)
+    launch.recorder = recorder.triton
     try:
         yield
     finally:
         torch.Tensor.is_cuda, F.scaled_dot_product_attention = is_cuda, sdpa
         flex_attention.attend = attend
         torch.Tensor.backward = backward
-        rlf._launch_recorder, ce._launch_recorder, routing_triton._launch_recorder = recorders_before
+        launch.recorder = recorder_before
 
 
 def to_meta(model: torch.nn.Module, dtype: torch.dtype) -> torch.nn.Module:

@@ -36,6 +36,7 @@ from triton.compiler import ASTSource
 
 from . import cross_entropy as ce
 from . import grouped_gemm as gg
+from . import launch
 from . import routed_linear_triton as rlf
 from . import routing_triton
 
@@ -58,17 +59,15 @@ USES = {
 
 
 @contextlib.contextmanager
-def record_launches(module=rlf):
-    """Collect ``(kernel, args)`` of every launch of ``module``'s kernels (a module with a
-    ``_launch_recorder``: the routed linear map's, ``cross_entropy``, ``routing_triton``)
-    in the block instead of running it."""
+def record_launches():
+    """Collect ``(kernel, args)`` of every kernel launch in the block instead of running it."""
     launches = []
-    previous = module._launch_recorder
-    module._launch_recorder = lambda kernel, args: launches.append((kernel, dict(args)))
+    previous = launch.recorder
+    launch.recorder = lambda kernel, args: launches.append((kernel, dict(args)))
     try:
         yield launches
     finally:
-        module._launch_recorder = previous
+        launch.recorder = previous
 
 
 def shipped_launches(dtype: str, E: int = 24, d: int = 512, D: int = 512, k: int = 4,
@@ -253,7 +252,7 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
     logits = torch.empty(N, V, dtype=DTYPES[dtype][0], **meta)
     row = torch.empty(N, dtype=torch.float32, **meta)
     target = torch.empty(N, dtype=torch.long, **meta)
-    with record_launches(ce) as launches:
+    with record_launches() as launches:
         lse, _, _ = ce.ce_forward(logits, target)
         ce.ce_backward(logits, lse, row, row, target, row)
     return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]
@@ -266,7 +265,7 @@ def route_launches(dtype: str, E: int, k: int, N: int = 4096) -> List[Tuple[str,
     logits = torch.empty(N, E, dtype=DTYPES[dtype][0], **meta)
     active = torch.empty(N, dtype=torch.bool, **meta)
     running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
-    with record_launches(routing_triton) as launches:
+    with record_launches() as launches:
         _, expert_idxs, *_ = routing_triton.route_top_k(logits, active, k, logits.dtype, running)
         routing_triton.route_top_k_backward(logits, active, expert_idxs,
                                             torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))

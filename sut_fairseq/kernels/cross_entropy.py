@@ -19,13 +19,11 @@ backward writes its gradient once, in the logits' dtype.
 CUDA tensors launch the compiled kernels; CPU tensors run them in Triton's interpreter
 (tests; needs ``TRITON_INTERPRET=1`` before ``triton`` is imported), as the routed kernels.
 """
-import functools
-
 import torch
-import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
+
+from . import launch
 
 #: columns per iteration on a GPU (fp32 registers: BLOCK_V / (32 * NUM_WARPS) per thread)
 BLOCK_V = 4096
@@ -78,24 +76,11 @@ ce_forward_kernel = JITFunction(_ce_forward)
 ce_backward_kernel = JITFunction(_ce_backward)
 KERNELS = (ce_forward_kernel, ce_backward_kernel)
 
-# Set by the GPU model (benchmarks/gpu_model.py) and ``aot.record_launches`` to collect
-# launches, e.g. on "meta" tensors, instead of running them.
-_launch_recorder = None
-
-
-@functools.lru_cache(maxsize=None)
-def interpreted(kernel):
-    return InterpretedFunction(kernel.fn)
-
-
 def _launch(kernel, rows: int, args: dict, device: torch.device) -> None:
-    if _launch_recorder is not None:
-        _launch_recorder(kernel, dict(args, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, rows=rows))
+    if launch.recorder is not None:
+        launch.recorder(kernel, dict(args, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS, rows=rows))
     elif device.type == "cpu":
-        if not isinstance(tl.sum, InterpretedFunction):
-            raise RuntimeError("the Triton kernels run on CPU tensors only in Triton's interpreter: "
-                               "set TRITON_INTERPRET=1 before triton is imported")
-        interpreted(kernel)[(rows,)](**args, BLOCK_V=INTERPRET_BLOCK_V)
+        launch.interpreted(kernel)[(rows,)](**args, BLOCK_V=INTERPRET_BLOCK_V)
     else:
         kernel[(rows,)](**args, BLOCK_V=BLOCK_V, num_warps=NUM_WARPS)
 

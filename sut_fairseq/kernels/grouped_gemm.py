@@ -36,10 +36,9 @@ Operands come in ``X``'s dtype (the compute dtype: the caller casts weights, e.g
 autocast dtype); products accumulate in fp32 and gates are applied in fp32.
 
 The kernels are built as plain ``JITFunction`` objects regardless of ``TRITON_INTERPRET``;
-``interpreted(kernel)`` gives the CPU-interpreter version (used for CPU tensors), so
+``launch.interpreted(kernel)`` gives the CPU-interpreter version (used for CPU tensors), so
 ahead-of-time compilation and interpretation both work in one process.
 """
-import functools
 import inspect
 
 import triton
@@ -330,35 +329,3 @@ def autotuned(kernel, fn=None, configs=None, **options):
 
 
 AUTOTUNED = {kernel: autotuned(kernel) for kernel in KERNELS}
-
-
-@functools.lru_cache(maxsize=None)
-def interpreted(kernel):
-    """The CPU-interpreter version of ``kernel``. The interpreter also needs
-    ``TRITON_INTERPRET=1`` set before ``triton`` was imported (see ``testing.py``)."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    _fix_interpreter_bf16_dot()
-    return InterpretedFunction(kernel.fn)
-
-
-@functools.lru_cache(maxsize=None)
-def _fix_interpreter_bf16_dot():
-    """Triton 3.9's interpreter keeps bf16 data as raw uint16 bits and ``tl.dot`` multiplies
-    those bits as integers; widen bf16 operands to fp32 first (exact)."""
-    import numpy as np
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    original = builder.create_dot
-
-    def widen(handle):
-        if handle.dtype == tl.bfloat16:
-            bits = handle.data.astype(np.uint32) << 16
-            return interpreter.TensorHandle(bits.view(np.float32), tl.float32)
-        return handle
-
-    def create_dot(self, a, b, d, *args, **kwargs):
-        return original(self, widen(a), widen(b), d, *args, **kwargs)
-
-    builder.create_dot = create_dot

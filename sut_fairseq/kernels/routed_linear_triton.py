@@ -37,10 +37,9 @@ from typing import Optional
 
 import torch
 import triton
-import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 
 from . import grouped_gemm as gg
+from . import launch
 
 
 def _no_autocast(device_type: str):
@@ -55,21 +54,14 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-# Set by ``aot.record_launches`` to collect launches (e.g. on "meta" tensors) instead.
-_launch_recorder = None
-
-
 def _launch(kernel, grid_fn, args: dict, device: torch.device) -> None:
-    """Launch ``kernel`` with keyword ``args``: autotuned on GPUs, interpreted on CPU."""
-    if _launch_recorder is not None:
-        _launch_recorder(kernel, args)
+    """Launch ``kernel`` with keyword ``args``: autotuned on GPUs, interpreted on CPU
+    (or recorded, ``launch.recorder``)."""
+    if launch.recorder is not None:
+        launch.recorder(kernel, args)
     elif device.type == "cpu":
-        if not isinstance(tl.sum, InterpretedFunction):
-            raise RuntimeError("the Triton kernels run on CPU tensors only in Triton's interpreter: "
-                               "set TRITON_INTERPRET=1 before triton is imported")
-        config = gg.INTERPRET_CONFIGS[kernel]
-        meta = dict(config.kwargs)
-        gg.interpreted(kernel)[grid_fn(meta)](**args, **meta)
+        meta = dict(gg.INTERPRET_CONFIGS[kernel].kwargs)
+        launch.interpreted(kernel)[grid_fn(meta)](**args, **meta)
     else:
         gg.AUTOTUNED[kernel][grid_fn](**args)
 

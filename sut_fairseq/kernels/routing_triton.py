@@ -26,14 +26,14 @@ For router logits z (N, E) fp32, active rows a (N,) bool and k picks, with the l
 CUDA tensors launch the compiled kernels; CPU tensors run them in Triton's interpreter
 (tests; ``TRITON_INTERPRET=1`` before ``triton`` is imported).
 """
-import functools
 from typing import Optional
 
 import torch
 import triton
 import triton.language as tl
-from triton.runtime.interpreter import InterpretedFunction
 from triton.runtime.jit import JITFunction
+
+from . import launch
 
 EPS = tl.constexpr(1e-9)  # the floor of the renormalisation and the log, as ``ops/route_op.py``
 BLOCK_N = 32    # rows per program on a GPU (the sort holds a (BLOCK_N k, E + 2) one-hot tile)
@@ -177,40 +177,23 @@ def _route_backward(LOGITS, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, N, E, st
 # Plain JITFunctions whatever TRITON_INTERPRET says (ahead-of-time builds need them); the
 # kernels' helper is one where they are compiled, and plain Python in the interpreter (which
 # runs the kernels as Python and cannot call a JITFunction).
-_softmax = _softmax_rows if isinstance(tl.sum, InterpretedFunction) else JITFunction(_softmax_rows)
+_softmax = _softmax_rows if launch.interpreting() else JITFunction(_softmax_rows)
 route_rows_kernel = JITFunction(_route_rows)
 route_sort_kernel = JITFunction(_route_sort)
 route_backward_kernel = JITFunction(_route_backward)
 KERNELS = (route_rows_kernel, route_sort_kernel, route_backward_kernel)
 
-# Set by the GPU model (benchmarks/gpu_model.py) and ``aot.route_launches`` to collect
-# launches, e.g. on "meta" tensors, instead of running them.
-_launch_recorder = None
-
-
-def interpreted(kernel):
-    return _interpreted(kernel.fn)  # keyed by the function: hashing a kernel hashes its source
-
-
-@functools.lru_cache(maxsize=None)
-def _interpreted(fn):
-    return InterpretedFunction(fn)
-
-
 def _launch(kernel, blocks: int, args: dict, device: torch.device) -> None:
-    if _launch_recorder is not None:
-        _launch_recorder(kernel, dict(args, num_warps=NUM_WARPS, blocks=blocks))
+    if launch.recorder is not None:
+        launch.recorder(kernel, dict(args, num_warps=NUM_WARPS, blocks=blocks))
     elif device.type == "cpu":
-        if not isinstance(tl.sum, InterpretedFunction):
-            raise RuntimeError("the Triton kernels run on CPU tensors only in Triton's interpreter: "
-                               "set TRITON_INTERPRET=1 before triton is imported")
-        interpreted(kernel)[(blocks,)](**args)
+        launch.interpreted(kernel)[(blocks,)](**args)
     else:
         kernel[(blocks,)](**args, num_warps=NUM_WARPS)
 
 
 def _shape(N: int, E: int, k: int, device: torch.device) -> dict:
-    block = INTERPRET_BLOCK_N if device.type == "cpu" and _launch_recorder is None else BLOCK_N
+    block = INTERPRET_BLOCK_N if device.type == "cpu" and launch.recorder is None else BLOCK_N
     return dict(K=k, K_POW2=triton.next_power_of_2(k), BINS=triton.next_power_of_2(E + 2),
                 BLOCK_N=block)
 

@@ -175,6 +175,7 @@ def test_autotuning_leaves_no_stale_gate_gradient_partials(monkeypatch):
     import triton
 
     import sut_fairseq.kernels.grouped_gemm as gg
+    from sut_fairseq.kernels import launch
     import sut_fairseq.kernels.routed_linear_triton as rlf
 
     narrow, wide = (triton.Config({"BLOCK_M": 16, "BLOCK_N": n, "BLOCK_K": 16, "GROUP_M": 2}) for n in (16, 32))
@@ -185,7 +186,7 @@ def test_autotuning_leaves_no_stale_gate_gradient_partials(monkeypatch):
         t = next(timings)
         return [t, t, t] if quantiles else t
 
-    tuned = {kernel: gg.autotuned(kernel, fn=gg.interpreted(kernel), configs=configs, do_bench=fake_bench)
+    tuned = {kernel: gg.autotuned(kernel, fn=launch.interpreted(kernel), configs=configs, do_bench=fake_bench)
              for kernel, configs in ((gg.routed_gemm_kernel, [narrow, wide]),
                                      (gg.routed_wgrad_kernel, [gg.INTERPRET_CONFIGS[gg.routed_wgrad_kernel]]))}
     monkeypatch.setattr(rlf, "_launch", lambda kernel, grid_fn, args, device: tuned[kernel][grid_fn](**args))
