@@ -81,7 +81,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, epsilon, ignore_index):
         acc = torch.promote_types(logits.dtype, torch.float32)  # fp64 stays (gradcheck)
-        N, V = logits.shape
+        V = logits.size(1)
         eps_i = epsilon / (V - 1)
         keep = target.ne(ignore_index)
         safe_target = target.masked_fill(~keep, 0)
