@@ -37,8 +37,9 @@ and a stated fusion model replaces inductor: GEMMs,
 attention, sorts and the custom ops stay extern kernels (as inductor keeps them); between
 two extern kernels of a region (scalar constants, ``CONSTANTS``, are literals there), the
 other operations fuse into one kernel per distinct
-iteration size (numel of the op's largest tensor), which reads the tensors made before
-the run and writes those read after it. Views cost nothing. Everything outside the
+iteration size (numel of the op's largest tensor; a sum over fewer than 8 elements per
+output, which inductor writes as pointwise code, at its output's size), which reads the
+tensors made before the run and writes those read after it. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
 steps) stays eager, but for the accumulation inside a loop region (``--compile-loop``):
 there every use of a shared parameter is in one graph, whose single-use adds inductor
@@ -140,6 +141,12 @@ ATTENTION_LAUNCHES = (1, 2)  # fused attention: forward, backward
 #: operations that make a constant: a fill kernel eager (``where(c, x, 0.0)`` makes its
 #: scalar on the device, as the backward of ``where`` does), a literal in inductor's code
 CONSTANTS = {"scalar_tensor"}
+#: reductions that inductor writes as pointwise code when the reduced extent is below
+#: ``torch._inductor.config.unroll_reductions_threshold`` (8): e.g. the sum over a token's
+#: k = 4 expert slots is then a pointwise kernel at its output's size, fusable with its
+#: neighbours
+REDUCTIONS = {"sum", "mean", "amax", "amin", "prod", "any", "all"}
+UNROLL_REDUCTIONS_BELOW = 8
 
 
 @dataclass
@@ -364,6 +371,9 @@ class Recorder(TorchDispatchMode):
         if not any(t.device.type == "meta" for t in outs + ins):
             return  # host work
         numel = max([t.numel() for t in outs + ins] + [0])
+        out_numels = tuple(t.numel() for t in outs)
+        if name in REDUCTIONS and outs and numel < UNROLL_REDUCTIONS_BELOW * max(out_numels):
+            numel = max(out_numels)  # unrolled: pointwise over the output
         if not name.endswith("_") and {self.key(o) for o in outs} & {self.key(i) for i in ins}:
             launches = 0  # a view or no-op of its input (reshape, .to, contiguous)
         elif name in FREE or numel == 0 or not outs and name not in GEMMS:
@@ -393,7 +403,6 @@ class Recorder(TorchDispatchMode):
         if name in GEMMS:
             gemm = gemm_dims(name, args)
             flops = 2.0 * math.prod(gemm)
-        out_numels = tuple(t.numel() for t in outs)
         if name == "native_layer_norm_backward":  # rows and columns
             out_numels += (numel // outs[0].size(-1),)
         self.kernels.append(Kernel(kind, name, launches, flops, nbytes, step, phase, region, gemm,

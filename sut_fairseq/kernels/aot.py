@@ -105,7 +105,9 @@ def _shipped_launches(dtype, E, d, D, k, N):
         layout = (routing, fan_out, kwargs.get("grouped_in", False), kwargs.get("grouped_out", False))
         with record_launches() as launches:  # the op's backend, forward and backward
             y = rlf.triton_forward(x, w, b, gates, *layout)
-            rlf.triton_backward(torch.empty_like(y), x, w, b, gates, *layout,
+            # the gated output's gradient as the op reads it: one row per token, k slots each
+            dout = y.new_empty(gates.size(0), y.size(1)) if gated else torch.empty_like(y)
+            rlf.triton_backward(dout, x, w, b, gates, *layout, dout_fan=k if gated else 1,
                                 needs=(True, True, has_bias, gated))
         names = ["fwd", "dx", "dw"]
         assert len(launches) == 3, launches

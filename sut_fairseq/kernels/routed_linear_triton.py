@@ -9,16 +9,16 @@ Passes (no device-to-host synchronisation in any of them):
 
 * forward: one ``routed_gemm_kernel`` launch writes ``y_s = g_s (x W_e + b_e)`` for every
   active slot (0 for a no-op slot) into an (M, out) buffer, sorted (``grouped_out``) or in slot order.
-  With gates, the k slots of a token are then summed by ``y.view(N, k, out).sum(1)``
-  (deterministic, no atomics; a token's slots lie in different experts' tiles).
+  With gates, the op sums a token's k slots outside (deterministic, no atomics; a token's
+  slots lie in different experts' tiles).
 * input gradient: ``routed_gemm_kernel`` again, reading ``dout`` in the forward output's
   row order, ``W_e`` transposed through its strides and scaling rows by the gate; it
-  writes the forward input's row order (token rows read by ``fan_out`` slots are summed
-  like the gated output).
+  writes the forward input's row order, or slot rows for token rows read by ``fan_out``
+  slots (which the op sums outside, like the gated output).
 * gate gradient: ``dg_s = dout_n . (x_s W_e + b_e) = x_s . (dout_n W_e^T) + dout_n . b_e``.
-  The first term is summed in the epilogue of the input-gradient kernel (per column tile,
-  then over tiles), the second in the same kernel's loop over dout's columns (column
-  tile 0); no (M, out) activation is saved.
+  The first term is summed in the epilogue of the input-gradient kernel (per column tile;
+  the op adds the tiles up outside), the second in the same kernel's loop over dout's
+  columns (column tile 0); no (M, out) activation is saved.
 * outputs are allocated uninitialised: the kernel writes every row, the no-op rows' zeros
   by the row tiles past the last expert's.
 * weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
@@ -147,7 +147,7 @@ def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, rou
     _launch(gg.routed_wgrad_kernel, grid, args, x.device)
 
 
-def _max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
+def max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
     """An upper bound on ``cdiv(n, BLOCK_N)`` for the gemm configuration that will run."""
     if device.type == "cpu":
         configs = [gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel]]
@@ -162,48 +162,42 @@ def _written_whole(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = Non
     return torch.empty(shape, dtype=dtype or like.dtype, device=like.device)
 
 
-def _sum_rows(rows: torch.Tensor, fan: int, num_rows: int) -> torch.Tensor:
-    """(M, W) slot rows -> (num_rows, W): row r sums slots r*fan .. r*fan+fan-1."""
-    M, W = rows.shape
-    out = rows if fan == 1 else rows.view(M // fan, fan, W).sum(1)
-    if out.size(0) < num_rows:
-        out = torch.cat([out, out.new_zeros(num_rows - out.size(0), W)], 0)
-    return out
-
-
 def triton_forward(x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
                    grouped_out: bool) -> torch.Tensor:
-    """The forward on the kernels (operands in the compute dtype; gates their own):
-    (M, out), or (N, out) with gates."""
-    M, N, k = routing.num_slots, routing.num_tokens, routing.k
-    out_dim = weight.size(2)
+    """The forward on the kernels (operands in the compute dtype; gates their own): (M, out)
+    rows, gate-weighted with gates."""
+    M, out_dim = routing.num_slots, weight.size(2)
     if M == 0:  # no tokens: nothing to launch
-        return x.new_zeros(N if gates is not None else 0, out_dim)
+        return x.new_zeros(0, out_dim)
     x = x.contiguous()
     gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
     y = _written_whole(x, (M, out_dim))  # the kernel writes the no-op rows' zeros
     with _no_autocast(x.device.type):
         routed_gemm(x, grouped_in, fan_out, weight, False, bias, y, grouped_out, gates_flat, routing)
-    return y.view(N, k, out_dim).sum(1) if gates is not None else y
+    return y
 
 
 def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
-                    grouped_out: bool, needs):
+                    grouped_out: bool, dout_fan: int, needs):
     """The gradients of ``triton_forward`` asked for by ``needs`` = (x, weight, bias, gates),
     None for the others (module docstring: the input gradient and the gate gradient in one
-    kernel, the weight and bias gradients in another)."""
-    M, N, k = routing.num_slots, routing.num_tokens, routing.k
+    kernel, the weight and bias gradients in another): the input gradient's rows (x's with
+    ``grouped_in``, else slot rows (M, in)), dW, db and the gate gradient's partial sums
+    (column tiles, M) fp32. ``dout``: sorted rows (``grouped_out``), slot rows, or token
+    rows read by ``dout_fan`` slots each."""
+    M = routing.num_slots
     need_x, need_w, need_b, need_g = needs
     gated = gates is not None
+    tiles = max_column_tiles(weight.size(1), x.dtype, x.device)
     if M == 0:
-        return (torch.zeros_like(x) if need_x else None, torch.zeros_like(weight) if need_w else None,
+        return (x.new_zeros(x.shape if grouped_in else (0, x.size(1))) if need_x else None,
+                torch.zeros_like(weight) if need_w else None,
                 torch.zeros_like(bias) if need_b and bias is not None else None,
-                torch.zeros_like(gates) if need_g and gated else None)
+                x.new_zeros(tiles, 0, dtype=torch.float32) if need_g and gated else None)
     x = x.contiguous()
     gates_flat = gates.reshape(-1).contiguous() if gated else None
     dout = dout.contiguous().to(x.dtype)
-    # Row order of dout = the forward output's: sorted, token rows (gated) or slot rows.
-    dy_grouped, dy_fan = grouped_out, (k if gated else 1)
+    dy_grouped, dy_fan = grouped_out, dout_fan
     dx = dw = db = dg = None
     need_g = need_g and gated
     with _no_autocast(x.device.type):
@@ -215,17 +209,14 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
                        _written_whole(x, x.shape if grouped_in else (M, in_dim)))
             partial = None
             if need_g:  # written whole by the kernel, zeros past its column tiles
-                partial = _written_whole(x, (_max_column_tiles(in_dim, x.dtype, x.device), M),
-                                         torch.float32)
+                partial = _written_whole(x, (tiles, M), torch.float32)
             # dg_s = Σ_tiles partial = x_s . (dout_n W_e^T) + dout_n . b_e (the bias term in
             # the kernel's K loop; 0 for a no-op slot)
             routed_gemm(dout, dy_grouped, dy_fan, weight, True, None, dx_rows, grouped_in,
                         gates_flat, routing, aux=x, aux_grouped=grouped_in, aux_fan=fan_out,
                         dg=partial, dg_bias=bias if need_g else None)
-            if need_x:
-                dx = dx_rows if grouped_in else _sum_rows(dx_rows, fan_out, x.size(0))
-            if need_g:
-                dg = partial.sum(0).view(N, k).to(gates.dtype)
+            dx = dx_rows if need_x else None
+            dg = partial
         if need_w or (need_b and bias is not None):
             dw = torch.empty_like(weight)
             db = torch.empty_like(bias) if bias is not None else None

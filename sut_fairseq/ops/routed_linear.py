@@ -12,11 +12,24 @@ each, M = N * k, see ``routing.py``):
 
 Everything data-dependent about routing happens inside the op, so ``torch.compile
 (fullgraph=True)`` traces the static-shaped graph around it whole; its gradient is the op
-``sut::routed_linear_backward`` -> (dx, dW, db, dg), empty tensors for those not needed.
+``sut::routed_linear_backward``, empty tensors for the gradients not needed.
 Backends: ``reference`` (``reference_linear.py``, reads the expert counts on the host) for
 CPU tensors, ``triton`` (``kernels/routed_linear_triton.py``, no host synchronisation) for
 CUDA tensors; ``SUT_KERNELS=reference|triton|auto`` forces one (``triton`` on CPU tensors
 needs ``TRITON_INTERPRET=1``).
+
+Where the sums over a token's slots happen depends on the backend (``sums_outside``):
+
+* ``reference``: inside the ops, as ``index_add_`` into token rows (the cheapest form on a
+  CPU): the op returns the gated sum (N, out), its backward dx in x's shape and dg (N, k);
+* ``triton``: outside them, in the traced graph, where a compiled step fuses them with
+  their neighbours (inductor writes a sum over fewer than 8 slots as pointwise code; in an
+  opaque op each sum was a kernel and a pass over (M, width) of its own): the op returns
+  gate-weighted slot rows (N, k, out) that ``routed_linear`` sums over k; its backward
+  reads that sum's gradient as one row per token (it arrives broadcast over the k slots)
+  and returns dx per slot (M, in), which the autograd formula sums over the ``fan_out``
+  slots reading one row, and dg as fp32 partial sums over the kernel's column tiles
+  (T, M), which the formula adds up and casts.
 """
 import functools
 from typing import Optional, Tuple
@@ -29,24 +42,35 @@ from .reference_linear import (_autocast_dtype, as_custom_op, kernel_backend, re
 from .routing import Routing
 
 
+def sums_outside(backend: str) -> bool:
+    """Whether ``backend`` leaves the sums over a token's slots to the traced graph around
+    the ops (module docstring)."""
+    return backend == "triton"
+
+
 def row_layout(routing: Routing, fan_out: int, grouped_in: bool, grouped_out: bool,
-               gates: Optional[Tensor]):
+               gates: Optional[Tensor], out_fan: int = 1):
     """Where each active sorted row r (A = expert_offsets[-1] of them) reads and writes:
-    (src (A,) rows of x, or None for row r itself; dst (A,) output rows, or None for row r
-    itself; row_gates (A,) or None; ends, the experts' end offsets as ints (one host read);
-    out_rows)."""
+    (src (A,) rows of x, or None for row r itself; dst (A,) rows of the output (forward)
+    or of its gradient (backward), ``out_fan`` consecutive slots sharing one (their rows
+    summed in the forward), or None for row r itself; row_gates (A,) or None; ends, the
+    experts' end offsets as ints (one host read))."""
     ends = tuple(routing.expert_offsets.tolist())
     active_slots = routing.sorted_scattered_idxs[: ends[-1]]
     src = None if grouped_in else active_slots // fan_out
-    row_gates = None
-    if grouped_out:  # sorted rows out, the no-op rows zero
-        dst, out_rows = None, routing.num_slots
-    elif gates is None:  # slot rows out
-        dst, out_rows = active_slots, routing.num_slots
-    else:  # Σ_j g_j y_j over each token's k slots
-        dst, out_rows = active_slots // routing.k, routing.num_tokens
-        row_gates = gates.reshape(-1).index_select(0, active_slots)
-    return src, dst, row_gates, ends, out_rows
+    dst = None if grouped_out else (active_slots if out_fan == 1 else active_slots // out_fan)
+    row_gates = None if gates is None else gates.reshape(-1).index_select(0, active_slots)
+    return src, dst, row_gates, ends
+
+
+def sum_rows(rows: Tensor, fan: int, num_rows: int) -> Tensor:
+    """(M, W) slot rows -> (num_rows, W): row r sums slots r*fan .. r*fan+fan-1 (zero rows
+    past M // fan)."""
+    M, W = rows.shape
+    out = rows if fan == 1 else rows.view(M // fan, fan, W).sum(1)
+    if out.size(0) < num_rows:
+        out = torch.cat([out, out.new_zeros(num_rows - out.size(0), W)], 0)
+    return out
 
 
 @torch.library.custom_op("sut::routed_linear", mutates_args=())
@@ -61,20 +85,25 @@ def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: O
 
 def _forward(x, weight, bias, gates, routing: Routing, fan_out: int, grouped_in: bool,
              grouped_out: bool, backend: str) -> Tensor:
-    """The op's body: the forward on ``backend``."""
+    """The op's body: the forward on ``backend``: (M, out); with gates (N, out) summed, or
+    (N, k, out) gate-weighted slot rows where the sums are outside."""
     if backend == "triton":
         from ..kernels.routed_linear_triton import triton_forward
 
-        return triton_forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
-    src, dst, row_gates, ends, out_rows = row_layout(routing, fan_out, grouped_in, grouped_out, gates)
-    return reference_forward(x, weight, bias, row_gates, src, dst, ends, out_rows)
+        y = triton_forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
+        return y if gates is None else y.view(routing.num_tokens, routing.k, -1)
+    k = 1 if gates is None else routing.k
+    src, dst, row_gates, ends = row_layout(routing, fan_out, grouped_in, grouped_out, gates, k)
+    return reference_forward(x, weight, bias, row_gates, src, dst, ends, routing.num_slots // k)
 
 
 @routed_linear_op.register_fake
 def _(x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
       expert_offsets, fan_out, grouped_in, grouped_out, backend):
-    rows = gates.size(0) if gates is not None else sorted_scattered_idxs.size(0)
-    return x.new_empty(rows, weight.size(2))
+    if gates is None:
+        return x.new_empty(sorted_scattered_idxs.size(0), weight.size(2))
+    slots = gates.shape if sums_outside(backend) else gates.shape[:1]
+    return x.new_empty(*slots, weight.size(2))
 
 
 @torch.library.custom_op("sut::routed_linear_backward", mutates_args=())
@@ -82,8 +111,12 @@ def routed_linear_backward_op(
         grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
         expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
         expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
-        need_x: bool, need_w: bool, need_b: bool, need_g: bool
+        dout_fan: int, need_x: bool, need_w: bool, need_b: bool, need_g: bool
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """grad: the output's gradient, (M, out) rows or one row per token (N, out) read by
+    its ``dout_fan`` = k slots. Returns (dx, dW, db, dg), empty tensors for those not asked
+    for; where the sums are outside (module docstring) dx is x's shape with ``grouped_in``,
+    else (M, in) slot rows, and dg (T, M) fp32 partial sums (T = ``max_column_tiles``)."""
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
     needs = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
@@ -91,9 +124,10 @@ def routed_linear_backward_op(
         from ..kernels.routed_linear_triton import triton_backward
 
         grads = triton_backward(grad, x, weight, bias, gates, routing, fan_out, grouped_in,
-                                grouped_out, needs)
+                                grouped_out, dout_fan, needs)
     else:
-        src, dst, row_gates, ends, _ = row_layout(routing, fan_out, grouped_in, grouped_out, gates)
+        src, dst, row_gates, ends = row_layout(routing, fan_out, grouped_in, grouped_out, gates,
+                                               dout_fan)
         *grads, grad_g = reference_backward(grad, x, weight, bias, row_gates, src, dst, ends, needs)
         if grad_g is not None:  # per active sorted row -> per slot (N, k)
             grad_g = gates.new_zeros(gates.numel()).index_copy(
@@ -104,10 +138,24 @@ def routed_linear_backward_op(
 
 @routed_linear_backward_op.register_fake
 def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-      expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g):
-    def like(t, needed):
-        return torch.empty_like(t) if (needed and t is not None) else x.new_empty(0)
-    return like(x, need_x), like(weight, need_w), like(bias, need_b), like(gates, need_g)
+      expert_offsets, fan_out, grouped_in, grouped_out, backend, dout_fan, need_x, need_w,
+      need_b, need_g):
+    outside = sums_outside(backend)
+    M = sorted_scattered_idxs.size(0)
+    dx = dg = x.new_empty(0)
+    if need_x:
+        dx = x.new_empty(M, x.size(1)) if outside and not grouped_in else torch.empty_like(x)
+    if need_g and gates is not None:
+        if outside:
+            from ..kernels.routed_linear_triton import max_column_tiles
+
+            dg = x.new_empty(max_column_tiles(weight.size(1), x.dtype, x.device), M,
+                             dtype=torch.float32)
+        else:
+            dg = torch.empty_like(gates)
+    dw = torch.empty_like(weight) if need_w else x.new_empty(0)
+    db = torch.empty_like(bias) if (need_b and bias is not None) else x.new_empty(0)
+    return dx, dw, db, dg
 
 
 def _setup_context(ctx, inputs, output):
@@ -116,9 +164,28 @@ def _setup_context(ctx, inputs, output):
 
 
 def _backward(ctx, grad):
+    """The op's gradient: ``sut::routed_linear_backward``, then the sums it leaves outside
+    (module docstring) in the traced graph."""
+    x, weight, bias, gates, expert_idxs = ctx.saved_tensors[:5]
+    fan_out, grouped_in, _, backend = ctx.layout
     needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
-    grads = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors, *ctx.layout, *needs)
-    return tuple(g if need else None for g, need in zip(grads, needs)) + (None,) * 8
+    k = expert_idxs.size(1)
+    if gates is None:
+        dout, dout_fan = grad, 1
+    elif grad.dim() == 2:  # the summed output's gradient, one row per token
+        dout, dout_fan = grad, k
+    elif grad.stride(1) == 0 or k == 1:  # the gradient of routed_linear's sum over the slots:
+        dout, dout_fan = grad.select(1, 0), k  # one row per token broadcast over them
+    else:
+        dout, dout_fan = grad.reshape(-1, grad.size(-1)), 1
+    dx, dw, db, dg = torch.ops.sut.routed_linear_backward(dout, *ctx.saved_tensors, *ctx.layout,
+                                                          dout_fan, *needs)
+    if sums_outside(backend):
+        if needs[0] and not grouped_in:
+            dx = sum_rows(dx, fan_out, x.size(0))
+        if needs[3]:
+            dg = dg.sum(0).view_as(gates).to(gates.dtype)
+    return tuple(g if need else None for g, need in zip((dx, dw, db, dg), needs)) + (None,) * 8
 
 
 routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
@@ -151,11 +218,15 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
     if not as_custom_op(x, weight, bias, gates):  # eager, no gradient (decoding)
-        return _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
-    return torch.ops.sut.routed_linear(
-        x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
-        routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in, grouped_out,
-        backend)
+        y = _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
+    else:
+        y = torch.ops.sut.routed_linear(
+            x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
+            routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in,
+            grouped_out, backend)
+    if gates is not None and sums_outside(backend):
+        y = y.sum(1)  # Σ_j g_j y_j over each token's k slots
+    return y
 
 
 #: the op on the PyTorch backend whatever the device (the oracle of the kernels' tests)

@@ -282,11 +282,12 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
 
     def forward(x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out):
         seen["forward"] = (routing_, fan_out, grouped_in, grouped_out)
-        return x_.new_zeros(N, OUT)
+        return x_.new_zeros(N * K, OUT)  # gate-weighted slot rows
 
-    def backward(dout, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out, needs):
-        seen["backward"] = (routing_, needs)
-        return x.new_ones(N, IN), weight.new_ones(E, IN, OUT), None, None
+    def backward(dout, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out,
+                 dout_fan, needs):
+        seen["backward"] = (routing_, needs, tuple(dout.shape), dout_fan)
+        return x.new_ones(N * K, IN), weight.new_ones(E, IN, OUT), None, None  # dx per slot
 
     monkeypatch.setattr(kernels, "triton_forward", forward)
     monkeypatch.setattr(kernels, "triton_backward", backward)
@@ -301,7 +302,9 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
             assert torch.equal(getattr(got, name), getattr(routing, name)), name
         assert torch.equal(got.gates, gate_in)
     assert seen["backward"][1] == (True, True, False, False)
-    assert torch.equal(x.grad, torch.ones(N, IN)) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
+    assert seen["backward"][2:] == ((N, OUT), K)  # the sum's gradient: one row per token, K slots
+    # the K slots' input gradients of a token summed outside the backend
+    assert torch.equal(x.grad, torch.full((N, IN), float(K))) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
 
 
 @pytest.mark.parametrize("needed", ["x", "weight", "bias", "gates"])
@@ -317,7 +320,7 @@ def test_the_reference_backward_computes_only_what_is_needed(needed):
     bias = torch.randn(E, OUT, generator=g, requires_grad=needed == "bias")
     gate_in = gates.float().requires_grad_(needed == "gates")
     # the backend's backward itself (inside the custom op a dispatch mode sees only the op)
-    src, dst, row_gates, ends, out_rows = row_layout(routing, K, False, False, gate_in)
+    src, dst, row_gates, ends = row_layout(routing, K, False, False, gate_in, out_fan=K)
     needs = tuple(t.requires_grad for t in (x, weight, bias, gate_in))
     with RecordDispatch() as rec:
         reference_backward(torch.ones(N, OUT), x, weight, bias, row_gates.detach(), src, dst, ends, needs)
@@ -414,3 +417,74 @@ def test_a_masked_linear_parameter_alone_needing_a_gradient_gets_it(operand):
     x = torch.randn(N, IN, dtype=torch.float64)
     masked_linear(x, linear, torch.tensor([True, False, True, True, False])).sum().backward()
     assert getattr(linear, operand).grad.abs().sum() > 0
+
+
+def _triton_stand_ins(kernels, seen):
+    """Plain PyTorch stand-ins for the Triton backend's two functions, with its contract
+    (``routed_linear_triton``): the forward's gate-weighted slot rows (M, out); the
+    backward's input gradient per slot (M, in) and the gate gradient as partial sums over
+    ``max_column_tiles`` column tiles (T, M) fp32 (the bias term in tile 0). Token rows with
+    gates only (fan_out = k, nothing grouped)."""
+
+    def forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out):
+        y = torch.zeros(routing.num_slots, weight.size(2), dtype=x.dtype)
+        for s, e in enumerate(routing.expert_idxs.reshape(-1).tolist()):
+            if e < routing.num_experts:
+                y[s] = gates.reshape(-1)[s] * (x[s // fan_out] @ weight[e] + bias[e])
+        return y
+
+    def backward(dout, x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out,
+                 dout_fan, needs):
+        seen.append((tuple(dout.shape), dout_fan))
+        M, T = routing.num_slots, kernels.max_column_tiles(weight.size(1), x.dtype, x.device)
+        dx, dw, db = torch.zeros(M, x.size(1)), torch.zeros_like(weight), torch.zeros_like(bias)
+        partial = torch.zeros(T, M)
+        for s, e in enumerate(routing.expert_idxs.reshape(-1).tolist()):
+            if e < routing.num_experts:
+                dy, xs, g = dout[s // dout_fan], x[s // fan_out], gates.reshape(-1)[s]
+                dx[s] = g * (dy @ weight[e].t())
+                dw[e] += torch.outer(xs, g * dy)
+                db[e] += g * dy
+                for t, cols in enumerate(torch.arange(x.size(1)).tensor_split(T)):
+                    partial[t, s] = xs[cols] @ (weight[e][cols] @ dy)
+                partial[0, s] += dy @ bias[e]
+        return dx, dw, db, partial
+
+    return forward, backward
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "aot_eager"])
+def test_on_the_triton_backend_the_slot_sums_are_left_to_the_traced_graph(compiled, monkeypatch):
+    """``SUT_KERNELS=triton`` (the backend's functions replaced by stand-ins with its
+    contract): the op returns gate-weighted slot rows and ``routed_linear`` sums them; the
+    backward op gets that sum's gradient as one row per token read by its k slots (not a
+    (M, out) copy, also when traced by AOT autograd), and the autograd formula sums the
+    slots' input gradients and the gate gradient's partial sums: outputs and every gradient
+    equal the CPU backend's, eager and compiled (``aot_eager``)."""
+    kernels = pytest.importorskip("sut_fairseq.kernels.routed_linear_triton")
+    routing, idx, gates = _routing(3)
+    seen = []
+    forward, backward = _triton_stand_ins(kernels, seen)
+    g = torch.Generator().manual_seed(8)
+    inputs = [torch.randn(N, IN, generator=g), torch.randn(E, IN, OUT, generator=g),
+              torch.randn(E, OUT, generator=g), gates.float()]
+    dy = torch.randn(N, OUT, generator=g)
+
+    def run(backend):
+        leaves = [t.clone().requires_grad_() for t in inputs]
+
+        def f(x, w, b, gate_in):
+            return routed_linear(x, w, b, routing, K, gates=gate_in, backend=backend)
+
+        y = (torch.compile(f, backend="aot_eager", fullgraph=True) if compiled else f)(*leaves)
+        y.backward(dy)
+        return [y] + [t.grad for t in leaves]
+
+    want = run("reference")
+    monkeypatch.setattr(kernels, "triton_forward", forward)
+    monkeypatch.setattr(kernels, "triton_backward", backward)
+    monkeypatch.setattr(kernels, "check_operands", lambda *args: None)
+    got = run("triton")
+    assert seen == [((N, OUT), K)]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -109,6 +109,27 @@ def test_a_router_is_two_triton_launches_forward_and_one_backward(compiled):
     assert not {"sort", "topk", "argmax"} & set(names), names
 
 
+def test_the_routed_ops_leave_their_slot_sums_to_the_compiled_graph():
+    """On the CUDA path the routed op's sums over a token's k slots (the gated output, the
+    input gradient of token rows, the gate gradient's column tiles) are outside the opaque
+    ops: a compiled step has no ``custom`` kernel left, and a sum over k < 8 slots is priced
+    as inductor writes it, pointwise at its output's size, so it joins a fused kernel."""
+    compiled = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
+    assert not [k for k in compiled if k.kind == "custom" and k.launches]
+    gpu_model.fuse, fuse = (lambda kernels: kernels), gpu_model.fuse
+    try:
+        raw = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
+    finally:
+        gpu_model.fuse = fuse
+    model = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0]
+    ffd = model.encoder.side.block.ffd
+    k, d = ffd.router.top_k, ffd.down.weight.size(2)
+    slot_sums = [r for r in raw if r.name == "sum" and r.region is not None and r.phase == "fwd"
+                 and r.out_numels == (4 * 8 * d,)]
+    assert slot_sums and k < gpu_model.UNROLL_REDUCTIONS_BELOW
+    assert all(r.numel == 4 * 8 * d for r in slot_sums)  # iterated at the output's size
+
+
 def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
     """``--compile-step``: the engine adds a shared parameter's gradient of every step
     after the first (an ``accum`` launch each); ``--compile-loop``: the sums are inside the

@@ -227,10 +227,10 @@ def test_outputs_are_written_whole(routing_name, monkeypatch):
     reference: the kernel writes the no-op rows' zeros and the unused partial rows."""
     import sut_fairseq.kernels.routed_linear_triton as rlf
 
-    tiles = rlf._max_column_tiles
+    tiles = rlf.max_column_tiles
     monkeypatch.setattr(rlf, "_written_whole", lambda like, shape, dtype=None: torch.full(
         shape, float("nan"), dtype=dtype or like.dtype, device=like.device))
-    monkeypatch.setattr(rlf, "_max_column_tiles", lambda n, dtype, device: tiles(n, dtype, device) + 2)
+    monkeypatch.setattr(rlf, "max_column_tiles", lambda n, dtype, device: tiles(n, dtype, device) + 2)
     for use in USES:
         x, w, b, routing, kwargs, gates, _ = _problem(routing_name, use)
         got = _run(_triton, x, w, b, routing, kwargs, gates)
@@ -249,7 +249,7 @@ def test_gate_gradient_bias_term_equals_the_old_matmul():
     got = _run(_triton, x, w, b, routing, kwargs, gates)[4]
     dout = torch.randn(routing.num_tokens, w.size(2), generator=torch.Generator().manual_seed(1))
     N, k, E, M = routing.num_tokens, routing.k, routing.num_experts, routing.num_slots
-    partial = torch.zeros(rlf._max_column_tiles(w.size(1), x.dtype, x.device), M)
+    partial = torch.zeros(rlf.max_column_tiles(w.size(1), x.dtype, x.device), M)
     rlf.routed_gemm(dout, False, k, w, True, None, torch.zeros(M, w.size(1)), True,
                     gates.reshape(-1), routing, aux=x, aux_grouped=True, dg=partial)
     per_expert = torch.cat([dout @ b.t(), torch.zeros(N, 1)], 1)  # (N, E + 1)
