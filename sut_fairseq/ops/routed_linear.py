@@ -111,15 +111,16 @@ def routed_linear_backward_op(
         grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
         expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
         expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
-        dout_fan: int, need_x: bool, need_w: bool, need_b: bool, need_g: bool
+        need_x: bool, need_w: bool, need_b: bool, need_g: bool
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """grad: the output's gradient, (M, out) rows or one row per token (N, out) read by
-    its ``dout_fan`` = k slots. Returns (dx, dW, db, dg), empty tensors for those not asked
+    its k slots. Returns (dx, dW, db, dg), empty tensors for those not asked
     for; where the sums are outside (module docstring) dx is x's shape with ``grouped_in``,
     else (M, in) slot rows, and dg (T, M) fp32 partial sums (T = ``max_column_tiles``)."""
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
     needs = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
+    dout_fan = routing.num_slots // grad.size(0) if grad.size(0) else 1  # token rows: k
     if backend == "triton":
         from ..kernels.routed_linear_triton import triton_backward
 
@@ -138,8 +139,7 @@ def routed_linear_backward_op(
 
 @routed_linear_backward_op.register_fake
 def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-      expert_offsets, fan_out, grouped_in, grouped_out, backend, dout_fan, need_x, need_w,
-      need_b, need_g):
+      expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g):
     outside = sums_outside(backend)
     M = sorted_scattered_idxs.size(0)
     dx = dg = x.new_empty(0)
@@ -169,17 +169,14 @@ def _backward(ctx, grad):
     x, weight, bias, gates, expert_idxs = ctx.saved_tensors[:5]
     fan_out, grouped_in, _, backend = ctx.layout
     needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
-    k = expert_idxs.size(1)
-    if gates is None:
-        dout, dout_fan = grad, 1
-    elif grad.dim() == 2:  # the summed output's gradient, one row per token
-        dout, dout_fan = grad, k
-    elif grad.stride(1) == 0 or k == 1:  # the gradient of routed_linear's sum over the slots:
-        dout, dout_fan = grad.select(1, 0), k  # one row per token broadcast over them
-    else:
-        dout, dout_fan = grad.reshape(-1, grad.size(-1)), 1
-    dx, dw, db, dg = torch.ops.sut.routed_linear_backward(dout, *ctx.saved_tensors, *ctx.layout,
-                                                          dout_fan, *needs)
+    # rows of the output's gradient: slot rows (M, out), or one row per token (N, out) that
+    # its k slots read: the summed output's, or with the sum outside the gradient of that
+    # sum, which arrives broadcast over the slots (stride 0)
+    if gates is not None and grad.dim() == 3:
+        token_rows = grad.stride(1) == 0 or expert_idxs.size(1) == 1
+        grad = grad.select(1, 0) if token_rows else grad.reshape(-1, grad.size(-1))
+    dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors, *ctx.layout,
+                                                          *needs)
     if sums_outside(backend):
         if needs[0] and not grouped_in:
             dx = sum_rows(dx, fan_out, x.size(0))
