@@ -39,7 +39,10 @@ two extern kernels of a region (scalar constants, ``CONSTANTS``, are literals th
 other operations fuse into one kernel per distinct
 iteration size (numel of the op's largest tensor; a sum over fewer than 8 elements per
 output, which inductor writes as pointwise code, at its output's size), which reads the
-tensors made before the run and writes those read after it. Views cost nothing. Everything outside the
+tensors made before the run and writes those read after it; an operation that repeats an
+earlier one of its region on the same values (AOT autograd's common-subexpression
+elimination of the joint graph: the masks each step of a compiled loop builds alike) is
+no kernel. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
 steps) stays eager, but for the accumulation inside a loop region (``--compile-loop``):
 there every use of a shared parameter is in one graph, whose single-use adds inductor
@@ -146,6 +149,11 @@ CONSTANTS = {"scalar_tensor"}
 #: k = 4 expert slots is then a pointwise kernel at its output's size, fusable with its
 #: neighbours
 REDUCTIONS = {"sum", "mean", "amax", "amin", "prod", "any", "all"}
+#: operations never merged with an identical earlier one (``Recorder.cse``): random ones,
+#: and the allocations whose contents a later kernel writes
+NEVER_CSE = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
+             "normal_", "uniform_", "exponential_", "native_dropout", "multinomial", "randperm",
+             "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 UNROLL_REDUCTIONS_BELOW = 8
 
 
@@ -261,6 +269,10 @@ class Recorder(TorchDispatchMode):
         self.loop_regions = set()  # regions that hold several steps (``--compile-loop``)
         self.loop_sums = set()     # storages of the gradient sums made in them
         self.generation = Counter()  # storage address -> allocations seen at it
+        # common-subexpression elimination inside a compiled region (``cse``)
+        self.values: Dict[tuple, int] = {}  # storage key -> number of the value it holds
+        self.computed: Dict[tuple, Tuple[int, ...]] = {}  # (region, operation) -> output values
+        self.value_count = itertools.count()
 
     # --- where an operation runs -------------------------------------------------------
     def seq(self) -> int:
@@ -312,6 +324,9 @@ class Recorder(TorchDispatchMode):
         """A Triton launch: the routed ops' (FLOPs 2 M K N, bytes of x rows, weights and
         output rows), or the loss's and the routers' (no tensor-core FLOPs; each of their
         tensors read or written once: the logits, the gradient written, the per-row vectors)."""
+        for t in args.values():  # a kernel may write any tensor it is given
+            if isinstance(t, torch.Tensor):
+                self.values[self.key(t)] = next(self.value_count)
         if kernel not in gg.KERNELS:
             nbytes = sum(_nbytes(t) for t in args.values() if isinstance(t, torch.Tensor))
             self.add_synthetic("triton", kernel.fn.__name__, 1, 0.0, nbytes)
@@ -326,6 +341,36 @@ class Recorder(TorchDispatchMode):
         """A tensor's storage: its address and the allocation count there."""
         address = t.untyped_storage()._cdata
         return address, self.generation[address]
+
+    def cse(self, name: str, region: Optional[int], args, kwargs, outs, ins) -> bool:
+        """Whether this operation repeats one of its compiled region's (AOT autograd removes
+        such a repeat from the joint graph, ``fx_graph_cse``: the masks and relative-position
+        indices every step of a compiled loop builds alike): the same operation on the same
+        values (numbered by storage, with their shapes, strides and offsets) and the same
+        other arguments. Its outputs then hold the earlier outputs' values. Random and
+        ``empty`` operations and those inside custom ops are never repeats."""
+        def described(a):
+            if isinstance(a, torch.Tensor):
+                key = self.key(a)
+                if key not in self.values:
+                    self.values[key] = next(self.value_count)
+                return (self.values[key], tuple(a.shape), a.stride(), a.storage_offset(), a.dtype)
+            return repr(a)
+
+        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+        signature = (region, name, tuple(described(a) for a in flat))
+        reuse = (region is not None and not self.custom and name not in NEVER_CSE
+                 and "out" not in kwargs and signature in self.computed)
+        values = (self.computed[signature] if reuse
+                  else tuple(next(self.value_count) for _ in outs))
+        if region is not None and not reuse:
+            self.computed[signature] = values
+        inputs = {self.key(t) for t in ins}
+        writes = name.endswith("_") or "out" in kwargs
+        for t, value in zip(outs, values):
+            if writes or self.key(t) not in inputs:  # a view keeps its values
+                self.values[self.key(t)] = value
+        return reuse
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -395,6 +440,8 @@ class Recorder(TorchDispatchMode):
             region = None
         fresh = {t.untyped_storage()._cdata for t in outs} - {t.untyped_storage()._cdata for t in ins}
         self.generation.update(fresh)  # new storages (an address may be reused after a free)
+        if self.cse(name, region, args, kwargs, outs, ins):
+            launches, reads = 0, ()  # computed before in this graph
         writes = tuple({self.key(t): _nbytes(t) for t in outs}.items())
         if in_loop:
             self.loop_sums.update(key for key, _ in writes)

@@ -116,11 +116,7 @@ def test_the_routed_ops_leave_their_slot_sums_to_the_compiled_graph():
     as inductor writes it, pointwise at its output's size, so it joins a fused kernel."""
     compiled = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
     assert not [k for k in compiled if k.kind == "custom" and k.launches]
-    gpu_model.fuse, fuse = (lambda kernels: kernels), gpu_model.fuse
-    try:
-        raw = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
-    finally:
-        gpu_model.fuse = fuse
+    raw = _unfused("sut_tiny")
     model = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0]
     ffd = model.encoder.side.block.ffd
     k, d = ffd.router.top_k, ffd.down.weight.size(2)
@@ -128,6 +124,35 @@ def test_the_routed_ops_leave_their_slot_sums_to_the_compiled_graph():
                  and r.out_numels == (4 * 8 * d,)]
     assert slot_sums and k < gpu_model.UNROLL_REDUCTIONS_BELOW
     assert all(r.numel == 4 * 8 * d for r in slot_sums)  # iterated at the output's size
+
+
+def _unfused(arch):
+    """The recorded kernels of ``arch``'s compiled step before the fusion model."""
+    fuse, gpu_model.fuse = gpu_model.fuse, (lambda kernels: kernels)
+    try:
+        return gpu_model.record_step(arch, True, 4, 8, 200)
+    finally:
+        gpu_model.fuse = fuse
+
+
+def test_a_compiled_loop_builds_what_every_step_builds_alike_once():
+    """AOT autograd removes repeated subexpressions from a compiled region's joint graph:
+    in a compiled loop the relative-position indices (``arange`` of the query and key
+    positions) that every step builds alike are kernels of the first step only, while each
+    step's dropout masks (random) stay kernels of their own; the eager step keeps all."""
+    loop, eager = _unfused("sut_tiny+loop"), gpu_model.record_step("sut_tiny", False, 4, 8, 200)
+
+    def counts(kernels, name):
+        found = [k for k in kernels if k.name == name and k.phase == "fwd" and k.step]
+        return len(found), sum(1 for k in found if k.launches)
+
+    runs, launched = counts(loop, "arange")
+    assert runs > 2 and 0 < launched < runs
+    assert counts(eager, "arange") == (runs, runs)
+    steps_with_arange = {k.step for k in loop if k.name == "arange" and k.launches and k.step}
+    assert steps_with_arange <= {"enc1", "dec1"}, steps_with_arange
+    runs, launched = counts(loop, "bernoulli_")
+    assert runs > 0 and launched == runs
 
 
 def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
