@@ -341,16 +341,26 @@ class TensorLoop(nn.Module):
     """All L steps of a side as one function (``--compile-loop``), with no host read between
     steps: ``TensorStep`` L times. Exact: once no position runs a step changes nothing (every
     state keeps its value where ``running`` is false, α = 0 there), so it returns what the
-    early-exiting loop returns. Inputs: ``TensorStep``'s for step 1, with ``te_table`` (L, d)
-    for ``te``. Returns S_L, steps, c, log_remain, weighted_sum and the α of steps 2..L."""
+    early-exiting loop returns. Inputs: ``TensorStep``'s for step 1 but the halting state
+    and the carried keys/values, which the loop begins itself (in its graph: no zero-fill
+    launches of their own), with ``te_table`` (L, d) for ``te``. Returns S_L, steps, c,
+    log_remain, weighted_sum, the α of steps 2..L and the rule's ``finish`` in the same
+    graph: the halting weights (B, T, L) and expected depth (B, T)."""
 
     def __init__(self, step: TensorStep, max_steps: int):
         super().__init__()
         self.step, self.max_steps = step, max_steps
 
-    def forward(self, h, S, running, real, c, log_remain, weighted_sum, steps, self_padding_mask,
-                threshold=None, changed=None, k_rows=None, v_rows=None, te_table=None,
+    def forward(self, h, S, running, real, self_padding_mask, threshold=None, te_table=None,
                 **block_inputs):
+        step = self.step.step
+        state = step.halting.begin(h, real)
+        c, log_remain, weighted_sum, steps = state.c, state.log_remain, state.weighted_sum, state.steps
+        changed = k_rows = v_rows = None
+        if step.carries_kv:  # step 1 projects every row
+            attn = step.blocks[0].self_attn
+            k_rows = v_rows = h.new_zeros(*h.shape[:2], attn.num_heads * attn.head_dim)
+            changed = torch.ones_like(real)
         alphas = []
         for l in range(1, self.max_steps + 1):
             te = None if te_table is None else te_table[l - 1]
@@ -362,7 +372,10 @@ class TensorLoop(nn.Module):
                 running, (c, log_remain, weighted_sum) = running_next, decision
                 if alpha is not None:
                     alphas.append(alpha)
-        return S, steps, c, log_remain, weighted_sum, tuple(alphas)
+        state = HaltingState.from_tensors(real, c, log_remain, weighted_sum, h, steps)
+        state.alphas = alphas
+        result = step.halting.finish(state, self.max_steps)
+        return S, steps, c, log_remain, weighted_sum, tuple(alphas), result.weights, result.expected_depth
 
 
 def unsupported(args, prefix: str) -> List[str]:
@@ -403,20 +416,20 @@ class SideRecurrence:
         halting). Returns S_L (B, T, d), the HaltingResult and the final HaltingState."""
         rule = self.step.halting if rule is None else rule
         max_steps = self.num_steps
-        state = rule.begin(h0, inputs.real, prefix_in)
         full = inputs.cache is NO_CACHE
+        compiles = full and rule is self.step.halting and compiled is not None
+        if compiles and isinstance(compiled.step, TensorLoop) and compiled.usable(h0.device):
+            try:
+                return self._run_loop(compiled, h0, inputs, rule, max_steps)
+            except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
+                if not compiler.is_compiler_error(error):
+                    raise
+                compiled.disable(error)
+        state = rule.begin(h0, inputs.real, prefix_in)
         carry = KeyValueCarry() if full and self.step.carries_kv else None
         call = self.step
-        if full and rule is self.step.halting and compiled is not None and compiled.usable(h0.device):
-            if not isinstance(compiled.step, TensorLoop):
-                call = CompiledCall(compiled, rule)
-            else:
-                try:
-                    return self._run_loop(compiled, h0, state, carry, inputs, rule, max_steps)
-                except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
-                    if not compiler.is_compiler_error(error):
-                        raise
-                    compiled.disable(error)
+        if compiles and not isinstance(compiled.step, TensorLoop) and compiled.usable(h0.device):
+            call = CompiledCall(compiled, rule)
         h, S, running = h0, h0, inputs.real
         for l in range(1, max_steps + 1):
             if l > 1 and not bool(running.any()):  # the one host read of a step
@@ -435,16 +448,19 @@ class SideRecurrence:
                 h, S, running = call(*args)
         return S, rule.finish(state, max_steps), state
 
-    def _run_loop(self, compiled, h0, state, carry, inputs, rule, max_steps):
+    def _run_loop(self, compiled, h0, inputs, rule, max_steps):
         """``--compile-loop``: all steps in one call, no host read."""
         if compiled.step.max_steps != max_steps:
             raise ValueError(f"the compiled loop runs {compiled.step.max_steps} steps, not {max_steps}")
-        tensors = CompiledCall(compiled, rule).tensors(h0, h0, inputs.real, state, carry, inputs)
-        del tensors["te"]
-        S, state.steps, state.c, state.log_remain, state.weighted_sum, alphas = compiled(
-            **tensors, te_table=inputs.te_table)
-        state.alphas.extend(alphas)
-        return S, rule.finish(state, max_steps), state
+        S, steps, c, log_remain, weighted_sum, alphas, weights, depth = compiled(
+            h=h0, S=h0, running=inputs.real, real=inputs.real,
+            self_padding_mask=inputs.self_padding_mask,
+            threshold=CompiledCall(compiled, rule).threshold_tensor(h0), te_table=inputs.te_table,
+            coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+            cross_padding_mask=inputs.cross_padding_mask)
+        state = HaltingState.from_tensors(inputs.real, c, log_remain, weighted_sum, S, steps)
+        state.alphas = list(alphas)
+        return S, HaltingResult(weights, depth, steps, inputs.real, max_steps), state
 
 
 class CompiledCall:
@@ -457,9 +473,13 @@ class CompiledCall:
         # α_thresh: a 0-d tensor at the first call (an input of the graph, not a constant)
         self.threshold = rule.threshold
 
-    def tensors(self, h, S, running, state, carry, inputs, te=None) -> dict:
+    def threshold_tensor(self, like: torch.Tensor) -> Optional[torch.Tensor]:
+        """α_thresh as a 0-d tensor on ``like``'s device (None for the rule ``none``)."""
         if self.threshold is not None and not torch.is_tensor(self.threshold):
-            self.threshold = torch.tensor(float(self.threshold), device=h.device)
+            self.threshold = torch.tensor(float(self.threshold), device=like.device)
+        return self.threshold
+
+    def tensors(self, h, S, running, state, carry, inputs, te=None) -> dict:
         kv = {}
         if carry is not None:
             if carry.changed is None:  # step 1 projects every row
@@ -470,7 +490,7 @@ class CompiledCall:
                 kv = dict(changed=carry.changed, k_rows=carry.k_rows, v_rows=carry.v_rows)
         return dict(h=h, S=S, running=running, real=state.real, c=state.c,
                     log_remain=state.log_remain, weighted_sum=state.weighted_sum, steps=state.steps,
-                    self_padding_mask=inputs.self_padding_mask, threshold=self.threshold, **kv,
+                    self_padding_mask=inputs.self_padding_mask, threshold=self.threshold_tensor(h), **kv,
                     te=te, coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
                     cross_padding_mask=inputs.cross_padding_mask)
 

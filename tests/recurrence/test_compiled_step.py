@@ -155,9 +155,12 @@ def test_the_step_decides_with_its_threshold_input(rule, loop):
         side.halting.threshold = 1.3 - given  # the attribute says otherwise
         h0, real, state, rows = _first_step_inputs(side, seed=2)
         with torch.no_grad():
-            out = step(h0, h0.clone(), real, real, state.c, state.log_remain, state.weighted_sum,
-                       state.steps, ~real, threshold=torch.tensor(given), changed=real,
-                       k_rows=rows, v_rows=rows.clone())
+            if loop:  # the loop begins the halting state and the carried keys itself
+                out = step(h0, h0.clone(), real, real, ~real, threshold=torch.tensor(given))
+            else:
+                out = step(h0, h0.clone(), real, real, state.c, state.log_remain,
+                           state.weighted_sum, state.steps, ~real, threshold=torch.tensor(given),
+                           changed=real, k_rows=rows, v_rows=rows.clone())
         if loop:  # (S, steps, c, ...): c after the first step's decision, steps 1 or 2
             running_next, c = out[1].eq(2), out[2]
             assert torch.equal(out[1], real.long() + running_next.long())
