@@ -91,7 +91,7 @@ def _forward(x, weight, bias, gates, routing: Routing, fan_out: int, grouped_in:
         from ..kernels.routed_linear_triton import triton_forward
 
         y = triton_forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out)
-        return y if gates is None else y.view(routing.num_tokens, routing.k, -1)
+        return y if gates is None else y.view(routing.num_tokens, routing.k, weight.size(2))
     k = 1 if gates is None else routing.k
     src, dst, row_gates, ends = row_layout(routing, fan_out, grouped_in, grouped_out, gates, k)
     return reference_forward(x, weight, bias, row_gates, src, dst, ends, routing.num_slots // k)

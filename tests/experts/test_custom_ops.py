@@ -488,3 +488,21 @@ def test_on_the_triton_backend_the_slot_sums_are_left_to_the_traced_graph(compil
     assert seen == [((N, OUT), K)]
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_on_the_triton_backend_no_tokens_launch_nothing_and_give_empty_results(monkeypatch):
+    """Zero tokens on the Triton backend (no kernel runs, so none is needed here): the gated
+    output is (0, out), the slot rows (0, out), and every gradient has its operand's shape."""
+    pytest.importorskip("sut_fairseq.kernels.routed_linear_triton")
+    monkeypatch.setenv("SUT_KERNELS", "triton")
+    routing = make_routing(torch.zeros(0, K, dtype=torch.long), torch.zeros(0, K), E)
+    x = torch.zeros(0, IN, requires_grad=True)
+    weight = torch.randn(E, IN, OUT, requires_grad=True)
+    bias = torch.randn(E, OUT, requires_grad=True)
+    gates = torch.zeros(0, K, requires_grad=True)
+    y = routed_linear(x, weight, bias, routing, K, gates=gates)
+    slots = routed_linear(x, weight, bias, routing, K)
+    assert y.shape == (0, OUT) and slots.shape == (0, OUT)
+    (y.sum() + slots.sum()).backward()
+    assert x.grad.shape == (0, IN) and gates.grad.shape == (0, K)
+    assert weight.grad.abs().sum() == 0 and bias.grad.abs().sum() == 0
