@@ -38,7 +38,7 @@ attention, sorts and the custom ops stay extern kernels (as inductor keeps them)
 two extern kernels of a region (scalar constants, ``CONSTANTS``, are literals there), the
 other operations fuse into one kernel per distinct
 iteration size (numel of the op's largest tensor; a sum over fewer than 8 elements per
-output, which inductor writes as pointwise code, at its output's size), which reads the
+output and a gather, which inductor writes as pointwise code, at their output's size), which reads the
 tensors made before the run and writes those read after it; an operation that repeats an
 earlier one of its region on the same values (AOT autograd's common-subexpression
 elimination of the joint graph: the masks each step of a compiled loop builds alike) is
@@ -155,6 +155,9 @@ NEVER_CSE = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_lik
              "normal_", "uniform_", "exponential_", "native_dropout", "multinomial", "randperm",
              "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
 UNROLL_REDUCTIONS_BELOW = 8
+#: gathers that inductor writes as pointwise code over their output (an indirect load per
+#: element), whatever the size of the tensor they read from
+INDEXING = {"gather", "index_select", "index", "embedding"}
 
 
 @dataclass
@@ -419,6 +422,8 @@ class Recorder(TorchDispatchMode):
         out_numels = tuple(t.numel() for t in outs)
         if name in REDUCTIONS and outs and numel < UNROLL_REDUCTIONS_BELOW * max(out_numels):
             numel = max(out_numels)  # unrolled: pointwise over the output
+        elif name in INDEXING and outs:
+            numel = max(out_numels)  # pointwise over the output
         if not name.endswith("_") and {self.key(o) for o in outs} & {self.key(i) for i in ins}:
             launches = 0  # a view or no-op of its input (reshape, .to, contiguous)
         elif name in FREE or numel == 0 or not outs and name not in GEMMS:

@@ -135,6 +135,16 @@ def _unfused(arch):
         gpu_model.fuse = fuse
 
 
+def test_a_gather_is_priced_at_its_output_size():
+    """Inductor writes ``gather`` as pointwise code over its output (an indirect load per
+    element): the model iterates it at its output's size, so the clipped relative term's
+    gather (from q·r over the offsets, larger than its output) fuses with the bias it feeds."""
+    gathers = [k for k in _unfused("sut_tiny") if k.name == "gather" and k.phase == "fwd" and k.step]
+    assert gathers
+    for k in gathers:
+        assert k.numel == max(k.out_numels)
+
+
 def test_a_compiled_loop_builds_what_every_step_builds_alike_once():
     """AOT autograd removes repeated subexpressions from a compiled region's joint graph:
     in a compiled loop the relative-position indices (``arange`` of the query and key
