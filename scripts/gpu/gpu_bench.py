@@ -14,9 +14,12 @@
    WMT-shaped synthetic sentences: sentences/s of sut_base and transformer_wmt_en_de, eager
    then compiled);
 5. only when named: ``train-loop`` (``train_step.py ... --arch sut_base+loop
-   transformer_wmt_en_de --compile``: all steps of a side one compiled graph) and
+   transformer_wmt_en_de --compile``: all steps of a side one compiled graph),
    ``train-graphs`` (``--arch sut_base+loop+graphs transformer_wmt_en_de+graphs
-   --compile``: both models in torch.compile's mode reduce-overhead, CUDA graphs).
+   --compile``: both models in torch.compile's mode reduce-overhead, CUDA graphs) and
+   ``model`` (``benchmarks/gpu_model.py``, the CPU model of the GPU step, eager,
+   ``--compile-step`` and ``--compile-loop``, for the node's GPU: its predicted launches
+   and device time beside the profiled steps of the same call).
 
 1 and 2 always run; 3 and 4 start when their estimate fits the time left (always on a warm
 node, where the package is already importable; not after a fresh install) and, once
@@ -83,8 +86,13 @@ BENCH_TRAIN_LOOP_ESTIMATE_S = 330
 #: minute, the recording of each graph a few steps.
 BENCH_TRAIN_GRAPHS_ESTIMATE_S = 360
 
+#: gpu_model.py (on the node's CPU: no GPU work): three runs of about 10 s, eager,
+#: --compile-step and --compile-loop, each sut_base and the transformer at 4,096 tokens;
+#: run only when SUT_BENCH_STEPS names it (beside the steps whose profiles it predicts)
+BENCH_MODEL_ESTIMATE_S = 45
+
 #: SUT_BENCH_STEPS keys that run only when named
-NAMED_ONLY = ("train-loop", "train-graphs")
+NAMED_ONLY = ("train-loop", "train-graphs", "model")
 
 #: The stage's steps in order: SUT_BENCH_STEPS key -> (step name, GPU estimate s, run
 #: without SUT_BENCH_STEPS whatever the time left; NAMED_ONLY: not without it). On a warm node all four fit the
@@ -96,7 +104,8 @@ BENCH_STEPS = {"moe": ("moe_gpu.py", BENCH_MOE_ESTIMATE_S, True),
                "train-16k": ("train_step.py large batch", BENCH_TRAIN_STEP_16K_ESTIMATE_S, False),
                "generate": ("generate_throughput.py", BENCH_GENERATE_ESTIMATE_S, False),
                "train-loop": ("train_step.py --compile-loop", BENCH_TRAIN_LOOP_ESTIMATE_S, False),
-               "train-graphs": ("train_step.py CUDA graphs", BENCH_TRAIN_GRAPHS_ESTIMATE_S, False)}
+               "train-graphs": ("train_step.py CUDA graphs", BENCH_TRAIN_GRAPHS_ESTIMATE_S, False),
+               "model": ("gpu_model.py", BENCH_MODEL_ESTIMATE_S, False)}
 
 SMOKE_MOE_ARGS = ["--device", "cpu", "--tokens", "32", "--dim", "16", "--hidden", "16",
                   "--experts", "4", "--topk", "2", "--repeats", "1", "--dtype", "bf16"]
@@ -215,6 +224,71 @@ def parse_generate(lines):
     return out
 
 
+#: the model's modes: (mode, gpu_model.py flag, the profile it predicts: train_step.py's
+#: profile key of the SUT and the transformer, and the step that profiles them)
+MODEL_MODES = (("eager", "", "train", ("sut_base", "transformer_wmt_en_de")),
+               ("compile-step", "--compile-step", "train",
+                ("compiled sut_base", "compiled transformer_wmt_en_de")),
+               ("compile-loop", "--compile-loop", "train-loop",
+                ("compiled sut_base+loop", "compiled transformer_wmt_en_de")))
+MODEL_ARCHS = ("sut_base", "transformer_wmt_en_de")
+#: "== gpu model mode MODE" (the step's own marker) and gpu_model.py's closing lines
+MODEL_MODE_ROW = re.compile(r"^== gpu model mode (\S+)")
+MODEL_ROW = re.compile(r"^gpu model: (\S+) launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)")
+
+
+def model_command(python, smoke):
+    """One shell command running gpu_model.py in every mode of MODEL_MODES, each run after a
+    marker line, for the node's GPU (H100 or H200, as ``torch.cuda.get_device_name`` says;
+    H200 without one); --smoke: a batch of 2 x 4 tokens."""
+    sizes = " --batch 2 --len 4 --vocab 64" if smoke else ""
+    device = (f'$({python} -c "import torch; name = torch.cuda.get_device_name() '
+              f'if torch.cuda.is_available() else \'\'; print(\'H100\' if \'H100\' in name else \'H200\')")')
+    runs = [f"echo '== gpu model mode {mode}' && {python} benchmarks/gpu_model.py --arch "
+            f"{' '.join(MODEL_ARCHS)} --device $device{sizes} {flag}".rstrip()
+            for mode, flag, _, _ in MODEL_MODES]
+    return " && ".join([f"device={device}"] + runs)
+
+
+def parse_model(lines):
+    """gpu_model.py's runs -> {mode: {arch: {launches, device_ms, misaligned_gemms}}} and
+    the device line ``device`` (the first run's header)."""
+    out, mode = {"device": next((l for l in lines if l.startswith("gpu model of one training step")), None),
+                 "modes": {}}, None
+    for line in lines:
+        m = MODEL_MODE_ROW.match(line)
+        if m:
+            mode = m.group(1)
+            continue
+        m = MODEL_ROW.match(line)
+        if m and mode is not None:
+            out["modes"].setdefault(mode, {})[m.group(1)] = {
+                "launches": int(m.group(2)), "device_ms": float(m.group(3)),
+                "misaligned_gemms": int(m.group(4))}
+    return out
+
+
+def model_table(model, parsed):
+    """The model's prediction beside the profiled steps of this call (``parsed``: the
+    train steps' parsed outputs by SUT_BENCH_STEPS key); an empty cell where the call did
+    not profile that step."""
+    text = ["", f"The CPU model of the GPU step (`benchmarks/gpu_model.py`; {model['device'] or ''}) "
+            "beside the profiled steps:", "",
+            "| mode | model | predicted launches | profiled launches | predicted device ms | "
+            "profiled device busy ms |", "|---|---|---:|---:|---:|---:|"]
+    for mode, _, step, keys in MODEL_MODES:
+        profiles = parsed.get(step, {}).get("profiles", {})
+        for arch, key in zip(MODEL_ARCHS, keys):
+            predicted = model["modes"].get(mode, {}).get(arch)
+            if predicted is None:
+                continue
+            measured = profiles.get(key, {})
+            busy = measured.get("device_busy_ms")
+            text.append(f"| {mode} | {arch} | {predicted['launches']} | {measured.get('launches', '')} | "
+                        f"{predicted['device_ms']:.1f} | {'' if busy is None else f'{busy:.1f}'} |")
+    return text
+
+
 def train_table(title, r):
     text = ["", f"{title} ({r['header'] or ''}):", "",
             "| model | ms/step | tokens/s | peak GiB |", "|---|---:|---:|---:|"]
@@ -302,6 +376,12 @@ def stage_bench(stage, python):
             return "no peak memory in the output"
         return None
 
+    def model_check(step):
+        r = parsed["model"] = parse_model(log_lines_of(stage, step))
+        missing = [f"{mode} {a}" for mode, *_ in MODEL_MODES for a in MODEL_ARCHS
+                   if a not in r["modes"].get(mode, {})]
+        return f"no prediction for {missing} in the output" if missing else None
+
     smoke_moe_env = {"TRITON_INTERPRET": "1"} if stage.smoke else None
     argv = {"moe": [python, "benchmarks/moe_gpu.py", *moe_args],
             "train": [python, "benchmarks/train_step.py",
@@ -312,11 +392,13 @@ def stage_bench(stage, python):
             "train-loop": [python, "benchmarks/train_step.py",
                            *(SMOKE_TRAIN_LOOP_ARGS if stage.smoke else GPU_TRAIN_LOOP_ARGS)],
             "train-graphs": [python, "benchmarks/train_step.py",
-                             *(SMOKE_TRAIN_GRAPHS_ARGS if stage.smoke else GPU_TRAIN_GRAPHS_ARGS)]}
+                             *(SMOKE_TRAIN_GRAPHS_ARGS if stage.smoke else GPU_TRAIN_GRAPHS_ARGS)],
+            "model": ["bash", "-c", model_command(python, stage.smoke)]}
     checks = {"moe": moe_check, "train": train_check("train", True),
               "train-16k": train_check("train-16k", False), "generate": generate_check,
               "train-loop": train_check("train-loop", not stage.smoke, LOOP_MODELS),
-              "train-graphs": train_check("train-graphs", not stage.smoke, GRAPHS_MODELS)}
+              "train-graphs": train_check("train-graphs", not stage.smoke, GRAPHS_MODELS),
+              "model": model_check}
     for i, (key, required) in enumerate(plan):
         name, estimate, _ = BENCH_STEPS[key]
         later = sum(BENCH_STEPS[k][1] for k, _ in plan[i + 1:])
@@ -332,7 +414,8 @@ def stage_bench(stage, python):
                   check=checks[key])
     stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows}})
     for key, result in (("train", "train_step"), ("train-16k", "train_step_16k"), ("generate", "generate"),
-                        ("train-loop", "train_step_loop"), ("train-graphs", "train_step_graphs")):
+                        ("train-loop", "train_step_loop"), ("train-graphs", "train_step_graphs"),
+                        ("model", "gpu_model")):
         if key in parsed:
             stage.results[result] = parsed[key]
     text = []
@@ -360,6 +443,8 @@ def stage_bench(stage, python):
             busy, wall = r["device_busy_ms"], r["wall_ms"]
             busy_cells = " | |" if busy is None else f"{busy:.1f} | {100 * busy / wall:.0f} |"
             text.append(f"| {a} | {wall:.1f} | {r['launches']} | {r['aten_calls']} | {busy_cells}")
+    if parsed.get("model", {}).get("modes"):
+        text += model_table(parsed["model"], parsed)
     if parsed.get("generate", {}).get("models"):
         text += generate_table(parsed["generate"])
         text += ["", "(Randomly initialised models: a sentence whose beams never end in </s> runs to "

@@ -534,3 +534,53 @@ def test_smoke_cpvr_stage_continues_the_runs_of_an_earlier_call(tmp_path):
     assert results["budget"]["call"] == 2
     assert results["budget"]["granted_train_s"] > results["budget"]["train_cap_s"]
     assert "continuing the runs of 1 earlier call(s)" in second.stdout
+
+
+def test_the_model_step_puts_its_prediction_beside_the_profiles():
+    """SUT_BENCH_STEPS=model: gpu_model.py in each mode after a marker line; the parsed
+    predictions go beside the profiled steps of the same call (eager and --compile-step
+    from train_step.py's profiles, --compile-loop from the train-loop step's), an empty
+    cell where the call did not profile that step. Only when named."""
+    load_validate()
+    import gpu_bench as b
+
+    assert b.bench_plan(False, {"SUT_BENCH_STEPS": "model train"}) == [("train", True), ("model", True)]
+    assert all(k != "model" for k, _ in b.bench_plan(False, {}))
+    command = b.model_command("py", False)
+    assert command.count("benchmarks/gpu_model.py --arch sut_base transformer_wmt_en_de --device $device") == 3
+    assert "--compile-step" in command and "--compile-loop" in command and "--batch" not in command
+    lines = ["== gpu model mode eager",
+             "gpu model of one training step on H100 SXM: batch 128 x 32 = 4096 target tokens, bfloat16, eager",
+             "gpu model: sut_base launches 3594 device_ms 29.8 misaligned_gemms 0",
+             "gpu model: transformer_wmt_en_de launches 1120 device_ms 11.3 misaligned_gemms 0",
+             "== gpu model mode compile-step",
+             "gpu model: sut_base launches 1787 device_ms 18.9 misaligned_gemms 0",
+             "gpu model: transformer_wmt_en_de launches 684 device_ms 9.1 misaligned_gemms 0",
+             "== gpu model mode compile-loop",
+             "gpu model: sut_base launches 1366 device_ms 16.7 misaligned_gemms 0",
+             "gpu model: transformer_wmt_en_de launches 684 device_ms 9.1 misaligned_gemms 0"]
+    model = b.parse_model(lines)
+    assert model["device"].startswith("gpu model of one training step on H100 SXM")
+    assert model["modes"]["compile-loop"]["sut_base"] == {"launches": 1366, "device_ms": 16.7,
+                                                          "misaligned_gemms": 0}
+    train = b.parse_train_step([
+        "== profile sut_base: 299.0 ms wall under the profiler, 5844 kernel launches, "
+        "19047 aten operator calls, device busy 39.5 ms (13%)",
+        "== profile compiled sut_base: 179.4 ms wall under the profiler, 3558 kernel launches, "
+        "6825 aten operator calls, device busy 34.2 ms (19%)"])
+    table = "\n".join(b.model_table(model, {"train": train}))
+    assert "| eager | sut_base | 3594 | 5844 | 29.8 | 39.5 |" in table
+    assert "| compile-step | sut_base | 1787 | 3558 | 18.9 | 34.2 |" in table
+    assert "| eager | transformer_wmt_en_de | 1120 |  | 11.3 |  |" in table   # not profiled here
+    assert "| compile-loop | sut_base | 1366 |  | 16.7 |  |" in table       # no train-loop step
+
+
+@pytest.mark.slow  # about 35 s: gpu_model.py three times on the smoke sizes
+def test_smoke_bench_stage_runs_the_model_step(tmp_path):
+    out = tmp_path / "out"
+    proc = run_stage("bench", out, "--smoke", SUT_BENCH_STEPS="model")
+    summary, results = check_passed(proc, out, "bench", ["environment", "gpu_model.py"])
+    modes = results["results"]["gpu_model"]["modes"]
+    assert set(modes) == {"eager", "compile-step", "compile-loop"}
+    assert all(set(m) == {"sut_base", "transformer_wmt_en_de"} for m in modes.values())
+    assert "The CPU model of the GPU step" in summary and "| compile-loop | sut_base |" in summary
