@@ -46,8 +46,9 @@ no kernel. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
 steps) stays eager, but for the accumulation inside a loop region (``--compile-loop``):
 there every use of a shared parameter is in one graph, whose single-use adds inductor
-inlines into one kernel per parameter reading its L step gradients (an upper bound: a GEMM
-weight's sum goes into the GEMMs' ``addmm``, no kernel at all; ``inductor_accumulation.py``).
+inlines into one kernel per parameter reading its L step gradients, but for a weight whose
+step gradients are whole GEMM outputs: their sum goes into the GEMMs (``addmm`` with the
+running sum as input), no kernel at all (``inductor_accumulation.py``).
 
 **Device time**: per kernel max(FLOPs / (peak x efficiency), bytes / (bandwidth x
 efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` and the
@@ -271,6 +272,7 @@ class Recorder(TorchDispatchMode):
         self.accumulating = False  # between a backward node's end and the next one's start
         self.loop_regions = set()  # regions that hold several steps (``--compile-loop``)
         self.loop_sums = set()     # storages of the gradient sums made in them
+        self.producer: Dict[tuple, str] = {}  # storage key -> the operation that made it
         self.generation = Counter()  # storage address -> allocations seen at it
         # common-subexpression elimination inside a compiled region (``cse``)
         self.values: Dict[tuple, int] = {}  # storage key -> number of the value it holds
@@ -441,10 +443,16 @@ class Recorder(TorchDispatchMode):
         continued = in_loop and any(key in self.loop_sums for key, _ in reads)
         if continued:
             launches, reads = 0, tuple(r for r in reads if r[0] not in self.loop_sums)
+        # a step's gradient that is a whole GEMM output: inductor adds the running sum in
+        # that GEMM (``addmm`` with the sum as its input; benchmarks/inductor_accumulation.py)
+        if in_loop and any(self.producer.get(self.key(t)) in GEMMS
+                           and _nbytes(t) == t.untyped_storage().nbytes() for t in ins):
+            launches, reads = 0, ()
         if kind == "accum":
             region = None
         fresh = {t.untyped_storage()._cdata for t in outs} - {t.untyped_storage()._cdata for t in ins}
         self.generation.update(fresh)  # new storages (an address may be reused after a free)
+        self.producer.update({self.key(t): name for t in outs if t.untyped_storage()._cdata in fresh})
         if self.cse(name, region, args, kwargs, outs, ins):
             launches, reads = 0, ()  # computed before in this graph
         writes = tuple({self.key(t): _nbytes(t) for t in outs}.items())

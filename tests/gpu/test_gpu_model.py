@@ -185,6 +185,34 @@ def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
     assert sum(k.bytes for k in accum(loop)) < sum(k.bytes for k in accum(step))
 
 
+def test_a_loops_gemm_made_weight_gradients_are_summed_in_their_gemms():
+    """In one compiled loop graph a shared weight's step gradient made by a GEMM takes the
+    running sum as the GEMM's input (``addmm``, benchmarks/inductor_accumulation.py): no
+    kernel of its own; a LayerNorm weight's gradient (a reduction) keeps its sum kernel.
+    Eagerly (no region) every extra use's add is a launch."""
+    torch.manual_seed(0)
+    linear, norm = torch.nn.Linear(8, 8).to("meta"), torch.nn.LayerNorm(8).to("meta")
+    params = {tuple(p.shape) for p in (*linear.parameters(), *norm.parameters())}
+
+    def launches(loop):
+        recorder = gpu_model.Recorder(params)
+        x = torch.empty(4, 8, device="meta")
+        with gpu_model.cuda_code_path(recorder), recorder:
+            with recorder.scope(region=loop, loop=loop):
+                for _ in range(3):  # one weight used by three steps
+                    x = norm(torch.tanh(linear(x)))
+            x.sum().backward()
+        adds = [k for k in recorder.kernels if k.kind == "accum"]
+        by_size = {}
+        for k in adds:
+            by_size[k.numel] = by_size.get(k.numel, 0) + k.launches
+        return by_size
+
+    eager, loop = launches(False), launches(True)
+    assert eager[64] == 2 and eager[8] >= 2          # W (8 x 8); the biases and LN (8,)
+    assert loop[64] == 0 and 0 < loop[8] < eager[8]  # W's sums in its GEMMs; LN's one kernel
+
+
 def test_bad_arch_is_a_clear_error():
     with pytest.raises(SystemExit, match="not a registered architecture"):
         gpu_model.main(["--arch", "sut_nonesuch"])
