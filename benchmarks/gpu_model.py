@@ -36,10 +36,11 @@ them (so they take the branches a traced graph has: the counting sort, ``masked_
 and a stated fusion model replaces inductor: GEMMs,
 attention, sorts and the custom ops stay extern kernels (as inductor keeps them); between
 two extern kernels of a region (scalar constants, ``CONSTANTS``, are literals there), the
-other operations fuse into one kernel per distinct
-iteration size (numel of the op's largest tensor; a sum over fewer than 8 elements per
-output and a gather, which inductor writes as pointwise code, at their output's size), which reads the
-tensors made before the run and writes those read after it; an operation that repeats an
+other operations that share data (a producer and its consumer, readers of one tensor)
+fuse into one kernel per distinct iteration size (numel of the op's largest tensor; a sum
+over fewer than 8 elements per output and a gather, which inductor writes as pointwise
+code, at their output's size), which reads the tensors made before the run and writes
+those read after it; an operation that repeats an
 earlier one of its region on the same values (AOT autograd's common-subexpression
 elimination of the joint graph: the masks each step of a compiled loop builds alike) is
 no kernel. Views cost nothing. Everything outside the
@@ -681,18 +682,44 @@ def _fused(run, readers) -> List[Kernel]:
         if k.launches:
             groups[k.numel].append(k)
     fused = []
-    for numel, members in groups.items():
-        reduced = {n for k in members for n in k.out_numels if n < numel}
-        reads = {key: b for k in members for key, b in k.reads if key not in written}
-        writes = {key: b for k in members for key, b in k.writes
-                  if any(r > last for r in readers.get(key, ()))}
-        count = max(1, len(reduced))
-        nbytes = (sum(reads.values()) + sum(writes.values())) / count
-        head = members[0]
-        fused += [Kernel("inductor", f"fused {len(members)} ops", 1,
-                         sum(k.flops for k in members) / count, nbytes, head.step, head.phase,
-                         head.region, numel=numel) for _ in range(count)]
+    for numel, same_size in groups.items():
+        for members in _connected(same_size):
+            reduced = {n for k in members for n in k.out_numels if n < numel}
+            reads = {key: b for k in members for key, b in k.reads if key not in written}
+            writes = {key: b for k in members for key, b in k.writes
+                      if any(r > last for r in readers.get(key, ()))}
+            count = max(1, len(reduced))
+            nbytes = (sum(reads.values()) + sum(writes.values())) / count
+            head = members[0]
+            fused += [Kernel("inductor", f"fused {len(members)} ops", 1,
+                             sum(k.flops for k in members) / count, nbytes, head.step, head.phase,
+                             head.region, numel=numel) for _ in range(count)]
     return fused
+
+
+def _connected(members: List[Kernel]) -> List[List[Kernel]]:
+    """``members`` split into the groups that share data (one writes what another reads, or
+    both read the same tensor): inductor fuses a producer into its consumer and kernels
+    reading a common input, not unrelated work of the same size."""
+    parent = list(range(len(members)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    seen = {}
+    for i, k in enumerate(members):
+        for key, _ in (*k.reads, *k.writes):
+            if key in seen:
+                parent[root(i)] = root(seen[key])
+            else:
+                seen[key] = i
+    out = defaultdict(list)
+    for i, k in enumerate(members):
+        out[root(i)].append(k)
+    return list(out.values())
 
 
 # --- calibration, summary, command line ---------------------------------------------------

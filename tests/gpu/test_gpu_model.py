@@ -135,6 +135,23 @@ def _unfused(arch):
         gpu_model.fuse = fuse
 
 
+def test_only_work_that_shares_data_fuses():
+    """Between two extern kernels the fusion model fuses operations of one size that share
+    data (a producer and its consumer, or two readers of one tensor) into one kernel, and
+    gives unrelated work of the same size kernels of their own, as inductor does."""
+    def op(name, reads, writes, numel=64):
+        return gpu_model.Kernel("aten", name, 1, numel, 8.0 * numel, region=0, numel=numel,
+                                reads=tuple((key, 256) for key in reads),
+                                writes=tuple((key, 256) for key in writes), out_numels=(numel,))
+
+    gemm = gpu_model.Kernel("gemm", "mm", 1, 1.0, 1.0, region=0)
+    chain = [op("mul", ["a"], ["b"]), op("add", ["b"], ["c"])]        # c = a * x + y
+    apart = [op("exp", ["d"], ["e"])]                                   # unrelated, same size
+    shared = [op("neg", ["f"], ["g"]), op("abs", ["f"], ["h"])]        # two readers of f
+    fused = [k for k in gpu_model.fuse([gemm, *chain, *apart, *shared, gemm]) if k.kind == "inductor"]
+    assert sorted(k.name for k in fused) == ["fused 1 ops", "fused 2 ops", "fused 2 ops"]
+
+
 def test_a_gather_is_priced_at_its_output_size():
     """Inductor writes ``gather`` as pointwise code over its output (an indirect load per
     element): the model iterates it at its output's size, so the clipped relative term's
