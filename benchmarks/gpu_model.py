@@ -151,12 +151,12 @@ CONSTANTS = {"scalar_tensor"}
 #: k = 4 expert slots is then a pointwise kernel at its output's size, fusable with its
 #: neighbours
 REDUCTIONS = {"sum", "mean", "amax", "amin", "prod", "any", "all"}
+UNROLL_REDUCTIONS_BELOW = 8
 #: operations never merged with an identical earlier one (``Recorder.cse``): random ones,
 #: and the allocations whose contents a later kernel writes
 NEVER_CSE = {"bernoulli", "bernoulli_", "rand", "rand_like", "randn", "randn_like", "randint",
              "normal_", "uniform_", "exponential_", "native_dropout", "multinomial", "randperm",
              "empty", "empty_like", "new_empty", "empty_strided", "new_empty_strided"}
-UNROLL_REDUCTIONS_BELOW = 8
 #: gathers that inductor writes as pointwise code over their output (an indirect load per
 #: element), whatever the size of the tensor they read from
 INDEXING = {"gather", "index_select", "index", "embedding"}
@@ -363,13 +363,16 @@ class Recorder(TorchDispatchMode):
                 return (self.values[key], tuple(a.shape), a.stride(), a.storage_offset(), a.dtype)
             return repr(a)
 
-        flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
-        signature = (region, name, tuple(described(a) for a in flat))
-        reuse = (region is not None and not self.custom and name not in NEVER_CSE
-                 and "out" not in kwargs and signature in self.computed)
+        mergeable = (region is not None and not self.custom and name not in NEVER_CSE
+                     and "out" not in kwargs)
+        signature = None
+        if mergeable:  # (eager work is never merged: no signature to build)
+            flat, _ = torch.utils._pytree.tree_flatten((args, kwargs))
+            signature = (region, name, tuple(described(a) for a in flat))
+        reuse = signature in self.computed
         values = (self.computed[signature] if reuse
                   else tuple(next(self.value_count) for _ in outs))
-        if region is not None and not reuse:
+        if mergeable and not reuse:
             self.computed[signature] = values
         inputs = {self.key(t) for t in ins}
         writes = name.endswith("_") or "out" in kwargs

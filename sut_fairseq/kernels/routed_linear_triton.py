@@ -188,18 +188,18 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
     M = routing.num_slots
     need_x, need_w, need_b, need_g = needs
     gated = gates is not None
-    tiles = max_column_tiles(weight.size(1), x.dtype, x.device)
+    need_g = need_g and gated
+    tiles = max_column_tiles(weight.size(1), x.dtype, x.device) if need_g else 0
     if M == 0:
         return (x.new_zeros(x.shape if grouped_in else (0, x.size(1))) if need_x else None,
                 torch.zeros_like(weight) if need_w else None,
                 torch.zeros_like(bias) if need_b and bias is not None else None,
-                x.new_zeros(tiles, 0, dtype=torch.float32) if need_g and gated else None)
+                x.new_zeros(tiles, 0, dtype=torch.float32) if need_g else None)
     x = x.contiguous()
     gates_flat = gates.reshape(-1).contiguous() if gated else None
     dout = dout.contiguous().to(x.dtype)
     dy_grouped, dy_fan = grouped_out, dout_fan
     dx = dw = db = dg = None
-    need_g = need_g and gated
     with _no_autocast(x.device.type):
         if need_x or need_g:
             in_dim = weight.size(1)

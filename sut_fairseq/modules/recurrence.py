@@ -455,12 +455,20 @@ class SideRecurrence:
         S, steps, c, log_remain, weighted_sum, alphas, weights, depth = compiled(
             h=h0, S=h0, running=inputs.real, real=inputs.real,
             self_padding_mask=inputs.self_padding_mask,
-            threshold=CompiledCall(compiled, rule).threshold_tensor(h0), te_table=inputs.te_table,
+            threshold=threshold_tensor(rule.threshold, h0), te_table=inputs.te_table,
             coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
             cross_padding_mask=inputs.cross_padding_mask)
         state = HaltingState.from_tensors(inputs.real, c, log_remain, weighted_sum, S, steps)
         state.alphas = list(alphas)
         return S, HaltingResult(weights, depth, steps, inputs.real, max_steps), state
+
+
+def threshold_tensor(threshold, like: torch.Tensor) -> Optional[torch.Tensor]:
+    """α_thresh as a 0-d tensor on ``like``'s device, an input of a compiled graph rather than
+    a constant of it (None, for the rule ``none``, and a tensor stay as they are)."""
+    if threshold is None or torch.is_tensor(threshold):
+        return threshold
+    return torch.tensor(float(threshold), device=like.device)
 
 
 class CompiledCall:
@@ -473,13 +481,8 @@ class CompiledCall:
         # α_thresh: a 0-d tensor at the first call (an input of the graph, not a constant)
         self.threshold = rule.threshold
 
-    def threshold_tensor(self, like: torch.Tensor) -> Optional[torch.Tensor]:
-        """α_thresh as a 0-d tensor on ``like``'s device (None for the rule ``none``)."""
-        if self.threshold is not None and not torch.is_tensor(self.threshold):
-            self.threshold = torch.tensor(float(self.threshold), device=like.device)
-        return self.threshold
-
     def tensors(self, h, S, running, state, carry, inputs, te=None) -> dict:
+        self.threshold = threshold_tensor(self.threshold, h)
         kv = {}
         if carry is not None:
             if carry.changed is None:  # step 1 projects every row
@@ -490,7 +493,7 @@ class CompiledCall:
                 kv = dict(changed=carry.changed, k_rows=carry.k_rows, v_rows=carry.v_rows)
         return dict(h=h, S=S, running=running, real=state.real, c=state.c,
                     log_remain=state.log_remain, weighted_sum=state.weighted_sum, steps=state.steps,
-                    self_padding_mask=inputs.self_padding_mask, threshold=self.threshold_tensor(h), **kv,
+                    self_padding_mask=inputs.self_padding_mask, threshold=self.threshold, **kv,
                     te=te, coords=inputs.coords, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
                     cross_padding_mask=inputs.cross_padding_mask)
 
