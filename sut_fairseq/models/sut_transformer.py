@@ -13,14 +13,16 @@ from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
+from fairseq import utils
 from fairseq.dataclass.utils import gen_parser_from_dataclass
 from fairseq.models import (FairseqEncoder, FairseqEncoderDecoderModel, FairseqIncrementalDecoder,
                             register_model, register_model_architecture)
+from fairseq.modules import SinusoidalPositionalEmbedding
 
 from ..modules import chunk_cache
 from ..modules.accounting import StepMeter, register_for_exit_summary
 from ..modules.chunked_recurrence import ChunkedHaltingResult, StepCap, local_positions
-from ..modules.decoder_cache import BufferedKeyCache, CrossKV, DecoderState
+from ..modules.decoder_cache import BufferedKeyCache, CrossKV, DecoderState, reorder_encoder_rows
 from ..modules.exits import ExitHalting
 from ..modules.halting import check_threshold
 from ..modules.recurrence import StepInputs
@@ -102,6 +104,18 @@ def meter(side: RecurrentSide, key: str, halting) -> None:
         side.step_meter.add(key, halting)
 
 
+def last_position(embed_positions: nn.Module, tokens: torch.Tensor) -> torch.Tensor:
+    """``embed_positions(tokens)[:, -1:]`` (B, 1, d) for tokens (B, T): the last column's
+    position counted over the real tokens of the prefix, only its row of the sinusoid table
+    looked up (not the B x T rows of the whole prefix)."""
+    table = getattr(embed_positions, "weights", None)
+    pad = getattr(embed_positions, "padding_idx", None)
+    if (not isinstance(embed_positions, SinusoidalPositionalEmbedding) or pad is None
+            or table.size(0) < pad + 1 + tokens.size(1)):  # the module grows its table
+        return embed_positions(tokens)[:, -1:]
+    return table.index_select(0, utils.make_positions(tokens, pad)[:, -1]).unsqueeze(1).detach()
+
+
 def encoder_out_dict(out: torch.Tensor, padding_mask: torch.Tensor, src_lengths, halting) -> dict:
     """fairseq's encoder-out dict of the output rows (B, S', d) and their mask (B, S')."""
     return {"encoder_out": [out.transpose(0, 1)], "encoder_padding_mask": [padding_mask],
@@ -154,12 +168,9 @@ class SUTEncoder(FairseqEncoder):
         return encoder_out_dict(torch.cat(rows, 1), torch.cat(masks, 1), src_lengths, halting)
 
     def reorder_encoder_out(self, encoder_out: Dict[str, List], new_order: torch.Tensor):
-        return {
-            "encoder_out": [encoder_out["encoder_out"][0].index_select(1, new_order)],
-            "encoder_padding_mask": [encoder_out["encoder_padding_mask"][0].index_select(0, new_order)],
-            "src_lengths": [x.index_select(0, new_order) for x in encoder_out["src_lengths"]],
-            "halting": encoder_out["halting"],
-        }
+        """Row b of the result is row ``new_order[b]``; under beam search a reorder within
+        the sentences copies nothing (``decoder_cache.reorder_encoder_rows``)."""
+        return reorder_encoder_rows(encoder_out, new_order)
 
     def max_positions(self):
         return self.max_source_positions
@@ -204,9 +215,10 @@ class SUTDecoder(FairseqIncrementalDecoder):
             S, halting = self.chunk_features(prev_output_tokens, encoder_out, incremental_state)
             S = side.output(S)
             return S, self._extra(S, encoder_out, halting)
-        # positions of the whole prefix, then the last one when incremental: fairseq's
-        # incremental positions count padding (wrong for left-padded prefixes)
-        positions = side.embed_positions(prev_output_tokens)
+        # positions counted over the whole prefix, the last one's embedded when incremental:
+        # fairseq's incremental positions count padding (wrong for left-padded prefixes)
+        positions = (side.embed_positions(prev_output_tokens) if incremental_state is None
+                     else last_position(side.embed_positions, prev_output_tokens))
         emb = side.step_embedding  # None unless --decoder-step-embedding
         coords = None if emb is None else emb.positions(prev_output_tokens, self.padding_idx, positions)
         # padding keys of self-attention over the whole prefix (B, T), incremental included:
@@ -216,7 +228,6 @@ class SUTDecoder(FairseqIncrementalDecoder):
         if incremental_state is not None:
             q_start = prev_output_tokens.size(1) - 1
             prev_output_tokens = prev_output_tokens[:, -1:]
-            positions = positions[:, -1:]
             coords = None if coords is None else coords[:, -1:]
         real = prev_output_tokens.ne(self.padding_idx)
         x = side.dropout(side.embed(prev_output_tokens, positions))

@@ -11,6 +11,8 @@ than growing the caches by concatenation and reordering them by copying:
   one copy per sentence (B / beam rows), the beams' queries attend to them as one group
   (``MixtureOfMultiHeadAttention``), and a reorder within the sentences moves nothing.
 * ``DecoderState``: everything the decoder keeps between its calls, with one ``reorder``.
+* ``reorder_encoder_rows``: the encoder output's rows after a reorder, which under beam
+  search moves nothing once every sentence's rows are copies of one row.
 """
 from typing import Dict, Optional, Tuple
 
@@ -124,6 +126,54 @@ class CrossKV:
         self.k, self.v = self.k.index_select(0, rows), self.v.index_select(0, rows)
         if self.padding is not None:
             self.padding = self.padding.index_select(0, rows)
+
+
+def first_beam_copies(order: torch.Tensor, rows: int) -> int:
+    """G when ``order`` (B',) repeats each of ``rows`` rows G >= 2 times in place
+    (``arange(rows).repeat_interleave(G)``: beam search's first reorder of the encoder
+    output, one group of G copies per sentence), else 0."""
+    G = order.numel() // rows if rows else 0
+    if G < 2 or G * rows != order.numel():
+        return 0
+    return G if torch.equal(order, torch.arange(rows, device=order.device).repeat_interleave(G)) else 0
+
+
+def within_groups(order: torch.Tensor, G: int) -> bool:
+    """Whether output row b reads a row of its own group of G (order[b] // G == b // G)."""
+    return torch.equal(order // G, torch.arange(order.numel(), device=order.device) // G)
+
+
+def whole_groups(order: torch.Tensor, G: int) -> bool:
+    """Whether every group of G output rows reads rows of one input group."""
+    if order.numel() % G:
+        return False
+    groups = order.view(-1, G) // G
+    return bool((groups == groups[:, :1]).all())
+
+
+def reorder_encoder_rows(encoder_out: Dict, order: torch.Tensor) -> Dict:
+    """fairseq's encoder-out dict with row b taken from row ``order[b]`` (B',): ``encoder_out``
+    (S, B, d), ``encoder_padding_mask`` (B, S), ``src_lengths`` (B,); ``halting`` kept.
+
+    Beam search reorders the encoder output before every decoder call. Its first reorder
+    makes G copies of each sentence's row (``first_beam_copies``), recorded in the dict as
+    ``beam_copies`` [G]; later reorders keep each beam within its sentence, so while the
+    batch keeps its size every row is asked for a copy of itself and the dict is returned
+    as it is (the copy of the (S, B, d) output would be a few percent of decoding). A
+    reorder that drops finished sentences copies, and keeps the record while each group of
+    G rows still reads one sentence."""
+    pad = encoder_out["encoder_padding_mask"][0]
+    G = encoder_out.get("beam_copies", [0])[0]
+    if G and order.numel() == pad.size(0) and within_groups(order, G):
+        return encoder_out
+    out = {"encoder_out": [encoder_out["encoder_out"][0].index_select(1, order)],
+           "encoder_padding_mask": [pad.index_select(0, order)],
+           "src_lengths": [x.index_select(0, order) for x in encoder_out["src_lengths"]],
+           "halting": encoder_out["halting"]}
+    G = first_beam_copies(order, pad.size(0)) or (G if G and whole_groups(order, G) else 0)
+    if G:
+        out["beam_copies"] = [G]
+    return out
 
 
 class DecoderState:
