@@ -24,6 +24,13 @@ each comparison its own ratio
 in the steps alone: if the steps' time fell exactly with the steps skipped, the whole
 decoding's ratio would be their share of the time (X% at the reference threshold).
 
+A third line per threshold says where the whole decoding's time goes: the decoder steps,
+the output layer, the decoder call's other work (embedding, halting read-out, caches), the
+encoder, the reorders of the decoder's state and of the encoder output between calls,
+fairseq's log-softmax of the logits, and the rest, fairseq's beam search itself::
+
+      where the time goes: decoder steps X%, output layer Y%, the decoder's other work Z%, encoder E%, reorders R%, log-softmax S%, beam search G%
+
 A lower threshold can also change how long the hypotheses are, and a batch whose last
 sentences run long decodes them with few rows per call, which costs more per position
 whatever the halting. ``--fixed-length L`` removes that: every hypothesis is exactly L
@@ -64,19 +71,66 @@ def load(path: str, data: str, subset: str, sentences: int, batch_size: int):
     return model, task.target_dictionary, batches
 
 
-class StepClock:
-    """Seconds spent inside ``step``'s calls (forward pre- and post-hooks)."""
+class Clocks:
+    """Seconds spent inside parts of the decoding, by name: modules (forward pre- and
+    post-hooks, ``module``) and bound methods (``method``: the method replaced on its
+    object by a timed wrapper, for those fairseq calls directly rather than through
+    ``__call__``). A part called inside another is counted in both."""
 
-    def __init__(self, step: torch.nn.Module):
-        self.seconds, self._start = 0.0, None
-        step.register_forward_pre_hook(self._enter)
-        step.register_forward_hook(self._leave)
+    def __init__(self):
+        self.seconds = {}
+        self._start = {}
 
-    def _enter(self, module, args):
-        self._start = time.perf_counter()
+    def reset(self) -> None:
+        self.seconds = dict.fromkeys(self.seconds, 0.0)
 
-    def _leave(self, module, args, output):
-        self.seconds += time.perf_counter() - self._start
+    def module(self, name: str, module: torch.nn.Module) -> None:
+        self.seconds[name] = 0.0
+        module.register_forward_pre_hook(lambda m, args: self._start.__setitem__(name, time.perf_counter()))
+        module.register_forward_hook(lambda m, args, out: self._add(name, self._start[name]))
+
+    def method(self, name: str, owner, attribute: str) -> None:
+        self.seconds[name] = 0.0
+        inner = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                self._add(name, start)
+
+        setattr(owner, attribute, timed)
+
+    def _add(self, name: str, start: float) -> None:
+        self.seconds[name] += time.perf_counter() - start
+
+
+def clocks_for(model) -> Clocks:
+    """The parts of a decoding: the decoder's recurrence steps (its block and halting unit)
+    and output layer, the decoder call around them (embedding, halting read-out, the
+    caches), the encoder, the reorders of the decoder's state and of the encoder output
+    between calls, and fairseq's log-softmax of the logits; the rest of the time is
+    fairseq's beam search (top-k, scores, finished hypotheses)."""
+    clocks = Clocks()
+    clocks.module("steps", model.decoder.side.recurrence.step)
+    clocks.module("output", model.decoder.output_projection)
+    clocks.method("decoder", model.decoder, "forward")
+    clocks.method("encoder", model.encoder, "forward")
+    clocks.method("reorder_state", model.decoder, "reorder_incremental_state")
+    clocks.method("reorder_encoder", model.encoder, "reorder_encoder_out")
+    clocks.method("log_softmax", model, "get_normalized_probs")
+    return clocks
+
+
+def shares(parts: dict, seconds: float) -> str:
+    """``parts`` (Clocks.seconds summed over batches) as percentages of ``seconds``."""
+    rest = {"decoder steps": parts["steps"], "output layer": parts["output"],
+            "the decoder's other work": parts["decoder"] - parts["steps"] - parts["output"],
+            "encoder": parts["encoder"], "reorders": parts["reorder_state"] + parts["reorder_encoder"],
+            "log-softmax": parts["log_softmax"]}
+    rest["beam search"] = seconds - sum(rest.values())
+    return ", ".join(f"{name} {100 * t / seconds:.1f}%" for name, t in rest.items())
 
 
 def decode_all(generator, model, batches, seconds):
@@ -111,8 +165,7 @@ def main():
         min_len=args.fixed_length, max_len_a=0, max_len_b=args.fixed_length)
     generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
     meter = model.step_meter
-    clock = StepClock(model.decoder.side.recurrence.step)  # the decoder's block and halting
-    output_clock = StepClock(model.decoder.output_projection)  # the same at every threshold
+    clocks = clocks_for(model)
     n = sum(b["nsentences"] for b in batches)
     length = "" if args.fixed_length is None else f", every hypothesis {args.fixed_length} tokens"
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; "
@@ -122,17 +175,17 @@ def main():
             model.set_halting_threshold(threshold)
             decode_all(generator, model, batches[:1], [])
         figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
-                       "positions": 0, "step_seconds": 0.0, "output_seconds": 0.0}
+                       "positions": 0, "parts": dict.fromkeys(clocks.seconds, 0.0)}
                    for t in args.thresholds}
         for i, sample in enumerate(batches, 1):
             for threshold in args.thresholds:
                 model.set_halting_threshold(threshold)
                 meter.reset()
-                clock.seconds = output_clock.seconds = 0.0
+                clocks.reset()
                 decode_all(generator, model, [sample], figures[threshold]["seconds"])
                 f = figures[threshold]
-                f["step_seconds"] += clock.seconds
-                f["output_seconds"] += output_clock.seconds
+                for part, seconds in clocks.seconds.items():
+                    f["parts"][part] += seconds
                 for side in ("enc", "dec"):
                     f["executed"][side] += meter.executed[side]
                     f["maximum"][side] += meter.maximum[side]
@@ -144,16 +197,18 @@ def main():
     for threshold in args.thresholds:
         f = figures[threshold]
         seconds = sum(f["seconds"])
+        step_seconds = f["parts"]["steps"]
         rows[threshold] = {"per_position": seconds / f["positions"],
-                           "steps_per_position": f["step_seconds"] / f["positions"],
-                           "share": f["step_seconds"] / seconds,
+                           "steps_per_position": step_seconds / f["positions"],
+                           "share": step_seconds / seconds,
                            "dec": f["executed"]["dec"] / f["maximum"]["dec"],
                            "enc": f["executed"]["enc"] / f["maximum"]["enc"]}
         print(f"alpha_thresh {threshold}: {n / seconds:.2f} sentences/s, {f['positions']} decoder "
               f"positions, {1e6 * rows[threshold]['per_position']:.0f} us/position, decoder steps "
               f"executed {100 * rows[threshold]['dec']:.1f}%, encoder {100 * rows[threshold]['enc']:.1f}%; "
-              f"decoder steps {f['step_seconds']:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time, "
-              f"output layer {100 * f['output_seconds'] / seconds:.1f}%")
+              f"decoder steps {step_seconds:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time, "
+              f"output layer {100 * f['parts']['output'] / seconds:.1f}%")
+        print(f"  where the time goes: {shares(f['parts'], seconds)}")
     base = rows[args.thresholds[0]]
     for threshold in args.thresholds[1:]:
         r = rows[threshold]

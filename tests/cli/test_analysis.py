@@ -330,6 +330,14 @@ def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skip
                       r"-?[\d.]+ \(the whole decoding's ratio is at most about the steps' share of the "
                       r"time, ([\d.]+)\)$", out, re.M)
     assert bound and abs(float(bound.group(1)) - float(shares["0.999"]) / 100) < 0.006, out
+    # where the time goes: the parts add up to the whole, the steps' part is the share above
+    parts = re.findall(r"^  where the time goes: decoder steps ([\d.]+)%, output layer ([\d.]+)%, the "
+                       r"decoder's other work ([\d.]+)%, encoder ([\d.]+)%, reorders ([\d.]+)%, "
+                       r"log-softmax ([\d.]+)%, beam search ([\d.]+)%$", out, re.M)
+    assert len(parts) == 2, out
+    for (t, steps, output), row in zip(found, parts):
+        assert row[0] == steps and row[1] == output, out
+        assert all(float(p) >= 0 for p in row) and float(row[-1]) > 0 and abs(sum(map(float, row)) - 100) < 0.5, out
 
 
 def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_threshold(trained):
