@@ -58,6 +58,11 @@ def test_beam_search_reorders_equal_index_select_and_copy_nothing_within_the_sen
     assert_rows(shrunk, selected(enc, keep // beam))
     order = torch.arange(2).repeat_interleave(beam) * beam + torch.randint(0, beam, (2 * beam,), generator=g)
     assert reorder_encoder_rows(shrunk, order) is shrunk
+    # the last sentence finished: the rows left read their own groups, but fewer of them
+    last = torch.arange(beam) + torch.randint(0, 1, (beam,), generator=g)
+    fewer = reorder_encoder_rows(shrunk, last)
+    assert fewer["encoder_out"][0].size(1) == beam and fewer["beam_copies"] == [beam]
+    assert_rows(fewer, selected(enc, torch.zeros(beam, dtype=torch.long)))
 
 
 def test_a_reorder_across_the_sentences_copies_and_forgets_the_copies():
