@@ -356,3 +356,26 @@ def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_th
     assert positions == {"0.999": str(12 * 2 * 7), "0.4": str(12 * 2 * 7)}, out
     bad = subprocess.run(common + ["--fixed-length", "0"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "--fixed-length 0: needs at least one token (L >= 1)" in bad.stderr
+
+
+def test_block_on_rows_benchmark_fits_a_part_per_call_and_a_part_per_row(trained):
+    """benchmarks/block_on_rows.py on the trained checkpoint: the captured call's rows
+    (12 sentences x beam 5), the block timed on each R asked for (clipped to the call's
+    rows), the fitted line; a position past the hypotheses' length is refused."""
+    data_bin, ckpt, _ = trained
+    script = os.path.join(ROOT, "benchmarks", "block_on_rows.py")
+    common = [sys.executable, script, "--path", ckpt, "--data", data_bin, "--sentences", "12",
+              "--fixed-length", "6", "--step", "2", "--repeats", "1"]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(common + ["--position", "3", "--rows", "100", "30", "4"],
+                          capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert re.search(r"step 2 of the decoder call at position 3, 60 rows \(12 sentences x beam 5\), "
+                     r"4 cached positions$", out, re.M), out
+    timed = re.findall(r"R=(\d+) [\d.]+ ms", out)
+    assert timed == ["4", "30", "60"], out
+    assert re.search(r"^cost\(R\) = -?[\d.]+ ms \+ -?[\d.]+ us x R; per-call share of a full block "
+                     r"f = -?[\d.]+$", out, re.M), out
+    bad = subprocess.run(common + ["--position", "6"], capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "--position 6: must be in [0, --fixed-length 6)" in bad.stderr

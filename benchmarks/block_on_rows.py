@@ -1,0 +1,139 @@
+"""What one block of a trained SUT decoder costs on R of a beam-search call's rows: the
+part of a block call that halting cannot save.
+
+When some positions of a decoder call have halted, incremental decoding runs the step's
+block on the running rows alone (``recurrence.block_on_rows``). Its cost is a part per
+call (the routers, one GEMM per expert of each routed projection however few its rows,
+the LayerNorms, the operators' dispatch) plus a part per row. This script captures the
+block's inputs at one call of fairseq's beam search (the first ``--sentences`` of the
+subset, beam 5, every hypothesis ``--fixed-length`` tokens; step ``--step`` at position
+``--position``), times the full block and ``block_on_rows`` on R randomly chosen rows for
+each R of ``--rows`` (the medians of ``--repeats`` interleaved rounds), and fits
+
+    cost(R) = a + b · R        (least squares over the R timed)
+
+Printed: the medians, the fit, and ``per-call share of a full block f = a / full``. With
+a share f, a step that skips a fraction s of its rows saves at most (1 - f) · s of its time.
+
+    python benchmarks/block_on_rows.py --path CHECKPOINT --data DATA_BIN
+        [--sentences 64] [--step 3] [--position 12] [--rows 320 240 160 80 8] [--repeats 7]
+"""
+import argparse
+import logging
+import statistics
+import sys
+import time
+
+import torch
+
+logging.disable(logging.WARNING)
+
+from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
+
+from sut_fairseq.analysis.sweep import load_checkpoint  # noqa: E402
+from sut_fairseq.modules import recurrence  # noqa: E402
+
+
+def capture(model, batch, generator, step_index: int, position: int):
+    """The block and its inputs (query (B, 1, d), keys/values (B, H, position + 1, D), the
+    running rows, the StepInputs) at step ``step_index`` of the decoder call at
+    ``position``, under beam search of ``batch`` at α_thresh 0.999 (every row running)."""
+    step = model.decoder.side.recurrence.step
+    inner, found = step.forward, {}
+
+    def spy(h, S, running, l, state, rule, carry, inputs, te, decide_next, threshold=None):
+        if l == step_index and inputs.q_start == position and not found:
+            block = step.blocks[l - 1] if len(step.blocks) > 1 else step.blocks[0]
+            query = h if te is None else recurrence.add_embedding(h, te, inputs.coords)
+            k, v = inputs.cache.buffer.read(l, position)
+            new_k, new_v = step.source(block, h if step.kv_from_state else S, None, te, inputs, carry, running)
+            found.update(block=block, query=query, k=torch.cat([k, new_k], 2),
+                         v=torch.cat([v, new_v], 2), running=running.clone(), inputs=inputs)
+        return inner(h, S, running, l, state, rule, carry, inputs, te, decide_next, threshold)
+
+    step.forward = spy
+    try:
+        generator.generate([model], batch)
+    finally:
+        step.forward = inner
+    if not found:
+        raise SystemExit(f"block_on_rows.py: no decoder call at position {position} with step {step_index} "
+                         "(ask for a position below --fixed-length and a step the decoder has)")
+    return found
+
+
+def seconds_per_call(fn, calls: int) -> float:
+    fn()
+    start = time.perf_counter()
+    for _ in range(calls):
+        fn()
+    return (time.perf_counter() - start) / calls
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--path", required=True, help="a trained SUT checkpoint")
+    parser.add_argument("--data", required=True, help="its data-bin directory")
+    parser.add_argument("--subset", default="test")
+    parser.add_argument("--sentences", type=int, default=64, help="sentences of the one batch")
+    parser.add_argument("--fixed-length", type=int, default=24)
+    parser.add_argument("--step", type=int, default=3, help="the decoder step timed (1-based)")
+    parser.add_argument("--position", type=int, default=12, help="the decoder call timed (0-based)")
+    parser.add_argument("--rows", type=int, nargs="+", default=[320, 240, 160, 80, 8])
+    parser.add_argument("--repeats", type=int, default=7)
+    args = parser.parse_args()
+    if not 0 <= args.position < args.fixed_length:
+        parser.error(f"--position {args.position}: must be in [0, --fixed-length {args.fixed_length})")
+    torch.manual_seed(0)
+    model, task, _ = load_checkpoint(args.data, args.path, args.subset)
+    model.eval()
+    if not hasattr(model, "set_halting_threshold"):
+        raise SystemExit(f"block_on_rows.py: {args.path} is not a SUT/UT checkpoint")
+    if model.decoder.side.chunk_size:
+        raise SystemExit(f"block_on_rows.py: {args.path} decodes chunk by chunk (no per-call block on rows)")
+    model.set_halting_threshold(0.999)
+    dataset = task.dataset(args.subset)
+    order = [i for i in dataset.ordered_indices() if i < args.sentences]
+    batch = dataset.collater([dataset[i] for i in order])
+    generator = SequenceGenerator([model], task.target_dictionary, beam_size=5, min_len=args.fixed_length,
+                                  max_len_a=0, max_len_b=args.fixed_length)
+    with torch.no_grad():
+        c = capture(model, batch, generator, args.step, args.position)
+        B = c["query"].size(0)
+        rows = sorted({min(R, B) for R in args.rows if R > 0})
+        g = torch.Generator().manual_seed(1)
+        picks = {R: torch.randperm(B, generator=g)[:R].sort().values for R in rows}
+        inputs = c["inputs"]
+
+        def full():
+            return c["block"](c["query"], c["k"], c["v"], c["running"],
+                              self_padding_mask=inputs.self_padding_mask, q_start=inputs.q_start,
+                              cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                              cross_padding_mask=inputs.cross_padding_mask)
+
+        def on_rows(R):
+            return lambda: recurrence.block_on_rows(c["block"], picks[R], c["query"], c["k"], c["v"],
+                                                    c["running"], inputs)
+
+        times = {"full": [], **{R: [] for R in rows}}
+        for _ in range(args.repeats):  # interleaved: a slow phase of the machine hits all alike
+            times["full"].append(seconds_per_call(full, 10))
+            for R in rows:
+                times[R].append(seconds_per_call(on_rows(R), 10))
+    ms = {key: 1e3 * statistics.median(t) for key, t in times.items()}
+    mean_r = sum(rows) / len(rows)
+    mean_t = sum(ms[R] for R in rows) / len(rows)
+    slope = (sum((R - mean_r) * (ms[R] - mean_t) for R in rows)
+             / max(sum((R - mean_r) ** 2 for R in rows), 1e-12))
+    per_call = mean_t - slope * mean_r
+    print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; step {args.step} "
+          f"of the decoder call at position {args.position}, {B} rows "
+          f"({args.sentences} sentences x beam 5), {c['k'].size(2)} cached positions")
+    print(f"full block {ms['full']:.2f} ms; block on R rows: "
+          + ", ".join(f"R={R} {ms[R]:.2f} ms" for R in rows))
+    print(f"cost(R) = {per_call:.2f} ms + {1e3 * slope:.1f} us x R; "
+          f"per-call share of a full block f = {per_call / ms['full']:.2f}")
+
+
+if __name__ == "__main__":
+    main()
