@@ -64,7 +64,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
     "sut_fairseq/modules/chunk_cache.py": ("test_chunk_cache.py", "test_chunked.py"),
     "sut_fairseq/modules/chunked_recurrence.py": ("test_chunk_layout.py", "test_chunked_halting_result.py",
                                                   "test_chunked_recurrence.py", "test_chunked.py"),
-    "sut_fairseq/modules/decoder_cache.py": ("test_decoder_cache.py", "test_incremental.py"),
+    "sut_fairseq/modules/decoder_cache.py": ("test_decoder_cache.py", "test_incremental.py", "test_encoder_reorder.py"),
     "sut_fairseq/modules/dropout.py": ("test_dropout.py",),
     "sut_fairseq/modules/exits.py": ("test_exit_contract.py", "test_exits.py"),
     "sut_fairseq/modules/expert_linear.py": ("test_expert_layers.py",),
@@ -131,6 +131,7 @@ TARGETS: Dict[str, Tuple[str, ...]] = {
                                               "test_options_off.py", "test_exits.py", "test_chunk_positions.py",
                                               "test_chunk_cache.py", "test_step_accounting.py",
                                               "test_step_embedding.py", "test_decoding_golden.py",
+                                              "test_encoder_reorder.py",
                                               "test_checkpoint_golden.py", "test_halting_rules.py", "test_sut_model.py"),
     # last: its tests compile (tens of seconds per mutant)
     "sut_fairseq/compiler.py": ("test_compiled_step.py",),
