@@ -7,7 +7,7 @@ import torch
 from fairseq.modules import PositionalEmbedding
 
 from sut_fairseq.models.sut_transformer import last_position
-from sut_fairseq.modules.decoder_cache import first_beam_copies, reorder_encoder_rows
+from sut_fairseq.modules.decoder_cache import first_beam_copies, reorder_encoder_rows, whole_groups
 
 S, D = 5, 3
 
@@ -80,9 +80,15 @@ def test_a_reorder_across_the_sentences_copies_and_forgets_the_copies():
 
 @pytest.mark.parametrize("order,rows,copies", [
     ([0, 0, 1, 1], 2, 2), ([0, 1, 0, 1], 2, 0), ([0, 1, 2], 3, 0), ([1, 1, 0, 0], 2, 0),
-    ([0, 0, 0], 1, 3), ([0, 0, 1], 2, 0)])
+    ([0, 0, 0], 1, 3), ([0, 0, 1], 2, 0), ([], 0, 0)])
 def test_only_a_repeat_in_place_counts_as_beam_copies(order, rows, copies):
     assert first_beam_copies(torch.tensor(order), rows) == copies
+
+
+def test_only_groups_of_rows_from_one_sentence_are_whole():
+    assert whole_groups(torch.tensor([3, 2, 0, 1]), 2)  # groups (3, 2) -> sentence 1, (0, 1) -> 0
+    assert not whole_groups(torch.tensor([3, 4, 0, 1]), 2)  # 3 and 4: two sentences
+    assert not whole_groups(torch.tensor([3, 2, 1]), 2)  # not a whole number of groups
 
 
 def test_reorders_without_beam_copies_equal_index_select():
