@@ -19,18 +19,17 @@ a share f, a step that skips a fraction s of its rows saves at most (1 - f) · s
         [--sentences 64] [--step 3] [--position 12] [--rows 320 240 160 80 8] [--repeats 7]
 """
 import argparse
-import logging
+import os
 import statistics
 import sys
 import time
 
 import torch
 
-logging.disable(logging.WARNING)
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from decode_halting import load  # noqa: E402  (this folder is on sys.path)
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
-from sut_fairseq.analysis.sweep import load_checkpoint  # noqa: E402
 from sut_fairseq.modules import recurrence  # noqa: E402
 
 
@@ -85,17 +84,11 @@ def main():
     if not 0 <= args.position < args.fixed_length:
         parser.error(f"--position {args.position}: must be in [0, --fixed-length {args.fixed_length})")
     torch.manual_seed(0)
-    model, task, _ = load_checkpoint(args.data, args.path, args.subset)
-    model.eval()
-    if not hasattr(model, "set_halting_threshold"):
-        raise SystemExit(f"block_on_rows.py: {args.path} is not a SUT/UT checkpoint")
+    model, target_dictionary, (batch,) = load(args.path, args.data, args.subset, args.sentences, args.sentences)
     if model.decoder.side.chunk_size:
         raise SystemExit(f"block_on_rows.py: {args.path} decodes chunk by chunk (no per-call block on rows)")
     model.set_halting_threshold(0.999)
-    dataset = task.dataset(args.subset)
-    order = [i for i in dataset.ordered_indices() if i < args.sentences]
-    batch = dataset.collater([dataset[i] for i in order])
-    generator = SequenceGenerator([model], task.target_dictionary, beam_size=5, min_len=args.fixed_length,
+    generator = SequenceGenerator([model], target_dictionary, beam_size=5, min_len=args.fixed_length,
                                   max_len_a=0, max_len_b=args.fixed_length)
     with torch.no_grad():
         c = capture(model, batch, generator, args.step, args.position)

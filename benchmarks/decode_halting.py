@@ -45,6 +45,7 @@ sentence's natural end the tokens are the model's continuation).
 """
 import argparse
 import logging
+import os
 import sys
 import time
 
@@ -63,7 +64,7 @@ def load(path: str, data: str, subset: str, sentences: int, batch_size: int):
     model, task, _ = load_checkpoint(data, path, subset)
     model.eval()
     if not hasattr(model, "set_halting_threshold"):
-        raise SystemExit(f"decode_halting.py: {path} is not a SUT/UT checkpoint (no halting threshold)")
+        raise SystemExit(f"{os.path.basename(sys.argv[0])}: {path} is not a SUT/UT checkpoint (no halting threshold)")
     dataset = task.dataset(subset)
     order = [i for i in dataset.ordered_indices() if i < sentences]  # ids 0..sentences-1
     batches = [dataset.collater([dataset[i] for i in order[s:s + batch_size]])

@@ -108,12 +108,11 @@ def last_position(embed_positions: nn.Module, tokens: torch.Tensor) -> torch.Ten
     """``embed_positions(tokens)[:, -1:]`` (B, 1, d) for tokens (B, T): the last column's
     position counted over the real tokens of the prefix, only its row of the sinusoid table
     looked up (not the B x T rows of the whole prefix)."""
-    table = getattr(embed_positions, "weights", None)
-    pad = getattr(embed_positions, "padding_idx", None)
-    if (not isinstance(embed_positions, SinusoidalPositionalEmbedding) or pad is None
-            or table.size(0) < pad + 1 + tokens.size(1)):  # the module grows its table
-        return embed_positions(tokens)[:, -1:]
-    return table.index_select(0, utils.make_positions(tokens, pad)[:, -1]).unsqueeze(1).detach()
+    if (not isinstance(embed_positions, SinusoidalPositionalEmbedding)
+            or embed_positions.weights.size(0) < embed_positions.padding_idx + 1 + tokens.size(1)):
+        return embed_positions(tokens)[:, -1:]  # (the module grows its table first)
+    last = utils.make_positions(tokens, embed_positions.padding_idx)[:, -1]
+    return embed_positions.weights.index_select(0, last).unsqueeze(1)
 
 
 def encoder_out_dict(out: torch.Tensor, padding_mask: torch.Tensor, src_lengths, halting) -> dict:

@@ -417,8 +417,10 @@ class SideRecurrence:
         rule = self.step.halting if rule is None else rule
         max_steps = self.num_steps
         full = inputs.cache is NO_CACHE
-        compiles = full and rule is self.step.halting and compiled is not None
-        if compiles and isinstance(compiled.step, TensorLoop) and compiled.usable(h0.device):
+        compiles = (full and rule is self.step.halting and compiled is not None
+                    and compiled.usable(h0.device))
+        loop = compiles and isinstance(compiled.step, TensorLoop)
+        if loop:
             try:
                 return self._run_loop(compiled, h0, inputs, rule, max_steps)
             except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
@@ -428,7 +430,7 @@ class SideRecurrence:
         state = rule.begin(h0, inputs.real, prefix_in)
         carry = KeyValueCarry() if full and self.step.carries_kv else None
         call = self.step
-        if compiles and not isinstance(compiled.step, TensorLoop) and compiled.usable(h0.device):
+        if compiles and not loop:
             call = CompiledCall(compiled, rule)
         h, S, running = h0, h0, inputs.real
         for l in range(1, max_steps + 1):
