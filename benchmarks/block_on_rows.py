@@ -13,10 +13,20 @@ each R of ``--rows`` (the medians of ``--repeats`` interleaved rounds), and fits
     cost(R) = a + b · R        (least squares over the R timed)
 
 Printed: the medians, the fit, and ``per-call share of a full block f = a / full``. With
-a share f, a step that skips a fraction s of its rows saves at most (1 - f) · s of its time.
+a share f, a step that skips a fraction s of its rows saves at most (1 - f) · s of its time;
+a skipped row saves b, whatever a is.
+
+With ``--halted S ...``, for each share S of the call's rows (chosen at random) halted,
+the two ways a step can run them: the block on every row with the halted ones masked (the
+routers send them to no expert: only the routed projections skip them) and
+``block_on_rows`` on the running rows (what incremental decoding does from
+``recurrence.COMPACT_HALTED_SHARE`` halted)::
+
+    with S halted: block on every row (masked) X ms, on the running rows Y ms
 
     python benchmarks/block_on_rows.py --path CHECKPOINT --data DATA_BIN
         [--sentences 64] [--step 3] [--position 12] [--rows 320 240 160 80 8] [--repeats 7]
+        [--halted 0.1 0.2 0.3]
 """
 import argparse
 import os
@@ -61,6 +71,15 @@ def capture(model, batch, generator, step_index: int, position: int):
     return found
 
 
+def masked(c, running):
+    """The captured block on every row with ``running`` (B, 1) as its mask."""
+    inputs = c["inputs"]
+    return lambda: c["block"](c["query"], c["k"], c["v"], running,
+                              self_padding_mask=inputs.self_padding_mask, q_start=inputs.q_start,
+                              cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                              cross_padding_mask=inputs.cross_padding_mask)
+
+
 def seconds_per_call(fn, calls: int) -> float:
     fn()
     start = time.perf_counter()
@@ -80,9 +99,14 @@ def main():
     parser.add_argument("--position", type=int, default=12, help="the decoder call timed (0-based)")
     parser.add_argument("--rows", type=int, nargs="+", default=[320, 240, 160, 80, 8])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--halted", type=float, nargs="*", default=[], metavar="S",
+                        help="shares of the rows halted, each in (0, 1): the block masked against on the running rows")
     args = parser.parse_args()
     if not 0 <= args.position < args.fixed_length:
         parser.error(f"--position {args.position}: must be in [0, --fixed-length {args.fixed_length})")
+    for share in args.halted:
+        if not 0 < share < 1:
+            parser.error(f"--halted {share}: a share of the rows must be in (0, 1)")
     torch.manual_seed(0)
     model, target_dictionary, (batch,) = load(args.path, args.data, args.subset, args.sentences, args.sentences)
     if model.decoder.side.chunk_size:
@@ -98,21 +122,25 @@ def main():
         picks = {R: torch.randperm(B, generator=g)[:R].sort().values for R in rows}
         inputs = c["inputs"]
 
-        def full():
-            return c["block"](c["query"], c["k"], c["v"], c["running"],
-                              self_padding_mask=inputs.self_padding_mask, q_start=inputs.q_start,
-                              cross_k=inputs.cross_k, cross_v=inputs.cross_v,
-                              cross_padding_mask=inputs.cross_padding_mask)
+        full = masked(c, c["running"])  # every row running
 
         def on_rows(R):
             return lambda: recurrence.block_on_rows(c["block"], picks[R], c["query"], c["k"], c["v"],
                                                     c["running"], inputs)
 
-        times = {"full": [], **{R: [] for R in rows}}
+        calls = {"full": full, **{R: on_rows(R) for R in rows}}
+        for share in args.halted:  # the same random rows halted both ways
+            halted = min(max(round(share * B), 1), B - 1)  # some rows halted, some running
+            keep = torch.randperm(B, generator=g)[halted:].sort().values
+            running = torch.zeros_like(c["running"])
+            running[keep] = True
+            calls[("masked", share)] = masked(c, running)
+            calls[("rows", share)] = (lambda keep=keep, running=running: recurrence.block_on_rows(
+                c["block"], keep, c["query"], c["k"], c["v"], running, inputs))
+        times = {key: [] for key in calls}
         for _ in range(args.repeats):  # interleaved: a slow phase of the machine hits all alike
-            times["full"].append(seconds_per_call(full, 10))
-            for R in rows:
-                times[R].append(seconds_per_call(on_rows(R), 10))
+            for key, call in calls.items():
+                times[key].append(seconds_per_call(call, 10))
     ms = {key: 1e3 * statistics.median(t) for key, t in times.items()}
     mean_r = sum(rows) / len(rows)
     mean_t = sum(ms[R] for R in rows) / len(rows)
@@ -126,6 +154,9 @@ def main():
           + ", ".join(f"R={R} {ms[R]:.2f} ms" for R in rows))
     print(f"cost(R) = {per_call:.2f} ms + {1e3 * slope:.1f} us x R; "
           f"per-call share of a full block f = {per_call / ms['full']:.2f}")
+    for share in args.halted:
+        print(f"with {share:g} halted: block on every row (masked) {ms[('masked', share)]:.2f} ms, "
+              f"on the running rows {ms[('rows', share)]:.2f} ms")
 
 
 if __name__ == "__main__":

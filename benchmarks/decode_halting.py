@@ -31,6 +31,12 @@ fairseq's log-softmax of the logits, and the rest, fairseq's beam search itself:
 
       where the time goes: decoder steps X%, output layer Y%, the decoder's other work Z%, encoder E%, reorders R%, log-softmax S%, beam search G%
 
+and, where some rows halted, where those rows fall: in steps whose block ran on the
+running rows alone, or in steps with too few rows halted for that, where the block runs on
+every row and a halted row saves only its routed projections::
+
+      halted rows in the decoder's steps: N, X% in steps on the running rows alone, Y% in steps with fewer than 25% of the rows halted (block on every row)
+
 A lower threshold can also change how long the hypotheses are, and a batch whose last
 sentences run long decodes them with few rows per call, which costs more per position
 whatever the halting. ``--fixed-length L`` removes that: every hypothesis is exactly L
@@ -56,6 +62,7 @@ logging.disable(logging.WARNING)
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from sut_fairseq.analysis.sweep import load_checkpoint  # noqa: E402
+from sut_fairseq.modules import recurrence  # noqa: E402
 
 
 def load(path: str, data: str, subset: str, sentences: int, batch_size: int):
@@ -124,6 +131,35 @@ def clocks_for(model) -> Clocks:
     return clocks
 
 
+class HaltedRows:
+    """Where the decoder's halted rows fall: for every incremental decoder step with some
+    rows halted and some running, its halted rows, counted under ``compacted`` when the
+    block ran on the running rows alone (at least ``recurrence.COMPACT_HALTED_SHARE`` of
+    the call's rows halted) and under ``masked`` otherwise (the block on every row, the
+    halted ones only dropped from the routed projections). Reads the ``running`` mask that
+    ``recurrence.running_rows`` is given (one host read per step, as it makes itself)."""
+
+    def __init__(self):
+        self.compacted = self.masked = 0
+        inner = recurrence.running_rows
+
+        def counted(running, query, inputs, z, memory_kv):
+            rows = inner(running, query, inputs, z, memory_kv)
+            if inputs.cache is not recurrence.NO_CACHE and query.size(1) == 1:
+                halted = running.size(0) - int(running[:, 0].sum())
+                if 0 < halted < running.size(0):
+                    if rows is None:
+                        self.masked += halted
+                    else:
+                        self.compacted += halted
+            return rows
+
+        recurrence.running_rows = counted
+
+    def reset(self) -> None:
+        self.compacted = self.masked = 0
+
+
 def shares(parts: dict, seconds: float) -> str:
     """``parts`` (Clocks.seconds summed over batches) as percentages of ``seconds``."""
     rest = {"decoder steps": parts["steps"], "output layer": parts["output"],
@@ -167,6 +203,7 @@ def main():
     generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
     meter = model.step_meter
     clocks = clocks_for(model)
+    halted = HaltedRows()
     n = sum(b["nsentences"] for b in batches)
     length = "" if args.fixed_length is None else f", every hypothesis {args.fixed_length} tokens"
     print(f"torch {torch.__version__}, cpu, {torch.get_num_threads()} threads; {args.path}; "
@@ -176,15 +213,19 @@ def main():
             model.set_halting_threshold(threshold)
             decode_all(generator, model, batches[:1], [])
         figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
-                       "positions": 0, "parts": dict.fromkeys(clocks.seconds, 0.0)}
+                       "positions": 0, "parts": dict.fromkeys(clocks.seconds, 0.0),
+                       "halted": {"compacted": 0, "masked": 0}}
                    for t in args.thresholds}
         for i, sample in enumerate(batches, 1):
             for threshold in args.thresholds:
                 model.set_halting_threshold(threshold)
                 meter.reset()
                 clocks.reset()
+                halted.reset()
                 decode_all(generator, model, [sample], figures[threshold]["seconds"])
                 f = figures[threshold]
+                f["halted"]["compacted"] += halted.compacted
+                f["halted"]["masked"] += halted.masked
                 for part, seconds in clocks.seconds.items():
                     f["parts"][part] += seconds
                 for side in ("enc", "dec"):
@@ -210,6 +251,12 @@ def main():
               f"decoder steps {step_seconds:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time, "
               f"output layer {100 * f['parts']['output'] / seconds:.1f}%")
         print(f"  where the time goes: {shares(f['parts'], seconds)}")
+        rows_halted = f["halted"]["compacted"] + f["halted"]["masked"]
+        if rows_halted:
+            print(f"  halted rows in the decoder's steps: {rows_halted}, "
+                  f"{100 * f['halted']['compacted'] / rows_halted:.1f}% in steps on the running rows "
+                  f"alone, {100 * f['halted']['masked'] / rows_halted:.1f}% in steps with fewer than "
+                  f"{recurrence.COMPACT_HALTED_SHARE:.0%} of the rows halted (block on every row)")
     base = rows[args.thresholds[0]]
     for threshold in args.thresholds[1:]:
         r = rows[threshold]

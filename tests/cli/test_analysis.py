@@ -338,6 +338,45 @@ def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skip
     for (t, steps, output), row in zip(found, parts):
         assert row[0] == steps and row[1] == output, out
         assert all(float(p) >= 0 for p in row) and float(row[-1]) > 0 and abs(sum(map(float, row)) - 100) < 0.5, out
+    # where the halted rows fall (only where a step ran with some rows halted; this small
+    # model halts whole calls at once): never at 0.999, the two parts adding up otherwise
+    halted = re.findall(r"^  halted rows in the decoder's steps: (\d+), ([\d.]+)% in steps on the running rows "
+                        r"alone, ([\d.]+)% in steps with fewer than 25% of the rows halted \(block on every row\)$",
+                        out, re.M)
+    assert len(halted) <= 1 and all(abs(float(a) + float(b) - 100) < 0.11 for _, a, b in halted), out
+    if halted:
+        assert out.index("halted rows in the decoder's steps") > out.index("alpha_thresh 0.4:"), out
+
+
+def test_decode_halting_counts_where_the_halted_rows_fall(monkeypatch):
+    """``HaltedRows``: the halted rows of incremental decoder steps, under ``compacted`` when
+    the block runs on the running rows alone (at least a quarter halted), ``masked`` below;
+    steps with no row or every row halted, and the encoder's calls, are not counted."""
+    import types
+
+    from sut_fairseq.modules import recurrence
+
+    monkeypatch.setattr(recurrence, "running_rows", recurrence.running_rows)  # restored after
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import decode_halting
+
+    counter = decode_halting.HaltedRows()
+    decoding = types.SimpleNamespace(cache=object(), coords=None)
+    query = torch.zeros(8, 1, 4)
+
+    def step(halted, inputs=decoding):
+        running = torch.ones(8, 1, dtype=torch.bool)
+        running[:halted] = False
+        return recurrence.running_rows(running, query, inputs, None, None)
+
+    assert step(3).tolist() == [3, 4, 5, 6, 7]  # the rows returned as before
+    assert (counter.compacted, counter.masked) == (3, 0)
+    assert step(1) is None and (counter.compacted, counter.masked) == (3, 1)
+    step(0), step(8)  # nothing halted, everything halted
+    step(4, types.SimpleNamespace(cache=recurrence.NO_CACHE, coords=None))  # a full forward
+    assert (counter.compacted, counter.masked) == (3, 1)
+    counter.reset()
+    assert (counter.compacted, counter.masked) == (0, 0)
 
 
 def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_threshold(trained):
@@ -367,7 +406,7 @@ def test_block_on_rows_benchmark_fits_a_part_per_call_and_a_part_per_row(trained
     common = [sys.executable, script, "--path", ckpt, "--data", data_bin, "--sentences", "12",
               "--fixed-length", "6", "--step", "2", "--repeats", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(common + ["--position", "3", "--rows", "100", "30", "4"],
+    proc = subprocess.run(common + ["--position", "3", "--rows", "100", "30", "4", "--halted", "0.5", "0.25"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
@@ -377,5 +416,10 @@ def test_block_on_rows_benchmark_fits_a_part_per_call_and_a_part_per_row(trained
     assert timed == ["4", "30", "60"], out
     assert re.search(r"^cost\(R\) = -?[\d.]+ ms \+ -?[\d.]+ us x R; per-call share of a full block "
                      r"f = -?[\d.]+$", out, re.M), out
+    halted = re.findall(r"^with ([\d.]+) halted: block on every row \(masked\) [\d.]+ ms, on the running "
+                        r"rows [\d.]+ ms$", out, re.M)
+    assert halted == ["0.5", "0.25"], out
     bad = subprocess.run(common + ["--position", "6"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "--position 6: must be in [0, --fixed-length 6)" in bad.stderr
+    bad = subprocess.run(common + ["--position", "3", "--halted", "1"], capture_output=True, text=True, timeout=300, env=env)
+    assert bad.returncode == 2 and "--halted 1.0: a share of the rows must be in (0, 1)" in bad.stderr
