@@ -47,11 +47,18 @@ sentence's natural end the tokens are the model's continuation).
 
     python benchmarks/decode_halting.py --path CHECKPOINT --data DATA_BIN
         [--subset test] [--sentences 500] [--thresholds 0.999 0.5] [--beam 5] [--batch-size 64]
-        [--fixed-length L]
+        [--fixed-length L] [--rounds N]
+
+The figures printed are pooled over ``--rounds`` passes over the sentences; with more than
+one, each comparison also prints each pass's ratio and their median::
+
+      each of the N rounds, time saved per position / decoder steps skipped: r1, r2, ...; median M
+      each of the N rounds, in the decoder steps alone: s1, s2, ...; median M
 """
 import argparse
 import logging
 import os
+import statistics
 import sys
 import time
 
@@ -178,6 +185,70 @@ def decode_all(generator, model, batches, seconds):
         seconds.append(time.perf_counter() - start)
 
 
+def one_round(generator, model, batches, thresholds, clocks: Clocks, halted: HaltedRows, label: str) -> dict:
+    """One pass over ``batches``, the thresholds taking turns batch by batch. Returns per
+    threshold: seconds per batch, decoder and encoder steps executed and their maxima,
+    decoder positions, the Clocks' parts and the halted rows' counts."""
+    meter = model.step_meter
+    figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
+                   "positions": 0, "parts": dict.fromkeys(clocks.seconds, 0.0),
+                   "halted": {"compacted": 0, "masked": 0}}
+               for t in thresholds}
+    for i, sample in enumerate(batches, 1):
+        for threshold in thresholds:
+            model.set_halting_threshold(threshold)
+            meter.reset()
+            clocks.reset()
+            halted.reset()
+            f = figures[threshold]
+            decode_all(generator, model, [sample], f["seconds"])
+            f["halted"]["compacted"] += halted.compacted
+            f["halted"]["masked"] += halted.masked
+            for part, seconds in clocks.seconds.items():
+                f["parts"][part] += seconds
+            for side in ("enc", "dec"):
+                f["executed"][side] += meter.executed[side]
+                f["maximum"][side] += meter.maximum[side]
+            f["positions"] += meter.positions["dec"]
+        print(f"[{label}batch {i}/{len(batches)}] " + ", ".join(
+            f"{t}: {sum(figures[t]['seconds']):.1f} s" for t in thresholds), file=sys.stderr, flush=True)
+    return figures
+
+
+def pooled(rounds: list) -> dict:
+    """The rounds' figures (``one_round``'s) added up, per threshold."""
+    out = {}
+    for t in rounds[0]:
+        fs = [r[t] for r in rounds]
+        out[t] = {"seconds": [x for f in fs for x in f["seconds"]],
+                  "positions": sum(f["positions"] for f in fs),
+                  **{key: {k: sum(f[key][k] for f in fs) for k in fs[0][key]}
+                     for key in ("executed", "maximum", "parts", "halted")}}
+    return out
+
+
+def summary(f: dict) -> dict:
+    """Seconds per decoder position (all, and in the decoder's steps), the steps' share of
+    the time, and the decoder's and encoder's steps executed (fractions)."""
+    seconds = sum(f["seconds"])
+    return {"seconds": seconds, "per_position": seconds / f["positions"],
+            "steps_per_position": f["parts"]["steps"] / f["positions"],
+            "share": f["parts"]["steps"] / seconds,
+            "dec": f["executed"]["dec"] / f["maximum"]["dec"],
+            "enc": f["executed"]["enc"] / f["maximum"]["enc"]}
+
+
+def comparison(base: dict, r: dict) -> dict:
+    """One threshold's ``summary`` against the reference's: time per position saved,
+    decoder steps skipped, and the ratios (None where no decoder step was skipped)."""
+    saved = 1 - r["per_position"] / base["per_position"]
+    skipped = 1 - r["dec"] / base["dec"]
+    in_steps = 1 - r["steps_per_position"] / base["steps_per_position"]
+    return {"saved": saved, "skipped": skipped, "in_steps": in_steps,
+            "ratio": saved / skipped if skipped > 0 else None,
+            "in_steps_ratio": in_steps / skipped if skipped > 0 else None}
+
+
 def main():
     parser = argparse.ArgumentParser(description="Does halting save decoding time? Beam search "
                                      "with a trained SUT/UT checkpoint at several alpha_thresh.")
@@ -193,15 +264,21 @@ def main():
     parser.add_argument("--fixed-length", type=int, metavar="L",
                         help="every hypothesis exactly L tokens: the same decoder calls and rows "
                              "at every threshold (default: fairseq-generate's own lengths)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="passes over the sentences; with more than one, each pass's ratios "
+                             "and their median are printed too (default 1)")
     args = parser.parse_args()
     if args.fixed_length is not None and args.fixed_length < 1:
         parser.error(f"--fixed-length {args.fixed_length}: needs at least one token (L >= 1)")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: needs at least one pass (N >= 1)")
+    if len(set(args.thresholds)) != len(args.thresholds):
+        parser.error(f"--thresholds {' '.join(map(str, args.thresholds))}: each threshold once")
     torch.manual_seed(0)
     model, tgt_dict, batches = load(args.path, args.data, args.subset, args.sentences, args.batch_size)
     lengths = {} if args.fixed_length is None else dict(
         min_len=args.fixed_length, max_len_a=0, max_len_b=args.fixed_length)
     generator = SequenceGenerator([model], tgt_dict, beam_size=args.beam, **lengths)
-    meter = model.step_meter
     clocks = clocks_for(model)
     halted = HaltedRows()
     n = sum(b["nsentences"] for b in batches)
@@ -212,43 +289,18 @@ def main():
         for threshold in args.thresholds:  # untimed: allocator, caches
             model.set_halting_threshold(threshold)
             decode_all(generator, model, batches[:1], [])
-        figures = {t: {"seconds": [], "executed": {"enc": 0, "dec": 0}, "maximum": {"enc": 0, "dec": 0},
-                       "positions": 0, "parts": dict.fromkeys(clocks.seconds, 0.0),
-                       "halted": {"compacted": 0, "masked": 0}}
-                   for t in args.thresholds}
-        for i, sample in enumerate(batches, 1):
-            for threshold in args.thresholds:
-                model.set_halting_threshold(threshold)
-                meter.reset()
-                clocks.reset()
-                halted.reset()
-                decode_all(generator, model, [sample], figures[threshold]["seconds"])
-                f = figures[threshold]
-                f["halted"]["compacted"] += halted.compacted
-                f["halted"]["masked"] += halted.masked
-                for part, seconds in clocks.seconds.items():
-                    f["parts"][part] += seconds
-                for side in ("enc", "dec"):
-                    f["executed"][side] += meter.executed[side]
-                    f["maximum"][side] += meter.maximum[side]
-                f["positions"] += meter.positions["dec"]
-            print(f"[batch {i}/{len(batches)}] " + ", ".join(
-                f"{t}: {sum(figures[t]['seconds']):.1f} s" for t in args.thresholds),
-                file=sys.stderr, flush=True)
-    rows = {}
+        rounds = [one_round(generator, model, batches, args.thresholds, clocks, halted,
+                            f"round {k}/{args.rounds}, " if args.rounds > 1 else "")
+                  for k in range(1, args.rounds + 1)]
+    figures = pooled(rounds)
+    rows = {t: summary(f) for t, f in figures.items()}
     for threshold in args.thresholds:
-        f = figures[threshold]
-        seconds = sum(f["seconds"])
-        step_seconds = f["parts"]["steps"]
-        rows[threshold] = {"per_position": seconds / f["positions"],
-                           "steps_per_position": step_seconds / f["positions"],
-                           "share": step_seconds / seconds,
-                           "dec": f["executed"]["dec"] / f["maximum"]["dec"],
-                           "enc": f["executed"]["enc"] / f["maximum"]["enc"]}
-        print(f"alpha_thresh {threshold}: {n / seconds:.2f} sentences/s, {f['positions']} decoder "
-              f"positions, {1e6 * rows[threshold]['per_position']:.0f} us/position, decoder steps "
-              f"executed {100 * rows[threshold]['dec']:.1f}%, encoder {100 * rows[threshold]['enc']:.1f}%; "
-              f"decoder steps {step_seconds:.1f} s, {100 * rows[threshold]['share']:.1f}% of the time, "
+        f, row = figures[threshold], rows[threshold]
+        seconds = row["seconds"]
+        print(f"alpha_thresh {threshold}: {n * args.rounds / seconds:.2f} sentences/s, {f['positions']} decoder "
+              f"positions, {1e6 * row['per_position']:.0f} us/position, decoder steps "
+              f"executed {100 * row['dec']:.1f}%, encoder {100 * row['enc']:.1f}%; "
+              f"decoder steps {f['parts']['steps']:.1f} s, {100 * row['share']:.1f}% of the time, "
               f"output layer {100 * f['parts']['output'] / seconds:.1f}%")
         print(f"  where the time goes: {shares(f['parts'], seconds)}")
         rows_halted = f["halted"]["compacted"] + f["halted"]["masked"]
@@ -257,20 +309,25 @@ def main():
                   f"{100 * f['halted']['compacted'] / rows_halted:.1f}% in steps on the running rows "
                   f"alone, {100 * f['halted']['masked'] / rows_halted:.1f}% in steps with fewer than "
                   f"{recurrence.COMPACT_HALTED_SHARE:.0%} of the rows halted (block on every row)")
-    base = rows[args.thresholds[0]]
+    reference = args.thresholds[0]
     for threshold in args.thresholds[1:]:
-        r = rows[threshold]
-        saved = 1 - r["per_position"] / base["per_position"]
-        skipped = 1 - r["dec"] / base["dec"]
-        ratio = f"{saved / skipped:.2f}" if skipped > 0 else "n/a (no decoder step skipped)"
-        print(f"alpha_thresh {threshold} against {args.thresholds[0]}: time per position saved "
-              f"{100 * saved:.1f}%, decoder steps skipped {100 * skipped:.1f}%; time saved per "
+        c = comparison(rows[reference], rows[threshold])
+        ratio = "n/a (no decoder step skipped)" if c["ratio"] is None else f"{c['ratio']:.2f}"
+        print(f"alpha_thresh {threshold} against {reference}: time per position saved "
+              f"{100 * c['saved']:.1f}%, decoder steps skipped {100 * c['skipped']:.1f}%; time saved per "
               f"position / decoder steps skipped: {ratio}")
-        in_steps = 1 - r["steps_per_position"] / base["steps_per_position"]
-        ratio = f"{in_steps / skipped:.2f}" if skipped > 0 else "n/a"
-        print(f"  in the decoder steps alone: time saved {100 * in_steps:.1f}%, time saved / steps "
+        ratio = "n/a" if c["in_steps_ratio"] is None else f"{c['in_steps_ratio']:.2f}"
+        print(f"  in the decoder steps alone: time saved {100 * c['in_steps']:.1f}%, time saved / steps "
               f"skipped: {ratio} (the whole decoding's ratio is at most about the steps' share of "
-              f"the time, {base['share']:.2f})")
+              f"the time, {rows[reference]['share']:.2f})")
+        if args.rounds > 1 and c["ratio"] is not None:
+            each = [comparison(summary(r[reference]), summary(r[threshold])) for r in rounds]
+            for key, what in (("ratio", "time saved per position / decoder steps skipped"),
+                              ("in_steps_ratio", "in the decoder steps alone")):
+                values = [e[key] for e in each if e[key] is not None]
+                print(f"  each of the {args.rounds} rounds, {what}: "
+                      + ", ".join(f"{v:.2f}" for v in values)
+                      + f"; median {statistics.median(values):.2f}")
 
 
 if __name__ == "__main__":

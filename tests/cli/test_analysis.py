@@ -387,14 +387,28 @@ def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_th
     common = [sys.executable, script, "--path", ckpt, "--data", data_bin, "--sentences", "12",
               "--batch-size", "5", "--beam", "2", "--thresholds", "0.999", "0.4"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(common + ["--fixed-length", "6"], capture_output=True, text=True, timeout=300, env=env)
+    proc = subprocess.run(common + ["--fixed-length", "6", "--rounds", "2"], capture_output=True, text=True,
+                          timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     assert re.search(r"in 3 batches, beam 2, every hypothesis 6 tokens$", out, re.M), out
+    # pooled over the two rounds: twice the positions of one pass
     positions = dict(re.findall(r"^alpha_thresh ([\d.]+): [\d.]+ sentences/s, (\d+) decoder positions", out, re.M))
-    assert positions == {"0.999": str(12 * 2 * 7), "0.4": str(12 * 2 * 7)}, out
-    bad = subprocess.run(common + ["--fixed-length", "0"], capture_output=True, text=True, timeout=300, env=env)
-    assert bad.returncode == 2 and "--fixed-length 0: needs at least one token (L >= 1)" in bad.stderr
+    assert positions == {"0.999": str(2 * 12 * 2 * 7), "0.4": str(2 * 12 * 2 * 7)}, out
+    # each round's ratio and their median (the median of two: their mean)
+    for what in ("time saved per position / decoder steps skipped", "in the decoder steps alone"):
+        each = re.search(rf"^  each of the 2 rounds, {re.escape(what)}: (-?[\d.]+), (-?[\d.]+); median (-?[\d.]+)$",
+                         out, re.M)
+        assert each, out
+        a, b, median = map(float, each.groups())
+        assert abs((a + b) / 2 - median) <= 0.011, out  # each printed to 0.01
+    assert "[round 2/2, batch 3/3]" in proc.stderr
+    for flags, message in ((["--fixed-length", "0"], "--fixed-length 0: needs at least one token (L >= 1)"),
+                           (["--rounds", "0"], "--rounds 0: needs at least one pass (N >= 1)"),
+                           (["--thresholds", "0.999", "0.999"], "--thresholds 0.999 0.999: each threshold once")):
+        bad = subprocess.run(common[:-3] + flags if flags[0] == "--thresholds" else common + flags,
+                             capture_output=True, text=True, timeout=300, env=env)
+        assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 
 def test_block_on_rows_benchmark_fits_a_part_per_call_and_a_part_per_row(trained):
