@@ -27,7 +27,7 @@ recipe's inverse-sqrt schedule keeps its shape). Each run is resumable as table5
 
 Stages: *run* trains and evaluates each variant with ``table5.py`` (its stages data,
 train and evaluate; a variant with a ``result.json`` is not run again); *report* reads ``WORK/VARIANT/.../seedN/result.json`` and writes ``WORK/ablation.md`` and
-``WORK/ablation.json`` (accuracy per operator count 7..12 and the validation accuracy).
+``WORK/ablation.json`` (accuracy per operator count 7..12, the updates and the hours of one core of each run).
 Every command is printed before it runs.
 """
 import argparse
@@ -41,6 +41,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 import table5  # noqa: E402
 from sut_fairseq.recipes.summary import markdown_table  # noqa: E402
+from sut_fairseq.recipes.train_log import training_hours  # noqa: E402
 
 #: variant -> (setup, the model's extra fairseq-train options, what it undoes)
 VARIANTS = OrderedDict([
@@ -76,23 +77,29 @@ def result_path(args, variant: str) -> str:
 
 
 def report(args) -> str:
-    """The table of every variant with a result (accuracy per operator count 7..12)."""
+    """The table of every variant with a result (accuracy per operator count 7..12, its
+    updates and the hours of one core its training took, ``train_log.training_hours`` of
+    the run's train.log; "–" without one)."""
     buckets = [str(k) for k in recipe.REPORT_BUCKETS]
     rows, numbers = [], OrderedDict()
     for variant in args.variants:
         path = result_path(args, variant)
         if not os.path.exists(path):
-            rows.append([variant, VARIANTS[variant][2]] + ["–"] * len(buckets) + ["not run"])
+            rows.append([variant, VARIANTS[variant][2]] + ["–"] * len(buckets) + ["not run", "–"])
             continue
         with open(path) as handle:
             result = json.load(handle)
         accuracy = {k: result["accuracy"][k]["accuracy"] for k in buckets if k in result["accuracy"]}
+        log = os.path.join(os.path.dirname(path), "train.log")
+        hours = training_hours(log) if os.path.exists(log) else None
         numbers[variant] = {"undone": VARIANTS[variant][2], "accuracy": accuracy,
-                            "updates": result.get("updates"), "result": os.path.abspath(path)}
+                            "updates": result.get("updates"), "core_hours": hours,
+                            "result": os.path.abspath(path)}
         rows.append([variant, VARIANTS[variant][2]]
                     + [f"{accuracy[k]:.1f}" if k in accuracy else "–" for k in buckets]
-                    + [result.get("updates")])
-    table = markdown_table(["variant", "difference undone", *buckets, "updates"], rows, numeric_from=2)
+                    + [result.get("updates"), "–" if hours is None else f"{hours:.2f}"])
+    table = markdown_table(["variant", "difference undone", *buckets, "updates", "core-hours"], rows,
+                           numeric_from=2)
     text = (f"GUT on logical inference (standard protocol, seed {args.seed}, {args.max_update} updates): "
             "accuracy (%) per number of operators\n\n" + table + "\n")
     recipe.write_text_atomic(os.path.join(args.work_dir, "ablation.md"), text)

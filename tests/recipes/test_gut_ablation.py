@@ -66,14 +66,21 @@ def test_the_report_tables_the_variants_with_results(tmp_path):
         run.mkdir(parents=True)
         scores = {str(k): {"accuracy": accuracy + k} for k in range(7, 13)}
         (run / "result.json").write_text(json.dumps({"accuracy": scores, "updates": 2000}))
+    # the paper run's log: 1,000 updates at 0.5 update/s then 1,000 at 1 update/s: 0.83 hours
+    (work / "paper" / "classify" / "gut" / "standard" / "seed1" / "train.log").write_text(
+        "| train_inner | epoch 001:  10 / 20 loss=1, ups=0.5, num_updates=1000, lr=0.1\n"
+        "| train_inner | epoch 001:  20 / 20 loss=1, ups=1, num_updates=2000, lr=0.1\n")
     out = in_process([sys.executable, ABLATION, "--work-dir", str(work), "--stage", "report",
                       "--variants", "as-before", "paper", "setup"]).stdout
     table = (work / "ablation.md").read_text()
     assert table in out
-    assert "| as-before | none | 57.0 | 58.0 | 59.0 | 60.0 | 61.0 | 62.0 | 2000 |" in table, table
-    assert "| paper | all | 67.0 |" in table and "| setup | (4) the setup | – |" in table
+    assert "| as-before | none | 57.0 | 58.0 | 59.0 | 60.0 | 61.0 | 62.0 | 2000 | – |" in table, table
+    assert "| paper | all | 67.0 | 68.0 | 69.0 | 70.0 | 71.0 | 72.0 | 2000 | 0.83 |" in table, table
+    assert "| setup | (4) the setup | – | – | – | – | – | – | not run | – |" in table, table
     summary = json.loads((work / "ablation.json").read_text())
     assert list(summary["variants"]) == ["as-before", "paper"]
+    assert summary["variants"]["as-before"]["core_hours"] is None
+    assert abs(summary["variants"]["paper"]["core_hours"] - 2000 / 3600 * 1.5) < 1e-9
 
 
 @pytest.mark.parametrize("flag", ["--max-update", "--warmup", "--interval"])
