@@ -143,8 +143,9 @@ class HaltedRows:
     rows halted and some running, its halted rows, counted under ``compacted`` when the
     block ran on the running rows alone (at least ``recurrence.COMPACT_HALTED_SHARE`` of
     the call's rows halted) and under ``masked`` otherwise (the block on every row, the
-    halted ones only dropped from the routed projections). Reads the ``running`` mask that
-    ``recurrence.running_rows`` is given (one host read per step, as it makes itself)."""
+    halted ones only dropped from the routed projections). A compacted step's count comes
+    from the rows ``recurrence.running_rows`` returns; a masked step's from one host read
+    of its ``running`` mask."""
 
     def __init__(self):
         self.compacted = self.masked = 0
@@ -152,13 +153,12 @@ class HaltedRows:
 
         def counted(running, query, inputs, z, memory_kv):
             rows = inner(running, query, inputs, z, memory_kv)
-            if inputs.cache is not recurrence.NO_CACHE and query.size(1) == 1:
+            if rows is not None:  # compacted: the running rows are already on the host
+                self.compacted += running.size(0) - rows.numel()
+            elif inputs.cache is not recurrence.NO_CACHE and query.size(1) == 1:
                 halted = running.size(0) - int(running[:, 0].sum())
                 if 0 < halted < running.size(0):
-                    if rows is None:
-                        self.masked += halted
-                    else:
-                        self.compacted += halted
+                    self.masked += halted
             return rows
 
         recurrence.running_rows = counted
