@@ -45,7 +45,8 @@ earlier one of its region on the same values (AOT autograd's common-subexpressio
 elimination of the joint graph: the masks each step of a compiled loop builds alike) is
 no kernel. Views cost nothing. Everything outside the
 regions (embeddings, the loss, the recurrence's glue, the gradient accumulation over
-steps) stays eager, but for the accumulation inside a loop region (``--compile-loop``):
+steps) stays eager (but for the criterion's auxiliary terms, a compiled region of their
+own in a SUT/UT with a compiled step: ``criterions/auxiliary.py``'s ``COMPILED_TERMS``), but for the accumulation inside a loop region (``--compile-loop``):
 there every use of a shared parameter is in one graph, whose single-use adds inductor
 inlines into one kernel per parameter reading its L step gradients, but for a weight whose
 step gradients are whole GEMM outputs: their sum goes into the GEMMs (``addmm`` with the
@@ -80,6 +81,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import train_step  # noqa: E402
 
+from sut_fairseq.criterions import auxiliary  # noqa: E402
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import launch  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
@@ -413,6 +415,8 @@ class Recorder(TorchDispatchMode):
         if name == "nonzero":  # every row selected
             x = args[0]
             return torch.empty(x.numel(), x.dim(), dtype=torch.long, device=x.device)
+        if name == "_to_copy" and str(kwargs.get("device", "meta")) == "cpu":  # a host read
+            return torch.ones(args[0].shape, dtype=kwargs.get("dtype") or args[0].dtype)
         if name in ("_local_scalar_dense", "is_nonzero", "equal"):  # "still running"
             x = args[0]
             return True if x.dtype == torch.bool or name != "_local_scalar_dense" else (
@@ -586,6 +590,25 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
 
 
 @contextlib.contextmanager
+def compiled_criterion(recorder: Recorder):
+    """The criterion's auxiliary terms (``auxiliary.COMPILED_TERMS``, which a model with a
+    compiled step uses) run eagerly as a compiled region."""
+    before = auxiliary.COMPILED_TERMS
+
+    class EagerTerms:
+        @staticmethod
+        def run(device, *args):
+            with recorder.scope(region=True), compiling():
+                return auxiliary.auxiliary_terms(*args)
+
+    auxiliary.COMPILED_TERMS = EagerTerms()
+    try:
+        yield
+    finally:
+        auxiliary.COMPILED_TERMS = before
+
+
+@contextlib.contextmanager
 def compiling():
     """``torch.compiler.is_compiling()`` reads True in the block: a compiled region runs
     the branches its traced graph has (the counting sort, ``masked_linear``, ...).
@@ -632,7 +655,7 @@ def record_step(arch: str, compiled: bool, batch: int, length: int, vocab: int,
         hook_regions(recorder, model, arch)
     sample = meta_sample(train_step.make_batch(batch, length, vocab, 0))
     step = train_step.step_closure(model, criterion, sample)
-    with cuda_code_path(recorder), recorder:
+    with cuda_code_path(recorder), recorder, compiled_criterion(recorder):
         step()
     kernels = recorder.kernels
     return fuse(kernels) if compiled else kernels

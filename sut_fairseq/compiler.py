@@ -15,7 +15,8 @@ they live here or call ``tracing()`` from here:
   graph is specialised on ``requires_grad``), and batch and length are marked dynamic
   (fairseq's batches change both at every update);
 * where compilation cannot run (no C++ compiler for inductor's CPU backend) and what its
-  failure looks like, after which the eager step takes over (``is_compiler_error``).
+  failure looks like, after which the eager step takes over (``is_compiler_error``;
+  ``CompiledFunction``, which the criteria use for their auxiliary terms as well).
 """
 import logging
 import os
@@ -100,46 +101,81 @@ def prepare_inputs(inputs: dict) -> dict:
     return out
 
 
-class CompiledStep:
-    """A step module (``modules/recurrence.py``'s ``TensorStep`` or ``TensorLoop``: tensors
-    in, tensors out) compiled on first use with ``torch.compile(fullgraph=True)``.
+class CompiledFunction:
+    """``fn`` compiled on first use with ``torch.compile(fullgraph=True)``; ``what`` names it
+    in the one-line warning of a failure, after which callers run ``fn`` eagerly for the
+    rest of the process (``failed``). ``mode``, set before the first call, is
+    ``torch.compile``'s (None: its default)."""
 
-    A failure to compile is reported once, in one line, and the side falls back to the
-    eager step for the rest of the process (``failed``). ``mode``, set before the first
-    call, is ``torch.compile``'s (None: its default); ``"reduce-overhead"`` replays the
-    compiled graphs as CUDA graphs on a GPU (``benchmarks/train_step.py``'s ``+graphs``
-    models, over the compiled loop)."""
+    #: what runs after a failure, as the warning says it
+    fallback = "it eagerly"
 
-    def __init__(self, step: torch.nn.Module, side: str):
-        self.step, self.side = step, side
+    def __init__(self, fn: Callable, what: str):
+        self.fn, self.what = fn, what
         self.mode: Optional[str] = None
         self.compiled: Optional[Callable] = None
         self.failed = False
 
     def usable(self, device: torch.device) -> bool:
-        """Whether this step runs compiled on ``device``: not failed before, and inductor
-        has what it needs there (checked at the first call; a one-line warning, then the
-        eager step, where it has not)."""
+        """Whether ``fn`` runs compiled on ``device``: not failed before, and inductor has
+        what it needs there (checked at the first call; a one-line warning, then eager,
+        where it has not)."""
         if self.compiled is None and not self.failed and compile_backend() == "inductor":
             missing = compiler_missing(device)
             if missing is not None:
                 self.disable(RuntimeError(missing))
         return not self.failed
 
-    def __call__(self, **inputs):
+    def __call__(self, *args, **kwargs):
         if self.compiled is None:
-            self.compiled = torch.compile(self.step, fullgraph=True, backend=compile_backend(),
+            self.compiled = torch.compile(self.fn, fullgraph=True, backend=compile_backend(),
                                           mode=self.mode)
-        return self.compiled(**prepare_inputs(inputs))
+        return self.compiled(*args, **kwargs)
+
+    def run(self, device: torch.device, *args):
+        """``fn(*args)``, compiled where ``usable(device)``; eager after the compiler's own
+        failure (reported once by ``disable``)."""
+        if self.usable(device):
+            try:
+                return self(*args)
+            except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
+                if not is_compiler_error(error):
+                    raise
+                self.disable(error)
+        return self.fn(*args)
 
     def disable(self, error: BaseException) -> None:
         # the compiler's own error, not dynamo's wrapper around it
         error = getattr(error, "inner_exception", None) or error
         first = str(error).strip().splitlines()
-        logger.warning("--compile-step: compiling the %s step failed (%s: %s); running the "
-                       "eager step from now on", self.side, type(error).__name__,
-                       first[0][:300] if first else "")
+        logger.warning("--compile-step: compiling the %s failed (%s: %s); running %s from "
+                       "now on", self.what, type(error).__name__, first[0][:300] if first else "",
+                       self.fallback)
         self.failed = True
+
+
+class CompiledStep(CompiledFunction):
+    """A step module (``modules/recurrence.py``'s ``TensorStep`` or ``TensorLoop``: tensors
+    in, tensors out) compiled on first use, its inputs made by ``prepare_inputs``.
+    ``"reduce-overhead"`` as ``mode`` replays the compiled graphs as CUDA graphs on a GPU
+    (``benchmarks/train_step.py``'s ``+graphs`` models, over the compiled loop)."""
+
+    def __init__(self, step: torch.nn.Module, side: str):
+        super().__init__(step, f"{side} step")
+        self.step, self.side = step, side
+
+    fallback = "the eager step"
+
+    def __call__(self, **inputs):
+        return super().__call__(**prepare_inputs(inputs))
+
+
+def compiles_steps(model: torch.nn.Module) -> bool:
+    """Whether ``model`` (a SUT/UT of this plugin) runs a side's recurrence compiled
+    (``--compile-step`` / ``--compile-loop``)."""
+    return any(getattr(getattr(model, part, None), "side", None) is not None
+               and getattr(model, part).side.compiled_step is not None
+               for part in ("encoder", "decoder"))
 
 
 def count_graph_breaks(model: torch.nn.Module, net_input: dict) -> int:

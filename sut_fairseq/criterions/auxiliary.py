@@ -12,12 +12,13 @@ chunked side, of the expected depth). ``sut_label_smoothed_cross_entropy`` and
 ``sut_classification`` both use this module, so the two add and log the same terms.
 """
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import torch
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from fairseq.logging import metrics
 
+from ..compiler import CompiledFunction
 from .losses import mim_loss, stack_stats, switch_loss
 from ..modules.halting import HaltingResult
 from ..modules.router import RouterStats
@@ -43,58 +44,115 @@ class AuxLossConfig(FairseqDataclass):
 @dataclass
 class AuxiliaryLosses:
     """The unweighted terms of one forward: L_MIM and L_switch summed over the routers
-    (0-d), L_ACT per side, and the sides' HaltingResults (for the step counts)."""
+    (0-d), L_ACT per side, the sides' HaltingResults (for the step counts), ``aux``: their
+    weighted sum with the criterion's weights (``weighted_terms``), and ``logs``:
+    every logged quantity of the forward in one vector (``log_names``), read from the
+    device at once by ``logging_output``."""
 
     mim: torch.Tensor
     switch: torch.Tensor
     act: Dict[str, torch.Tensor]
     halting: Dict[str, HaltingResult]
+    aux: Optional[torch.Tensor] = None
+    logs: Optional[torch.Tensor] = None
 
     def weighted(self, mim_weight: float, act_weight: float, switch_weight: float) -> torch.Tensor:
-        """aux = mim_weight · MIM + act_weight · Σ_sides ACT + switch_weight · switch. The ACT
-        term stays at weight 0 (it keeps the halting units in the graph, as DDP without
-        ``find_unused_parameters`` needs); a router term of weight 0 is left out (no backward
-        through it; the routers reach the loss through their gates)."""
-        aux = act_weight * sum(self.act.values(), torch.zeros_like(self.mim))
-        if mim_weight:
-            aux = mim_weight * self.mim + aux
-        if switch_weight:
-            aux = aux + switch_weight * self.switch
-        return aux
+        """aux (``weighted_terms``) of these terms."""
+        return weighted_terms(self.mim, self.switch, self.act, (mim_weight, act_weight, switch_weight))
 
     def logging_output(self, sample_size) -> dict:
         """``mim`` / ``switch`` times sample_size; per side ``act_<side>`` (L_ACT times its
         units), ``act_units_<side>``, ``steps_<side>`` (executed block applications),
         ``positions_<side>`` (real positions) and, for a chunked side, ``chunks_<side>`` /
-        ``chunk_steps_<side>``: sums, so that fairseq can add them over batches and workers."""
-        log = {"mim": self.mim.item() * sample_size, "switch": self.switch.item() * sample_size}
-        for side, halting in self.halting.items():
-            units = halting.act_units().item()
-            log[f"act_{side}"] = self.act[side].item() * units
-            log[f"act_units_{side}"] = units
-        for side, halting in self.halting.items():
-            log[f"steps_{side}"] = halting.steps.sum().item()
-            log[f"positions_{side}"] = halting.num_positions().item()
-        for side, halting in self.halting.items():
-            if getattr(halting, "chunk_real", None) is not None:
-                log[f"chunks_{side}"] = halting.chunk_real.sum().item()
-                log[f"chunk_steps_{side}"] = halting.chunk_steps.sum().item()
+        ``chunk_steps_<side>``: sums, so that fairseq can add them over batches and workers.
+        One host read (``logs``)."""
+        logs = self.logs if self.logs is not None else log_vector(self.mim, self.switch, self.act,
+                                                                  self.halting)
+        values = dict(zip(log_names(self.halting), logs.tolist()))
+        log = {}
+        for name, value in values.items():
+            if name in ("mim", "switch"):
+                log[name] = value * sample_size
+            elif name.startswith("act_") and not name.startswith("act_units_"):
+                log[name] = value * int(values[f"act_units_{name[4:]}"])
+            else:  # counts
+                log[name] = int(value)
         return log
 
 
+def weighted_terms(mim: torch.Tensor, switch: torch.Tensor, act: Dict[str, torch.Tensor],
+                   weights: Tuple[float, float, float]) -> torch.Tensor:
+    """aux = mim_weight · MIM + act_weight · Σ_sides ACT + switch_weight · switch, ``weights``
+    = (mim_weight, act_weight, switch_weight). The ACT term stays at weight 0 (it keeps the
+    halting units in the graph, as DDP without ``find_unused_parameters`` needs); a router
+    term of weight 0 is left out (no backward through it; the routers reach the loss
+    through their gates)."""
+    mim_weight, act_weight, switch_weight = weights
+    aux = act_weight * sum(act.values(), torch.zeros_like(mim))
+    if mim_weight:
+        aux = mim_weight * mim + aux
+    if switch_weight:
+        aux = aux + switch_weight * switch
+    return aux
+
+
+def log_names(halting: Dict[str, HaltingResult]) -> List[str]:
+    """The entries of ``log_vector``: mim, switch, then per side act, act_units, steps,
+    positions, and chunks / chunk_steps for a chunked side."""
+    names = ["mim", "switch"]
+    for side, result in halting.items():
+        names += [f"act_{side}", f"act_units_{side}", f"steps_{side}", f"positions_{side}"]
+        if getattr(result, "chunk_real", None) is not None:
+            names += [f"chunks_{side}", f"chunk_steps_{side}"]
+    return names
+
+
+def log_vector(mim: torch.Tensor, switch: torch.Tensor, act: Dict[str, torch.Tensor],
+               halting: Dict[str, HaltingResult]) -> torch.Tensor:
+    """The logged quantities (``log_names``) as one fp64 vector, without a gradient (counts
+    are exact in fp64 up to 2^53)."""
+    values = [mim, switch]
+    for side, result in halting.items():
+        values += [act[side], result.act_units(), result.steps.sum(), result.num_positions()]
+        if getattr(result, "chunk_real", None) is not None:
+            values += [result.chunk_real.sum(), result.chunk_steps.sum()]
+    return torch.stack([v.detach().to(torch.float64) for v in values])
+
+
+def auxiliary_terms(sums: List[torch.Tensor], experts: Tuple[int, ...],
+                    halting: Dict[str, HaltingResult], like: torch.Tensor,
+                    weights: Tuple[float, float, float]):
+    """(L_MIM, L_switch, {side: L_ACT}, aux, ``log_vector``) from the routers' statistics
+    ``sums`` (each (2 E + 2,), E = ``experts`` in the same order) and the sides' halting
+    results; aux = ``weighted_terms`` with ``weights``; ``like``: the main loss (the sums
+    start at its dtype, fp32 or wider). A function of tensors, so that a model with a
+    compiled step compiles it into one graph."""
+    zero = like.new_zeros(())
+    groups = stack_stats([RouterStats.of_sums(s, E) for s, E in zip(sums, experts)])
+    mim = sum((mim_loss(g).sum() for g in groups), zero)
+    switch = sum((switch_loss(g).sum() for g in groups), zero)
+    act = {side: result.act_loss() for side, result in halting.items()}
+    aux = weighted_terms(mim, switch, act, weights)
+    return mim, switch, act, aux, log_vector(mim, switch, act, halting)
+
+
+#: ``auxiliary_terms`` compiled, for the models that compile their steps
+COMPILED_TERMS = CompiledFunction(auxiliary_terms, "criterion's auxiliary terms")
+
+
 def auxiliary_losses(router_stats: List[RouterStats], halting: Dict[str, HaltingResult],
-                     like: torch.Tensor) -> AuxiliaryLosses:
+                     like: torch.Tensor, weights: Tuple[float, float, float] = (0.0, 0.0, 0.0),
+                     compiled: bool = False) -> AuxiliaryLosses:
     """The terms from the statistics ``record_routing`` collected during the forward and
     the sides' halting results (side -> HaltingResult); ``like``: the main loss (dtype and
-    device of the sums)."""
-    zero = like.new_zeros(())  # the sums' start: at least the loss's dtype (fp32 or wider)
-    groups = stack_stats(router_stats)  # a few kernels for all routers, not per router
-    return AuxiliaryLosses(
-        mim=sum((mim_loss(g).sum() for g in groups), zero),
-        switch=sum((switch_loss(g).sum() for g in groups), zero),
-        act={side: result.act_loss() for side, result in halting.items()},
-        halting=halting,
-    )
+    device of the sums); ``weights``: (mim, act, switch) of ``AuxiliaryLosses.aux``.
+    ``compiled``: through ``COMPILED_TERMS`` (a model with a compiled step: a few kernels
+    instead of a few dozen; eager where it cannot compile)."""
+    args = ([s.sums for s in router_stats], tuple(s.num_experts for s in router_stats), halting,
+            like, tuple(float(w) for w in weights))
+    run = COMPILED_TERMS.run if compiled else (lambda device, *a: auxiliary_terms(*a))
+    mim, switch, act, aux, logs = run(like.device, *args)
+    return AuxiliaryLosses(mim=mim, switch=switch, act=act, halting=halting, aux=aux, logs=logs)
 
 
 def reduce_auxiliary_metrics(logging_outputs) -> None:

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.logging import metrics
 
+from ..compiler import compiles_steps
 from .auxiliary import AuxLossConfig, auxiliary_losses, reduce_auxiliary_metrics
 from .losses import record_routing
 
@@ -33,6 +34,7 @@ class SUTClassificationCriterion(FairseqCriterion):
                  aux_loss_scale="per-token"):
         super().__init__(task)
         self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
+        self.aux_weights = (mim_weight, act_weight, switch_weight)
         self.aux_loss_scale = str(aux_loss_scale)
 
     def forward(self, model, sample, reduce=True):
@@ -48,10 +50,11 @@ class SUTClassificationCriterion(FairseqCriterion):
         if halting is None and self.act_weight:
             raise ValueError(f"--act-weight={self.act_weight!r} is invalid: the model's encoder "
                              "has no halting (leave it at 0)")
-        terms = auxiliary_losses(router_stats, {} if halting is None else {"enc": halting}, ce)
+        terms = auxiliary_losses(router_stats, {} if halting is None else {"enc": halting}, ce,
+                                 self.aux_weights, compiled=compiles_steps(model))
         if model.training and reduce:
             scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
-            loss = ce + scale * terms.weighted(self.mim_weight, self.act_weight, self.switch_weight)
+            loss = ce + scale * terms.aux
         ncorrect = logits.argmax(-1).eq(target).sum().item()
         logging_output = {
             "loss": loss.data.sum(),  # reduce=False: the sentences' sum all the same

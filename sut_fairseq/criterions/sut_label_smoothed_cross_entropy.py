@@ -60,6 +60,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from omegaconf import II
 
+from ..compiler import compiles_steps
 from .auxiliary import AuxLossConfig, auxiliary_losses, reduce_auxiliary_metrics
 from .losses import record_routing
 from ..ops.label_smoothed_ce import label_smoothed_cross_entropy
@@ -91,6 +92,7 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
                  memory_efficient_fp16=False, memory_efficient_bf16=False, amp=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
+        self.aux_weights = (mim_weight, act_weight, switch_weight)
         self.aux_loss_scale = str(aux_loss_scale)
         self.exit_loss = str(exit_loss)
         if self.exit_loss == "offramps" and (mim_weight or act_weight or switch_weight):
@@ -115,8 +117,9 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
 
         extra = net_output[1]
         halting = {"enc": extra["halting_encoder"], "dec": extra["halting_decoder"]}
-        terms = auxiliary_losses(router_stats, halting, loss)
-        aux = terms.weighted(self.mim_weight, self.act_weight, self.switch_weight)
+        terms = auxiliary_losses(router_stats, halting, loss, self.aux_weights,
+                                 compiled=compiles_steps(model))
+        aux = terms.aux
         exit_logs = {}
         if model.training and self.exit_loss != "none":
             loss, exit_logs = self.exit_losses(model, net_output, sample, loss)
