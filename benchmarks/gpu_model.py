@@ -144,6 +144,9 @@ LAUNCHES = {"sort": 10, "topk": 3, "nonzero": 3, "embedding_dense_backward": 8,
 GEMMS = {"mm", "bmm", "addmm", "baddbmm", "linear", "matmul"}
 #: operations inductor keeps as calls of their own (no fusion across them)
 EXTERN = GEMMS | {"sort", "topk", "nonzero", "cumsum"}
+#: operations that inductor lowers inside a compiled region to kernels of their own, and
+#: how many: an embedding's backward is a zero fill and an atomic scatter-add
+REGION_LAUNCHES = {"embedding_dense_backward": 2}
 ATTENTION_LAUNCHES = (1, 2)  # fused attention: forward, backward
 #: operations that make a constant: a fill kernel eager (``where(c, x, 0.0)`` makes its
 #: scalar on the device, as the backward of ``where`` does), a literal in inductor's code
@@ -569,7 +572,8 @@ def hook_steps(recorder: Recorder, model) -> None:
 
 def hook_regions(recorder: Recorder, model, arch: str) -> None:
     """The compiled regions, run eagerly as scopes: a SUT/UT's ``CompiledStep`` calls (its
-    step or loop module uncompiled), fairseq's transformer's whole forward."""
+    step or loop module uncompiled) and its sides' input embeddings (``compiled_input``),
+    fairseq's transformer's whole forward."""
     if train_step.is_recurrent(arch.split("+")[0]):
         for side in (model.encoder.side, model.decoder.side):
             compiled = side.compiled_step
@@ -580,6 +584,7 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
                 with recorder.scope(region=True, loop=isinstance(compiled.step, TensorLoop)), compiling():
                     return compiled.step(**inputs)
             side.compiled_step = _eager_step(compiled, call)
+            side.compiled_input = _EagerRegion(recorder, side.compiled_input.fn)
         return
     forward = model.forward
 
@@ -589,19 +594,24 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
     model.forward = call
 
 
+class _EagerRegion:
+    """A ``compiler.CompiledFunction`` stand-in that runs its function eagerly as a
+    compiled region of ``recorder``."""
+
+    def __init__(self, recorder: Recorder, fn):
+        self.recorder, self.fn = recorder, fn
+
+    def run(self, device, *args):
+        with self.recorder.scope(region=True), compiling():
+            return self.fn(*args)
+
+
 @contextlib.contextmanager
 def compiled_criterion(recorder: Recorder):
     """The criterion's auxiliary terms (``auxiliary.COMPILED_TERMS``, which a model with a
     compiled step uses) run eagerly as a compiled region."""
     before = auxiliary.COMPILED_TERMS
-
-    class EagerTerms:
-        @staticmethod
-        def run(device, *args):
-            with recorder.scope(region=True), compiling():
-                return auxiliary.auxiliary_terms(*args)
-
-    auxiliary.COMPILED_TERMS = EagerTerms()
+    auxiliary.COMPILED_TERMS = _EagerRegion(recorder, auxiliary.auxiliary_terms)
     try:
         yield
     finally:
@@ -682,7 +692,10 @@ def fuse(kernels: List[Kernel]) -> List[Kernel]:
     for i, k in enumerate(kernels):
         if k.region is not None and k.name in CONSTANTS:
             continue  # a literal in inductor's code, no kernel
-        fusible = k.region is not None and k.kind == "aten" and k.name not in EXTERN
+        if k.region is not None and k.name in REGION_LAUNCHES and k.launches:
+            k = dataclasses.replace(k, launches=REGION_LAUNCHES[k.name])
+        fusible = (k.region is not None and k.kind == "aten" and k.name not in EXTERN
+                   and k.name not in REGION_LAUNCHES)
         if fusible and run and (run[-1][1].region, run[-1][1].phase) != (k.region, k.phase):
             flush()
         if fusible:

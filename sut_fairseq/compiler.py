@@ -79,6 +79,14 @@ CARRIED = ("c", "log_remain", "weighted_sum", "k_rows", "v_rows")
 _DYNAMIC_DIMS = {"cross_k": (0, 2), "cross_v": (0, 2), "te": (), "te_table": (), "threshold": ()}
 
 
+def mark_dynamic(tensor: torch.Tensor, dims=(0, 1)) -> torch.Tensor:
+    """``tensor`` with ``dims`` (default batch and length) dynamic in the graphs compiled
+    for it from the first call on (``maybe_mark_dynamic``: sizes 0 and 1 stay special)."""
+    for dim in dims:
+        torch._dynamo.maybe_mark_dynamic(tensor, dim)
+    return tensor
+
+
 def prepare_inputs(inputs: dict) -> dict:
     """The compiled step's keyword inputs made such that every call runs the same graph:
     a tensor that is the same object as an earlier input is cloned (S_0 = h_0, running =
@@ -95,8 +103,7 @@ def prepare_inputs(inputs: dict) -> dict:
             if (name in CARRIED and torch.is_grad_enabled() and tensor.is_floating_point()
                     and not tensor.requires_grad):
                 tensor.requires_grad_()
-            for dim in _DYNAMIC_DIMS.get(name, (0, 1)):
-                torch._dynamo.maybe_mark_dynamic(tensor, dim)
+            mark_dynamic(tensor, _DYNAMIC_DIMS.get(name, (0, 1)))
         out[name] = tensor
     return out
 
@@ -105,13 +112,14 @@ class CompiledFunction:
     """``fn`` compiled on first use with ``torch.compile(fullgraph=True)``; ``what`` names it
     in the one-line warning of a failure, after which callers run ``fn`` eagerly for the
     rest of the process (``failed``). ``mode``, set before the first call, is
-    ``torch.compile``'s (None: its default)."""
+    ``torch.compile``'s (None: its default). ``follows``: a compiled step whose failure to
+    compile keeps ``fn`` eager too (``run``)."""
 
     #: what runs after a failure, as the warning says it
     fallback = "it eagerly"
 
-    def __init__(self, fn: Callable, what: str):
-        self.fn, self.what = fn, what
+    def __init__(self, fn: Callable, what: str, follows: Optional["CompiledFunction"] = None):
+        self.fn, self.what, self.follows = fn, what, follows
         self.mode: Optional[str] = None
         self.compiled: Optional[Callable] = None
         self.failed = False
@@ -133,9 +141,10 @@ class CompiledFunction:
         return self.compiled(*args, **kwargs)
 
     def run(self, device: torch.device, *args):
-        """``fn(*args)``, compiled where ``usable(device)``; eager after the compiler's own
-        failure (reported once by ``disable``)."""
-        if self.usable(device):
+        """``fn(*args)``, compiled where ``usable(device)`` (and ``follows``, the compiled
+        step it belongs to, is: where that one cannot compile, it alone says so); eager
+        after the compiler's own failure (reported once by ``disable``)."""
+        if (self.follows is None or self.follows.usable(device)) and self.usable(device):
             try:
                 return self(*args)
             except Exception as error:  # noqa: BLE001  (the compiler's own errors only)
@@ -172,10 +181,10 @@ class CompiledStep(CompiledFunction):
 
 def compiles_steps(model: torch.nn.Module) -> bool:
     """Whether ``model`` (a SUT/UT of this plugin) runs a side's recurrence compiled
-    (``--compile-step`` / ``--compile-loop``)."""
-    return any(getattr(getattr(model, part, None), "side", None) is not None
-               and getattr(model, part).side.compiled_step is not None
-               for part in ("encoder", "decoder"))
+    (``--compile-step`` / ``--compile-loop``, and compiling it has not failed)."""
+    steps = [getattr(getattr(getattr(model, part, None), "side", None), "compiled_step", None)
+             for part in ("encoder", "decoder")]
+    return any(step is not None and not step.failed for step in steps)
 
 
 def count_graph_breaks(model: torch.nn.Module, net_input: dict) -> int:

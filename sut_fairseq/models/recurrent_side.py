@@ -15,6 +15,7 @@ import torch
 import torch.nn as nn
 from fairseq.modules import LayerNorm, PositionalEmbedding
 
+from ..compiler import CompiledFunction, mark_dynamic
 from ..modules.chunked_recurrence import ChunkLayout, chunked_recurrence, local_positions
 from ..modules.dropout import Dropout
 from ..modules.exits import EXIT_RULES, ExitHalting
@@ -83,6 +84,7 @@ class RecurrentSide(nn.Module):
                                           cfg.attention_dropout, cfg.activation_dropout,
                                           out_norm=reads_out)
         self.compiled_step = None
+        self.compiled_input: Optional[CompiledFunction] = None  # input_states, compiled
         self.step_meter = None  # the model's StepMeter (evaluation forwards count their steps)
         if cfg.compile_step or cfg.compile_loop:
             reasons = unsupported(cfg, name)
@@ -92,6 +94,8 @@ class RecurrentSide(nn.Module):
             else:
                 self.compiled_step = build_compiled(
                     self.recurrence.step, name, max_steps=self.num_steps if cfg.compile_loop else None)
+                self.compiled_input = CompiledFunction(self.input_states, f"{name}'s input embedding",
+                                                       follows=self.compiled_step)
 
     def embed(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """sqrt(d) · E[tokens] + the input positions (B, T, d), before dropout: PE(t), or
@@ -99,6 +103,20 @@ class RecurrentSide(nn.Module):
         emb = self.step_embedding
         return self.embed_scale * self.embed_tokens(tokens) + (
             positions if emb is None else emb.input_positions(positions))
+
+    def input_states(self, tokens: torch.Tensor):
+        """A full forward's inputs from tokens (B, T): h_0 = dropout(``embed``) (B, T, d),
+        the input positions (B, T, d), the padding (B, T) bool and the real positions."""
+        pad = tokens.eq(self.padding_idx)
+        positions = self.embed_positions(tokens)
+        return self.dropout(self.embed(tokens, positions)), positions, pad, ~pad
+
+    def inputs_of(self, tokens: torch.Tensor):
+        """``input_states``, compiled with the side's step (``--compile-step``,
+        ``--compile-loop``: one graph instead of a dozen kernels and their backward)."""
+        if self.compiled_input is None:
+            return self.input_states(tokens)
+        return self.compiled_input.run(tokens.device, mark_dynamic(tokens))
 
     def chunk_positions(self, tokens: torch.Tensor, slot: torch.Tensor) -> torch.Tensor:
         """Sinusoidal input positions (B, T, d) of a chunked side: the token's slot in its

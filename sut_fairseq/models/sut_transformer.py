@@ -137,12 +137,10 @@ class SUTEncoder(FairseqEncoder):
         side = self.side
         if side.chunk_size:
             return self.forward_chunks(src_tokens, src_lengths)
-        pad = src_tokens.eq(self.padding_idx)
-        positions = side.embed_positions(src_tokens)
-        x = side.dropout(side.embed(src_tokens, positions))
+        x, _, pad, real = side.inputs_of(src_tokens)
         emb = side.step_embedding
         coords = None if emb is None else emb.positions(src_tokens, self.padding_idx, x)
-        inputs = StepInputs(self_padding_mask=pad, real=~pad, coords=coords,
+        inputs = StepInputs(self_padding_mask=pad, real=real, coords=coords,
                             te_table=side.step_embedding_table(x))
         S, halting, _ = side.run(x, inputs)
         meter(side, "enc", halting)
@@ -214,22 +212,24 @@ class SUTDecoder(FairseqIncrementalDecoder):
             S, halting = self.chunk_features(prev_output_tokens, encoder_out, incremental_state)
             S = side.output(S)
             return S, self._extra(S, encoder_out, halting)
-        # positions counted over the whole prefix, the last one's embedded when incremental:
-        # fairseq's incremental positions count padding (wrong for left-padded prefixes)
-        positions = (side.embed_positions(prev_output_tokens) if incremental_state is None
-                     else last_position(side.embed_positions, prev_output_tokens))
         emb = side.step_embedding  # None unless --decoder-step-embedding
-        coords = None if emb is None else emb.positions(prev_output_tokens, self.padding_idx, positions)
-        # padding keys of self-attention over the whole prefix (B, T), incremental included:
-        # the causal mask alone hides right padding, not left padding (--left-pad-target)
-        key_pad = prev_output_tokens.eq(self.padding_idx)
         q_start = 0
-        if incremental_state is not None:
+        if incremental_state is None:
+            x, positions, key_pad, real = side.inputs_of(prev_output_tokens)
+            coords = None if emb is None else emb.positions(prev_output_tokens, self.padding_idx, positions)
+        else:
+            # positions counted over the whole prefix, the last one's embedded: fairseq's
+            # incremental positions count padding (wrong for left-padded prefixes)
+            positions = last_position(side.embed_positions, prev_output_tokens)
+            coords = None if emb is None else emb.positions(prev_output_tokens, self.padding_idx, positions)
+            # padding keys of self-attention over the whole prefix (B, T): the causal mask
+            # alone hides right padding, not left padding (--left-pad-target)
+            key_pad = prev_output_tokens.eq(self.padding_idx)
             q_start = prev_output_tokens.size(1) - 1
             prev_output_tokens = prev_output_tokens[:, -1:]
             coords = None if coords is None else coords[:, -1:]
-        real = prev_output_tokens.ne(self.padding_idx)
-        x = side.dropout(side.embed(prev_output_tokens, positions))
+            real = prev_output_tokens.ne(self.padding_idx)
+            x = side.dropout(side.embed(prev_output_tokens, positions))
         inputs = dict(self_padding_mask=key_pad, real=real, q_start=q_start, coords=coords,
                       te_table=side.step_embedding_table(x),
                       **self._cross_inputs(encoder_out, incremental_state))

@@ -9,7 +9,8 @@
 * ``torch._dynamo.explain`` finds no graph break in the step;
 * halted positions still cost nothing in the compiled step: the expert op computes the
   same rows as in the eager step;
-* at most 4 compilations over 50 batches whose B and T change (logic-like and WMT-shaped);
+* at most 8 compilations (4 of the steps, 4 of the input embeddings) over 50 batches whose
+  B and T change (logic-like and WMT-shaped);
 * the sides the option does not cover keep the eager step, with a message naming why.
 """
 import copy
@@ -52,19 +53,26 @@ def _batch(seed=0, B=3, S=9, T=7):
     return src, src.ne(1).sum(1), prev
 
 
-def _models(overrides, loop=False, compile=True):
+def _models(overrides, loop=False, compile=True, inputs=True):
     """(eager model, the same weights with --compile-step, or with ``loop`` --compile-loop),
     halting units randomised so that positions halt at different steps. ``compile=False``:
     the compiled path's modules (``TensorStep`` / ``TensorLoop`` under ``CompiledCall``)
-    run as they are, without torch.compile."""
+    run as they are, without torch.compile. ``inputs=False``: the input embeddings stay
+    eager (tests that count the steps' graphs)."""
     eager = make_model(**overrides)
     randomise_halting(eager)
     compiled = copy.deepcopy(eager)
     for side, name in ((compiled.encoder.side, "encoder"), (compiled.decoder.side, "decoder")):
         side.compiled_step = build_compiled(side.recurrence.step, name,
                                             max_steps=side.num_steps if loop else None)
-        if not compile:  # what CompiledStep calls once compiled: here the module itself
+        # the side's input embedding, compiled as --compile-step builds it
+        side.compiled_input = compiler.CompiledFunction(side.input_states, f"{name}'s input embedding",
+                                                        follows=side.compiled_step)
+        if not compile:  # what they call once compiled: here the module and function themselves
             side.compiled_step.compiled = side.compiled_step.step
+            side.compiled_input.compiled = side.input_states
+        if not inputs:
+            side.compiled_input = None
     return eager, compiled
 
 
@@ -83,6 +91,8 @@ def _assert_same(eager, compiled, batch):
     expected, got = _loss_and_grads(eager, batch), _loss_and_grads(compiled, batch)
     for side in (compiled.encoder.side, compiled.decoder.side):
         assert side.compiled_step.compiled is not None and not side.compiled_step.failed
+        assert side.compiled_input is None or (side.compiled_input.compiled is not None
+                                               and not side.compiled_input.failed)
     _assert_same_results(expected, got)
 
 
@@ -304,6 +314,7 @@ def test_a_missing_cpp_compiler_keeps_the_eager_step_and_says_so(monkeypatch, ca
     src, lengths, prev = batch
     for side in (compiled.encoder.side, compiled.decoder.side):
         assert side.compiled_step.failed and side.compiled_step.compiled is None
+        assert side.compiled_input.compiled is None and not side.compiled_input.failed  # eager, unsaid
     assert [r.getMessage() for r in caplog.records if r.name == compiler.__name__] == [
         f"--compile-step: compiling the {side} step failed (RuntimeError: {message}); running the "
         "eager step from now on" for side in ("encoder", "decoder")]
@@ -359,7 +370,7 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkey
     monkeypatch.setattr(compiler, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     overrides = dict(halting_threshold=0.999, encoder_layers=3, decoder_layers=3)
-    eager, compiled = _models(overrides, loop=loop, compile=compile)
+    eager, compiled = _models(overrides, loop=loop, compile=compile, inputs=False)
     eager.train(), compiled.train()
     batch = _batch()
     with torch.no_grad():
@@ -390,7 +401,7 @@ def test_every_step_of_a_training_forward_runs_one_graph(rule, monkeypatch):
     monkeypatch.setattr(compiler, "compile_backend", lambda: counter)
     torch._dynamo.reset()
     _, model = _models(dict(encoder_halting=rule, decoder_halting=rule, encoder_layers=3,
-                            decoder_layers=3))
+                            decoder_layers=3), inputs=False)
     model.train()
     for _ in range(2):
         out, _ = model(*_batch())
@@ -564,11 +575,11 @@ def _wmt_shaped_batches(n, seed=0):
 
 @pytest.mark.parametrize("batches", [_logic_like_batches,
                                      pytest.param(_wmt_shaped_batches, marks=pytest.mark.slow)])
-def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
+def test_at_most_eight_compilations_over_fifty_batches(batches, monkeypatch):
     """50 training batches whose B and T change, with a validation forward (no
     gradient, eval mode) after every tenth, as fairseq-train runs them, the routers'
     statistics recorded as the criterion records them: one graph per side for training
-    and one for validation."""
+    and one for validation, and as many of each side's input embedding."""
     from torch._dynamo.testing import CompileCounter
 
     counter = CompileCounter()
@@ -586,7 +597,7 @@ def test_at_most_four_compilations_over_fifty_batches(batches, monkeypatch):
                 model(src, lengths, prev)
     for side in (model.encoder.side, model.decoder.side):
         assert not side.compiled_step.failed
-    assert 1 <= counter.frame_count <= 4, f"{counter.frame_count} compilations"
+    assert 1 <= counter.frame_count <= 8, f"{counter.frame_count} compilations"
 
 
 HYPER = dict(hyper_modules=2, att_experts=1, att_topk=1, ffd_experts=1, ffd_topk=1, rel_pos="none")
@@ -668,11 +679,16 @@ def test_a_failing_compiler_falls_back_with_one_message(monkeypatch, caplog, loo
     torch._dynamo.reset()
     compiled, batch = _run_beside_eager(caplog, loop)
     src, lengths, prev = batch
-    assert compiled.encoder.side.compiled_step.failed and compiled.decoder.side.compiled_step.failed
-    # one line per side, naming the compiler's own error (not dynamo's wrapper around it)
+    for side in (compiled.encoder.side, compiled.decoder.side):
+        assert side.compiled_step.failed and side.compiled_input.failed
+    # one line per side and compiled function, naming the compiler's own error (not
+    # dynamo's wrapper around it)
     assert [r.getMessage() for r in caplog.records if r.name == compiler.__name__] == [
-        f"--compile-step: compiling the {side} step failed (RuntimeError: no compiler here); "
-        "running the eager step from now on" for side in ("encoder", "decoder")]
+        line for side in ("encoder", "decoder") for line in (
+            f"--compile-step: compiling the {side}'s input embedding failed (RuntimeError: no "
+            "compiler here); running it eagerly from now on",
+            f"--compile-step: compiling the {side} step failed (RuntimeError: no compiler here); "
+            "running the eager step from now on")]
     with caplog.at_level(logging.WARNING), torch.no_grad():  # and not again
         caplog.clear()
         compiled(src, lengths, prev)

@@ -112,10 +112,15 @@ def test_a_compiler_failure_falls_back_to_the_eager_terms(fresh_terms, monkeypat
                         "(Unsupported: no tracing here); running it eagerly from now on"]
 
 
-def test_the_criteria_compile_their_terms_only_for_a_model_with_a_compiled_step():
+def test_the_criteria_compile_their_terms_only_for_a_model_whose_steps_compile():
     from conftest import make_model
 
     assert compiler.compiles_steps(make_model(compile_step=True))
     assert compiler.compiles_steps(make_model(compile_loop=True))
     assert not compiler.compiles_steps(make_model())
     assert not compiler.compiles_steps(torch.nn.Linear(2, 2))
+    failed = make_model(compile_step=True)
+    failed.encoder.side.compiled_step.failed = True  # compiling it failed: the decoder's still runs
+    assert compiler.compiles_steps(failed)
+    failed.decoder.side.compiled_step.failed = True  # neither: the criterion stays eager, unsaid
+    assert not compiler.compiles_steps(failed)
