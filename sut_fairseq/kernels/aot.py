@@ -11,8 +11,8 @@ configuration and reads its registers / stack (spill) bytes from
 ``main_loop`` reads the SASS of its main loop (``cuobjdump -sass``): the instructions,
 block-wide barriers and matrix instructions of one iteration, the cost a profile would
 show and a CPU can count. ``ce_jobs`` and ``route_jobs`` add the label-smoothed cross
-entropy's two kernels (``cross_entropy.py``) and the routers' three
-(``routing_triton.py``); they have no matrix loop, so resources only.
+entropy's two kernels (``cross_entropy.py``) and the routers' three (``routing_triton.py``,
+with the logits' product and the hidden layer's gradient product inside); resources only.
 
     python -m sut_fairseq.kernels.aot [--dtype fp16] [--jobs 2]   # prints the table
 """
@@ -260,17 +260,24 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
     return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]
 
 
-def route_launches(dtype: str, E: int, k: int, N: int = 4096) -> List[Tuple[str, object, dict]]:
+def route_launches(dtype: str, E: int, k: int, N: int = 4096, D: int = 512) -> List[Tuple[str, object, dict]]:
     """``(name, kernel, args)`` of a router's forward (rows, sort) and backward launches on
-    "meta" logits (N, E) of ``dtype`` with k picks."""
+    "meta" tensors of ``dtype``, as the routers make them: the hidden layer (N, D) and the
+    last layer's weight (E, D), k picks."""
     meta = dict(device="meta")
-    logits = torch.empty(N, E, dtype=DTYPES[dtype][0], **meta)
+    hidden = torch.empty(N, D, dtype=DTYPES[dtype][0], **meta)
+    weight = torch.empty(E, D, dtype=hidden.dtype, **meta)
     active = torch.empty(N, dtype=torch.bool, **meta)
     running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
-    with record_launches() as launches:
-        _, expert_idxs, *_ = routing_triton.route_top_k(logits, active, k, logits.dtype, running)
-        routing_triton.route_top_k_backward(logits, active, expert_idxs,
-                                            torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))
+    previous = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = DTYPES[dtype][1]  # the products' input precision
+    try:
+        with record_launches() as launches:
+            _, expert_idxs, *_ = routing_triton.route_top_k(hidden, weight, active, k, hidden.dtype, running)
+            routing_triton.route_top_k_backward(hidden, weight, active, expert_idxs,
+                                                torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = previous
     return [(f"route.{n}.E{E}k{k}", kernel, args)
             for n, (kernel, args) in zip(("rows", "sort", "bwd"), launches)]
 
@@ -293,7 +300,7 @@ ROUTERS = ((24, 4), (48, 4))
 def route_jobs(dtypes=("fp16",), archs=ARCHS):
     """The routers' builds, for each of ``ROUTERS`` (one configuration: ``NUM_WARPS``)."""
     config = triton.Config({}, num_warps=routing_triton.NUM_WARPS)
-    return [(name, dtype, kernel, args, config, arch) for dtype in _operand_dtypes(dtypes)
+    return [(name, dtype, kernel, args, config, arch) for dtype in dtypes
             for E, k in ROUTERS for name, kernel, args in route_launches(dtype, E, k)
             for arch in archs]
 

@@ -40,17 +40,21 @@ BLOCK_N = 32    # rows per program on a GPU (the sort holds a (BLOCK_N k, E + 2)
 NUM_WARPS = 4
 INTERPRET_BLOCK_N = 4  # small in the interpreter, so that tests span several blocks
 BLOCKS_PER_ITER = 64   # block counts read per iteration by the sort
+BLOCK_D = 64           # columns of the router's hidden layer per product (logits, dX); fp32: 16
 
 
-def _route_rows(LOGITS, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, stride_ln,
-                K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, D, stride_xn,
+                stride_we, K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr,
+                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                INPUT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BINS)
     picks = tl.arange(0, K_POW2)
     in_rows = rows < N
     is_expert = cols[None, :] < E
-    p = _softmax(LOGITS, rows, cols, in_rows, is_expert, stride_ln)
+    p = _softmax(_logits(X, WEIGHT, rows, cols, in_rows, E, D, stride_xn, stride_we, BLOCK_N, BINS,
+                         BLOCK_D, HAS_WEIGHT, INPUT_PRECISION), is_expert)
     # k argmax passes; a pick is set to -2 and the padding columns are -1 (p >= 0)
     s = tl.where(is_expert, p, -1.0)
     idx = tl.zeros([BLOCK_N, K_POW2], tl.int32)
@@ -81,10 +85,30 @@ def _route_rows(LOGITS, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, strid
     tl.store(PARTIALS + pid * BINS + cols, part)
 
 
-def _softmax_rows(LOGITS, rows, cols, in_rows, is_expert, stride_ln):
-    """softmax over the E columns of the rows' logits, in fp32 (rows past N: uniform)."""
-    z = tl.load(LOGITS + rows[:, None].to(tl.int64) * stride_ln + cols[None, :],
-                mask=in_rows[:, None] & is_expert, other=0.0).to(tl.float32)
+def _logits_rows(X, WEIGHT, rows, cols, in_rows, E, D, stride_xn, stride_we,
+                 BLOCK_N: tl.constexpr, BINS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 HAS_WEIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+    """The rows' logits (BLOCK_N, BINS) in fp32, rounded to X's dtype as a product in that
+    dtype would be: X itself (N, E) without a weight, else X (N, D) W^T with W (E, D),
+    accumulated in fp32 over blocks of BLOCK_D columns (0 past N and E)."""
+    if HAS_WEIGHT:
+        acc = tl.zeros([BLOCK_N, BINS], tl.float32)
+        ds = tl.arange(0, BLOCK_D)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + ds
+            x = tl.load(X + rows[:, None].to(tl.int64) * stride_xn + d[None, :],
+                        mask=in_rows[:, None] & (d[None, :] < D), other=0.0)
+            w = tl.load(WEIGHT + cols[:, None] * stride_we + d[None, :],
+                        mask=(cols[:, None] < E) & (d[None, :] < D), other=0.0)
+            acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=INPUT_PRECISION)
+        return acc.to(X.dtype.element_ty).to(tl.float32)
+    else:
+        return tl.load(X + rows[:, None].to(tl.int64) * stride_xn + cols[None, :],
+                       mask=in_rows[:, None] & (cols[None, :] < E), other=0.0).to(tl.float32)
+
+
+def _softmax_rows(z, is_expert):
+    """softmax over the E columns of logits z (BLOCK_N, BINS) fp32 (rows past N: uniform)."""
     z = tl.where(is_expert, z, float("-inf"))
     e = tl.exp(z - tl.max(z, 1)[:, None])
     return e / tl.sum(e, 1)[:, None]
@@ -138,15 +162,18 @@ def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, RUNNING, SORTED_EXPERT, SORTED_SLO
         tl.store(SUMS + E + bins, sums, mask=lasts)
 
 
-def _route_backward(LOGITS, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, N, E, stride_ln, stride_dn,
-                    K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr, BLOCK_N: tl.constexpr):
+def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, N, E, D, stride_xn,
+                    stride_we, stride_dn, stride_dxn, K: tl.constexpr, K_POW2: tl.constexpr,
+                    BINS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                    HAS_WEIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BINS)
     picks = tl.arange(0, K_POW2)
     in_rows = rows < N
     is_expert = cols[None, :] < E
-    p = _softmax(LOGITS, rows, cols, in_rows, is_expert, stride_ln)
+    p = _softmax(_logits(X, WEIGHT, rows, cols, in_rows, E, D, stride_xn, stride_we, BLOCK_N, BINS,
+                         BLOCK_D, HAS_WEIGHT, INPUT_PRECISION), is_expert)
     a = ((tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows).to(tl.float32)
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
@@ -170,14 +197,25 @@ def _route_backward(LOGITS, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, N, E, st
         dp += tl.where(cols[None, :] == e_j[:, None], ((g_j - c) / total)[:, None], 0.0)
     dp = tl.where(is_expert, dp, 0.0)
     dz = p * (dp - tl.sum(dp * p, 1)[:, None])
-    tl.store(DLOGITS + rows[:, None].to(tl.int64) * stride_dn + cols[None, :],
-             dz.to(DLOGITS.dtype.element_ty), mask=in_rows[:, None] & is_expert)
+    dz = tl.where(in_rows[:, None] & is_expert, dz, 0.0).to(DLOGITS.dtype.element_ty)
+    tl.store(DLOGITS + rows[:, None].to(tl.int64) * stride_dn + cols[None, :], dz,
+             mask=in_rows[:, None] & is_expert)
+    if HAS_WEIGHT:  # the input's gradient dX = dz W (BLOCK_N, D), dz rounded as stored
+        ds = tl.arange(0, BLOCK_D)
+        for d0 in range(0, D, BLOCK_D):
+            d = d0 + ds
+            w = tl.load(WEIGHT + cols[:, None] * stride_we + d[None, :],
+                        mask=(cols[:, None] < E) & (d[None, :] < D), other=0.0)
+            dx = tl.dot(dz, w.to(dz.dtype), input_precision=INPUT_PRECISION)
+            tl.store(DX + rows[:, None].to(tl.int64) * stride_dxn + d[None, :],
+                     dx.to(DX.dtype.element_ty), mask=in_rows[:, None] & (d[None, :] < D))
 
 
 # Plain JITFunctions whatever TRITON_INTERPRET says (ahead-of-time builds need them); the
 # kernels' helper is one where they are compiled, and plain Python in the interpreter (which
 # runs the kernels as Python and cannot call a JITFunction).
 _softmax = _softmax_rows if launch.interpreting() else JITFunction(_softmax_rows)
+_logits = _logits_rows if launch.interpreting() else JITFunction(_logits_rows)
 route_rows_kernel = JITFunction(_route_rows)
 route_sort_kernel = JITFunction(_route_sort)
 route_backward_kernel = JITFunction(_route_backward)
@@ -193,19 +231,40 @@ def _launch(kernel, blocks: int, args: dict, device: torch.device) -> None:
 
 
 def _shape(N: int, E: int, k: int, device: torch.device) -> dict:
+    """Block sizes; the bins (experts 0..E and the statistics' two columns) at least 16,
+    the smallest dimension ``tl.dot`` takes."""
     block = INTERPRET_BLOCK_N if device.type == "cpu" and launch.recorder is None else BLOCK_N
-    return dict(K=k, K_POW2=triton.next_power_of_2(k), BINS=triton.next_power_of_2(E + 2),
+    return dict(K=k, K_POW2=triton.next_power_of_2(k), BINS=max(16, triton.next_power_of_2(E + 2)),
                 BLOCK_N=block)
 
 
-def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int,
+def _input_precision(dtype: torch.dtype) -> str:
+    """fp32 products in full precision unless TF32 is allowed (as the routed kernels)."""
+    if dtype == torch.float32 and not torch.backends.cuda.matmul.allow_tf32:
+        return "ieee"
+    return "tf32"
+
+
+def _logits_args(x: torch.Tensor, weight: Optional[torch.Tensor]) -> dict:
+    """The kernels' arguments for the logits: x (N, E) themselves, or x (N, D) and the
+    router's last layer weight (E, D), multiplied in the kernel."""
+    block_d = BLOCK_D if x.element_size() < 4 else 16  # fp32 tiles: no register spills on sm_80
+    return dict(X=x, WEIGHT=x if weight is None else weight, D=x.size(1), stride_xn=x.stride(0),
+                stride_we=0 if weight is None else weight.stride(0), BLOCK_D=block_d,
+                HAS_WEIGHT=weight is not None, INPUT_PRECISION=_input_precision(x.dtype))
+
+
+def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.Tensor, k: int,
                 gate_dtype: torch.dtype = torch.float32, running: Optional[torch.Tensor] = None):
-    """logits (N, E) (contiguous rows, any float dtype), active (N,) bool, 1 <= k <= E ->
-    gates (N, k) in ``gate_dtype`` (computed in fp32), expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
+    """logits z = x (N, E) (``weight`` None), or z = x W^T from x (N, D) and the router's
+    last layer W (E, D) (one product per block of rows, rounded to x's dtype); contiguous
+    rows, any float dtype; active (N,) bool, 1 <= k <= E -> gates (N, k) in ``gate_dtype``
+    (computed in fp32), expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k; and the
     statistics (2 E + 2,) fp32 (``ops/route_op.py``), ``running`` (2 E + 2,) fp32 added."""
-    N, E = logits.shape
-    device = logits.device
+    N = x.size(0)
+    E = x.size(1) if weight is None else weight.size(0)
+    device = x.device
     shape = _shape(N, E, k, device)
     blocks = triton.cdiv(N, shape["BLOCK_N"])
     expert_idxs = torch.empty(N, k, dtype=torch.long, device=device)
@@ -219,8 +278,8 @@ def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int,
         sums = running.clone() if running is not None else sums.zero_()
         return gates, expert_idxs, sorted_expert, sorted_slot, offsets.zero_(), sums
     _launch(route_rows_kernel, blocks, dict(
-        LOGITS=logits, ACTIVE=active, EXPERT_IDX=expert_idxs, GATES=gates, COUNTS=counts,
-        PARTIALS=partials, N=N, E=E, stride_ln=logits.stride(0), **shape), device)
+        ACTIVE=active, EXPERT_IDX=expert_idxs, GATES=gates, COUNTS=counts, PARTIALS=partials,
+        N=N, E=E, **_logits_args(x, weight), **shape), device)
     _launch(route_sort_kernel, blocks, dict(
         EXPERT_IDX=expert_idxs, COUNTS=counts, PARTIALS=partials,
         RUNNING=running.contiguous() if running is not None else sums, SORTED_EXPERT=sorted_expert,
@@ -229,16 +288,21 @@ def route_top_k(logits: torch.Tensor, active: torch.Tensor, k: int,
     return gates, expert_idxs, sorted_expert, sorted_slot, offsets, sums
 
 
-def route_top_k_backward(logits: torch.Tensor, active: torch.Tensor, expert_idxs: torch.Tensor,
-                         grad_gates: torch.Tensor, grad_sums: torch.Tensor) -> torch.Tensor:
-    """The logits' gradient (N, E), in their dtype, from the gates' (N, k, any float dtype) and the
-    statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the softmax recomputed."""
-    N, E = logits.shape
-    shape = _shape(N, E, expert_idxs.size(1), logits.device)
-    grad = torch.empty_like(logits, memory_format=torch.contiguous_format)
+def route_top_k_backward(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.Tensor,
+                         expert_idxs: torch.Tensor, grad_gates: torch.Tensor, grad_sums: torch.Tensor):
+    """The logits' gradient dz (N, E) in x's dtype, from the gates' (N, k, any float dtype)
+    and the statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the logits and
+    softmax recomputed from x (and W); with a weight also x's gradient dz W (N, D), in the
+    same launch (None without)."""
+    N = x.size(0)
+    E = x.size(1) if weight is None else weight.size(0)
+    shape = _shape(N, E, expert_idxs.size(1), x.device)
+    grad = torch.empty(N, E, dtype=x.dtype, device=x.device)
+    grad_x = None if weight is None else torch.empty_like(x, memory_format=torch.contiguous_format)
     if N:
         _launch(route_backward_kernel, triton.cdiv(N, shape["BLOCK_N"]), dict(
-            LOGITS=logits, ACTIVE=active, EXPERT_IDX=expert_idxs, DGATES=grad_gates,
-            DSUMS=grad_sums, DLOGITS=grad, N=N, E=E, stride_ln=logits.stride(0),
-            stride_dn=grad.stride(0), **shape), logits.device)
-    return grad
+            ACTIVE=active, EXPERT_IDX=expert_idxs, DGATES=grad_gates, DSUMS=grad_sums,
+            DLOGITS=grad, DX=grad if grad_x is None else grad_x, N=N, E=E,
+            stride_dn=grad.stride(0), stride_dxn=0 if grad_x is None else grad_x.stride(0),
+            **_logits_args(x, weight), **shape), x.device)
+    return grad, grad_x

@@ -99,10 +99,10 @@ class Router(nn.Module):
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
         # data-independent shapes: inactive rows skip the hidden layer (sut::masked_linear),
         # go to the no-op expert E with gate 0 and are left out of the statistics
-        if self._one_op(x):  # CUDA: the choice, its sorted layout and statistics in two kernels
+        if self._one_op(x):  # CUDA: the logits, the choice, its sorted layout and statistics in two kernels
             running = None if self.stats is None else self.stats.sums
-            gates, *layout, sums = torch.ops.sut.route_top_k(self._logits(x, active), active,
-                                                             self.top_k, x.dtype, running)
+            gates, *layout, sums = torch.ops.sut.route_top_k(self._hidden(x, active), self.fc2.weight,
+                                                             active, self.top_k, x.dtype, running)
             if self.stats is not None:
                 self.stats.sums = sums  # the running sums with this call's added
             return Routing(layout[0], gates, *layout[1:], E)
@@ -118,12 +118,16 @@ class Router(nn.Module):
         sampled."""
         return kernel_backend(x) == "triton" and (self.sample_topk == 0 or not self.training)
 
-    def _logits(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """x: (n, d) -> W2 · dropout(tanh(W1 x)) (n, E), in the compute dtype (the op reads
-        bf16/fp16 logits as fp32 itself); rows outside ``active`` (n,) bool get a zero
-        hidden layer (the caller drops them)."""
+    def _hidden(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (n, d) -> dropout(tanh(W1 x)) (n, hidden), in the compute dtype; rows outside
+        ``active`` (n,) bool get a zero hidden layer (the caller drops them)."""
         hidden = self.fc1(x) if active is None else masked_linear(x, self.fc1, active)
-        return self.fc2(self.dropout(torch.tanh(hidden)))
+        return self.dropout(torch.tanh(hidden))
+
+    def _logits(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """x: (n, d) -> W2 · ``_hidden`` (n, E), in the compute dtype (``sut::route_top_k``
+        multiplies by W2 itself)."""
+        return self.fc2(self._hidden(x, active))
 
     def _route(self, x: torch.Tensor, active: Optional[torch.Tensor] = None):
         """x: (n, d) -> g(·|x) (n, E) fp32, the k picks (n, k) and their renormalised gates;

@@ -2,6 +2,10 @@
 their renormalised gates, the sorted layout of ``ops/routing.py`` and the sums of the
 routing statistics, in two Triton launches on CUDA (``kernels/routing_triton.py``; its
 gradient in one) where the PyTorch ops are about 20 kernels forward; PyTorch elsewhere.
+The logits are its input x (N, E), or z = x W^T from the router's hidden layer x (N, D)
+and its last layer W (E, D) (no bias), which the kernels multiply themselves: then the
+op's gradient launch also gives x's gradient dz W, and W's gradient dz^T x is one product
+outside the op (where a compiled loop sums it over steps in its GEMMs).
 
 For logits z (N, E), active rows a (N,) and k picks (the gates returned in ``gate_dtype``,
 the compute dtype of the expert layers, the rest in fp32 at least):
@@ -24,6 +28,7 @@ sums' first E entries' and H the entropy term's,
 from typing import Optional, Tuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .reference_linear import kernel_backend
@@ -58,11 +63,18 @@ def routing_sums(probs: Tensor, top_idx: Tensor, active: Optional[Tensor] = None
                       a.sum().unsqueeze(0)])
 
 
-def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
+def router_logits(x: Tensor, weight: Optional[Tensor]) -> Tensor:
+    """z = x (N, E) without a weight, else z = x W^T (N, E) from x (N, D) and the router's
+    last layer W (E, D), in x's dtype."""
+    return x if weight is None else F.linear(x, weight.to(x.dtype))
+
+
+def route_top_k_reference(x: Tensor, weight: Optional[Tensor], active: Tensor, k: int,
                           gate_dtype: torch.dtype = torch.float32, running: Optional[Tensor] = None):
     """The op's outputs from PyTorch operations, differentiable by autograd (module
-    docstring): gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
-    sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
+    docstring; z = ``router_logits(x, weight)``): gates (N, k), expert_idxs (N, k),
+    sorted_expert_idxs (M,), sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
+    logits = router_logits(x, weight)
     E = logits.size(1)
     probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(1)
     top_idx = top_k_by_argmax(probs, k)
@@ -77,9 +89,12 @@ def route_top_k_reference(logits: Tensor, active: Tensor, k: int,
             routing.sorted_scattered_idxs, routing.expert_offsets.clone(), sums)
 
 
-def route_top_k_backward_reference(logits: Tensor, active: Tensor, expert_idxs: Tensor,
-                                   grad_gates: Tensor, grad_sums: Tensor) -> Tensor:
-    """∂/∂z (N, E) in the logits' dtype by the formula of the module docstring."""
+def route_top_k_backward_reference(x: Tensor, weight: Optional[Tensor], active: Tensor,
+                                   expert_idxs: Tensor, grad_gates: Tensor,
+                                   grad_sums: Tensor) -> Tuple[Tensor, Tensor]:
+    """(∂/∂z (N, E) in x's dtype by the formula of the module docstring, ∂/∂x = ∂/∂z W
+    (N, D), or an empty tensor without a weight)."""
+    logits = router_logits(x, weight)
     E = logits.size(1)
     probs = logits.to(grad_sums.dtype).softmax(1)
     a = active.to(probs.dtype).unsqueeze(1)
@@ -89,57 +104,67 @@ def route_top_k_backward_reference(logits: Tensor, active: Tensor, expert_idxs: 
     g = grad_gates.to(probs.dtype) * a
     grad = a * (grad_sums[:E] + grad_sums[2 * E] * (torch.log(probs + EPS) + probs / (probs + EPS)))
     grad = grad.scatter_add(1, picks, (g - (g * top).sum(1, keepdim=True) / total) / total)
-    return (probs * (grad - (grad * probs).sum(1, keepdim=True))).to(logits.dtype)
+    dz = (probs * (grad - (grad * probs).sum(1, keepdim=True))).to(x.dtype)
+    return dz, (x.new_empty(0) if weight is None else dz @ weight.to(x.dtype))
 
 
 @torch.library.custom_op("sut::route_top_k", mutates_args=())
-def route_top_k_op(logits: Tensor, active: Tensor, k: int, gate_dtype: torch.dtype,
-                   running: Optional[Tensor]) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
-    if kernel_backend(logits) == "triton":
+def route_top_k_op(x: Tensor, weight: Optional[Tensor], active: Tensor, k: int,
+                   gate_dtype: torch.dtype, running: Optional[Tensor]
+                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    if kernel_backend(x) == "triton":
         from ..kernels.routing_triton import route_top_k
 
-        return route_top_k(logits.contiguous(), active.contiguous(), k, gate_dtype, running)
-    return route_top_k_reference(logits, active, k, gate_dtype, running)
+        return route_top_k(x.contiguous(), None if weight is None else weight.contiguous(),
+                           active.contiguous(), k, gate_dtype, running)
+    return route_top_k_reference(x, weight, active, k, gate_dtype, running)
 
 
 @route_top_k_op.register_fake
-def _(logits, active, k, gate_dtype, running):
-    N, E = logits.shape
+def _(x, weight, active, k, gate_dtype, running):
+    N = x.size(0)
+    E = x.size(1) if weight is None else weight.size(0)
     index = dict(dtype=torch.long)
-    values = dict(dtype=torch.promote_types(logits.dtype, torch.float32))
-    return (logits.new_empty(N, k, dtype=gate_dtype), logits.new_empty(N, k, **index),
-            logits.new_empty(N * k, **index), logits.new_empty(N * k, **index),
-            logits.new_empty(E, **index), logits.new_empty(2 * E + 2, **values))
+    values = dict(dtype=torch.promote_types(x.dtype, torch.float32))
+    return (x.new_empty(N, k, dtype=gate_dtype), x.new_empty(N, k, **index),
+            x.new_empty(N * k, **index), x.new_empty(N * k, **index),
+            x.new_empty(E, **index), x.new_empty(2 * E + 2, **values))
 
 
 @torch.library.custom_op("sut::route_top_k_backward", mutates_args=())
-def route_top_k_backward_op(logits: Tensor, active: Tensor, expert_idxs: Tensor, grad_gates: Tensor,
-                            grad_sums: Tensor) -> Tensor:
-    if kernel_backend(logits) == "triton":
+def route_top_k_backward_op(x: Tensor, weight: Optional[Tensor], active: Tensor, expert_idxs: Tensor,
+                            grad_gates: Tensor, grad_sums: Tensor) -> Tuple[Tensor, Tensor]:
+    if kernel_backend(x) == "triton":
         from ..kernels.routing_triton import route_top_k_backward
 
-        return route_top_k_backward(logits.contiguous(), active.contiguous(), expert_idxs,
-                                    grad_gates.contiguous(), grad_sums.contiguous())
-    return route_top_k_backward_reference(logits, active, expert_idxs, grad_gates, grad_sums)
+        dz, dx = route_top_k_backward(x.contiguous(), None if weight is None else weight.contiguous(),
+                                      active.contiguous(), expert_idxs, grad_gates.contiguous(),
+                                      grad_sums.contiguous())
+        return dz, (x.new_empty(0) if dx is None else dx)
+    return route_top_k_backward_reference(x, weight, active, expert_idxs, grad_gates, grad_sums)
 
 
 @route_top_k_backward_op.register_fake
-def _(logits, active, expert_idxs, grad_gates, grad_sums):
-    return torch.empty_like(logits)
+def _(x, weight, active, expert_idxs, grad_gates, grad_sums):
+    E = x.size(1) if weight is None else weight.size(0)
+    return x.new_empty(x.size(0), E), (x.new_empty(0) if weight is None else torch.empty_like(x))
 
 
 def _setup_context(ctx, inputs, output):
-    logits, active, _, _, running = inputs
-    ctx.save_for_backward(logits, active, output[1])
+    x, weight, active, _, _, running = inputs
+    ctx.save_for_backward(x, weight, active, output[1])
     ctx.has_running = running is not None
 
 
 def _backward(ctx, grad_gates, *grads):
     # autograd hands over zeros (not None) for an output the loss did not use
-    logits, active, expert_idxs = ctx.saved_tensors
+    x, weight, active, expert_idxs = ctx.saved_tensors
     grad_sums = grads[-1]
-    grad = torch.ops.sut.route_top_k_backward(logits, active, expert_idxs, grad_gates, grad_sums)
-    return grad, None, None, None, grad_sums if ctx.has_running else None
+    dz, dx = torch.ops.sut.route_top_k_backward(x, weight, active, expert_idxs, grad_gates, grad_sums)
+    if weight is None:
+        return dz, None, None, None, None, grad_sums if ctx.has_running else None
+    # the weight's gradient dW = dz^T x (E, D): a product the compiler sees (and sums over steps)
+    return dx, dz.t().mm(x).to(weight.dtype), None, None, None, grad_sums if ctx.has_running else None
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)

@@ -29,7 +29,7 @@ def test_backward_equals_autograd_through_the_reference(k):
     grads = []
     for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
         z = logits.clone().requires_grad_()
-        gates, *_, sums = fn(z, active, k, z.dtype, None)
+        gates, *_, sums = fn(z, None, active, k, z.dtype, None)
         ((gates * wg).sum() + (sums * ws).sum()).backward()
         grads.append(z.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
@@ -46,11 +46,38 @@ def test_a_loss_on_one_output_alone(part):
     grads = []
     for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
         z = logits.clone().requires_grad_()
-        gates, *_, sums = fn(z, active, 2, z.dtype, None)
+        gates, *_, sums = fn(z, None, active, 2, z.dtype, None)
         ((gates if part == "gates" else sums) * w).sum().backward()
         grads.append(z.grad)
     torch.testing.assert_close(grads[0], grads[1], rtol=1e-12, atol=1e-13)
     assert grads[0].abs().sum() > 0
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_the_weights_form_equals_autograd_through_the_linear_layer(k):
+    """With the router's last layer W (E, D) as an input, z = x W^T: the gradients of x and
+    W equal autograd's through ``F.linear`` and the reference, and a numerical check."""
+    g = torch.Generator().manual_seed(k)
+    x0 = torch.randn(9, 7, generator=g, dtype=torch.float64)
+    w0 = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    active = torch.rand(9, generator=g) > 0.3
+    wg = torch.randn(9, k, generator=g, dtype=torch.float64)
+    ws = torch.randn(12, generator=g, dtype=torch.float64)
+    grads = []
+    for fn in (torch.ops.sut.route_top_k, route_top_k_reference):
+        x, w = x0.clone().requires_grad_(), w0.clone().requires_grad_()
+        gates, *_, sums = fn(x, w, active, k, x.dtype, None)
+        ((gates * wg).sum() + (sums * ws).sum()).backward()
+        grads.append((x.grad, w.grad))
+    for got, want in zip(grads[0], grads[1]):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-13)
+    assert grads[0][0][~active].abs().sum() == 0 and grads[0][1].abs().sum() > 0
+
+    def fn(x, w):
+        gates, *_, sums = torch.ops.sut.route_top_k(x, w, active, k, x.dtype, None)
+        return gates, sums[:11]
+
+    assert torch.autograd.gradcheck(fn, (x0.clone().requires_grad_(), w0.clone().requires_grad_()))
 
 
 @pytest.mark.parametrize("part", ["gates", "sums"])
@@ -58,7 +85,7 @@ def test_gradcheck(part):
     logits, active, _ = _case(N=5, E=4)
 
     def fn(z):
-        gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype, None)
+        gates, *_, sums = torch.ops.sut.route_top_k(z, None, active, 2, z.dtype, None)
         return gates if part == "gates" else sums[:2 * 4 + 1]
 
     assert torch.autograd.gradcheck(fn, (logits.clone().requires_grad_(),))
@@ -70,7 +97,7 @@ def test_layout_and_statistics_are_the_routers_pytorch_path(N, E, k):
     the sums are those ``RouterStats.add`` accumulates from the distribution."""
     logits, active, _ = _case(N, E, dtype=torch.float32)
     gates, expert_idxs, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(
-        logits, active, k, torch.float32, None)
+        logits, None, active, k, torch.float32, None)
     probs = logits.softmax(1)
     top_idx = probs.topk(k, 1).indices
     assert torch.equal(expert_idxs, top_idx.masked_fill(~active.unsqueeze(1), E))
@@ -90,20 +117,20 @@ def test_a_vanishing_probability_keeps_the_statistics_finite():
     logits, active, g = _case(N=4, E=3)
     logits[:, 2] = -40.0
     z = logits.clone().requires_grad_()
-    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, z.dtype, None)
+    gates, *_, sums = torch.ops.sut.route_top_k(z, None, active, 2, z.dtype, None)
     (sums[:7] * torch.randn(7, generator=g, dtype=torch.float64)).sum().backward()
     assert torch.isfinite(sums).all() and torch.isfinite(z.grad).all()
-    want = route_top_k_reference(logits, active, 2)[-1]
+    want = route_top_k_reference(logits, None, active, 2)[-1]
     p = logits.softmax(1)
     torch.testing.assert_close(want[6], ((p * torch.log(p + 1e-9)).sum(1) * active).sum())
 
 
 def test_backward_op_returns_the_logits_dtype():
     logits, active, g = _case(N=5, E=4, dtype=torch.bfloat16)
-    experts = route_top_k_reference(logits, active, 2)[1]
-    grad = torch.ops.sut.route_top_k_backward(logits, active, experts, torch.randn(5, 2, generator=g),
-                                              torch.randn(10, generator=g))
-    assert grad.dtype == torch.bfloat16 and grad.shape == (5, 4)
+    experts = route_top_k_reference(logits, None, active, 2)[1]
+    grad, no_x = torch.ops.sut.route_top_k_backward(logits, None, active, experts,
+                                                    torch.randn(5, 2, generator=g), torch.randn(10, generator=g))
+    assert grad.dtype == torch.bfloat16 and grad.shape == (5, 4) and no_x.numel() == 0
 
 
 def test_bf16_logits_give_gates_in_the_asked_dtype_and_a_bf16_gradient():
@@ -111,9 +138,9 @@ def test_bf16_logits_give_gates_in_the_asked_dtype_and_a_bf16_gradient():
     PyTorch path casts them), statistics in fp32, the logits' gradient in their dtype."""
     logits, active, _ = _case(N=6, E=4, dtype=torch.float32)
     z = logits.bfloat16().requires_grad_()
-    gates, *_, sums = torch.ops.sut.route_top_k(z, active, 2, torch.bfloat16, None)
+    gates, *_, sums = torch.ops.sut.route_top_k(z, None, active, 2, torch.bfloat16, None)
     assert gates.dtype == torch.bfloat16 and sums.dtype == torch.float32
-    want = route_top_k_reference(logits.bfloat16(), active, 2)[0]
+    want = route_top_k_reference(logits.bfloat16(), None, active, 2)[0]
     assert want.dtype == torch.float32 and torch.equal(gates, want.bfloat16())
     (gates.sum() + sums[:4].pow(2).sum()).backward()
     assert z.grad.dtype == torch.bfloat16
@@ -139,7 +166,7 @@ def test_traced_by_aot_autograd_as_eager():
     wg = torch.randn(12, 3, generator=g)
 
     def loss(z):
-        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, active, 3, z.dtype, None)
+        gates, experts, sorted_e, sorted_s, offsets, sums = torch.ops.sut.route_top_k(z, None, active, 3, z.dtype, None)
         return (gates * wg).sum() + sums[:6].pow(2).sum() + sums[12], experts, sorted_s, offsets
 
     compiled = torch.compile(loss, backend="aot_eager", fullgraph=True)
@@ -201,13 +228,14 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
 
     calls = []
 
-    def forward(logits, active, k, gate_dtype, running):
+    def forward(logits, weight, active, k, gate_dtype, running):
         calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype))
-        return route_top_k_reference(logits, active, k, gate_dtype, running)
+        return route_top_k_reference(logits, weight, active, k, gate_dtype, running)
 
-    def backward(logits, active, expert_idxs, grad_gates, grad_sums):
+    def backward(logits, weight, active, expert_idxs, grad_gates, grad_sums):
         calls.append(tuple(t.is_contiguous() for t in (logits, active, grad_gates, grad_sums)))
-        return route_top_k_backward_reference(logits, active, expert_idxs, grad_gates, grad_sums)
+        dz, dx = route_top_k_backward_reference(logits, weight, active, expert_idxs, grad_gates, grad_sums)
+        return dz, (None if weight is None else dx)
 
     logits, active, g = _case(N=8, E=5, dtype=torch.float32)
     w = torch.randn(8, 2, generator=g)
@@ -218,7 +246,7 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
         monkeypatch.setattr(routing_triton, "route_top_k_backward", backward)
         z = logits.t().contiguous().t().requires_grad_()  # column-major: the branch makes it contiguous
         running = torch.arange(12.0, dtype=torch.float64).requires_grad_()
-        gates, *layout, sums = torch.ops.sut.route_top_k(z, active, 2, torch.float64, running)
+        gates, *layout, sums = torch.ops.sut.route_top_k(z, None, active, 2, torch.float64, running)
         ((gates * w).sum() + sums[:5].pow(2).sum() + sums[10]).backward()
         out[backend] = (gates, layout, sums, z.grad, running.grad)
     assert calls == [(True, True, torch.float64), (True, True, True, True)]
@@ -236,8 +264,8 @@ def test_running_sums_are_added_and_get_the_sums_gradient():
     gradient is the sums' gradient."""
     logits, active, g = _case(N=6, E=3)
     running = torch.randn(8, generator=g, dtype=torch.float64).requires_grad_()
-    alone = torch.ops.sut.route_top_k(logits, active, 2, logits.dtype, None)[-1]
-    added = torch.ops.sut.route_top_k(logits, active, 2, logits.dtype, running)[-1]
+    alone = torch.ops.sut.route_top_k(logits, None, active, 2, logits.dtype, None)[-1]
+    added = torch.ops.sut.route_top_k(logits, None, active, 2, logits.dtype, running)[-1]
     torch.testing.assert_close(added, alone + running)
     w = torch.randn(8, generator=g, dtype=torch.float64)
     (added * w).sum().backward()

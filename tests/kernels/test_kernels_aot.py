@@ -168,14 +168,14 @@ def test_router_kernels_build_without_spills(arch):
     """The routers' kernels (``routing_triton.py``: rows, sort, backward) for ``sut_base``'s
     and ``sut_big``'s routers (E 24 / 48, k 4) on bf16 logits: built (the interpreter does
     not check what the compiler refuses, e.g. a global that is not a constexpr), no spills,
-    shared memory within the limit; ``-m slow`` adds fp32 logits."""
+    shared memory within the limit; ``-m slow`` adds fp32 (TF32 and IEEE products)."""
     _check_routers(arch, ("bf16",))
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("arch", ARCHS)
 def test_router_kernels_build_without_spills_fp32(arch):
-    _check_routers(arch, ("fp32",))
+    _check_routers(arch, ("fp32", "fp32-ieee"))
 
 
 @pytest.mark.slow

@@ -33,8 +33,8 @@ def test_kernels_equal_the_reference(N, E, k, inactive, dtype):
     logits, active = _case(N, E, inactive=inactive)
     logits = logits.to(dtype)
     running = torch.randn(2 * E + 2, generator=torch.Generator().manual_seed(9))
-    got = route_top_k(logits, active, k, gate_dtype=dtype, running=running)
-    want = route_top_k_reference(logits, active, k, gate_dtype=dtype, running=running)
+    got = route_top_k(logits, None, active, k, gate_dtype=dtype, running=running)
+    want = route_top_k_reference(logits, None, active, k, gate_dtype=dtype, running=running)
     names = ["gates", "expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs",
              "expert_offsets", "sums"]
     for name, a, b in zip(names, got, want):
@@ -55,22 +55,59 @@ def test_backward_kernel_equals_the_reference(N, E, k, inactive, dtype):
 
     logits, active = _case(N, E, inactive=inactive)
     logits = logits.to(dtype)
-    expert_idxs = route_top_k_reference(logits, active, k)[1]
+    expert_idxs = route_top_k_reference(logits, None, active, k)[1]
     g = torch.Generator().manual_seed(5)
     grad_gates, grad_sums = torch.randn(N, k, generator=g), torch.randn(2 * E + 2, generator=g)
-    got = route_top_k_backward(logits, active, expert_idxs, grad_gates, grad_sums)
-    want = route_top_k_backward_reference(logits, active, expert_idxs, grad_gates, grad_sums)
+    got, no_x = route_top_k_backward(logits, None, active, expert_idxs, grad_gates, grad_sums)
+    want = route_top_k_backward_reference(logits, None, active, expert_idxs, grad_gates, grad_sums)[0]
+    assert no_x is None
     assert got.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
     torch.testing.assert_close(got.float(), want.float(), **tol)
     assert got[~active].abs().sum() == 0
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("N, D, E, k", [(13, 70, 5, 2), (9, 16, 24, 4), (6, 129, 3, 3)])
+def test_kernels_multiply_by_the_routers_last_layer(N, D, E, k, dtype):
+    """Logits z = x W^T made in the kernels from the router's hidden layer x (N, D) and its
+    last layer W (E, D), over blocks of D (ragged: 70 = 64 + 6, 129 = 2·64 + 1): every output
+    as the reference's from ``F.linear``'s logits, and the gradient launch's dz and x's
+    gradient dz W."""
+    from sut_fairseq.kernels.routing_triton import route_top_k, route_top_k_backward
+    from sut_fairseq.ops.route_op import route_top_k_backward_reference, route_top_k_reference
+
+    g = torch.Generator().manual_seed(N + D)
+    x = torch.tanh(torch.randn(N, D, generator=g)).to(dtype)
+    weight = (torch.randn(E, D, generator=g) * 2 / D ** 0.5).to(dtype)
+    active = torch.rand(N, generator=g) > 0.3
+    running = torch.randn(2 * E + 2, generator=g)
+    got = route_top_k(x, weight, active, k, gate_dtype=dtype, running=running)
+    want = route_top_k_reference(x, weight, active, k, gate_dtype=dtype, running=running)
+    # bf16: the logits rounded to bf16 (Triton's interpreter may truncate where F.linear
+    # rounds to nearest: about 1e-3 in the probabilities' sums)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-2)
+    for name, a, b in zip(["gates", "expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs",
+                           "expert_offsets", "sums"], got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.is_floating_point():
+            torch.testing.assert_close(a.float(), b.float(), **tol, msg=name)
+        else:
+            assert torch.equal(a, b), (name, a, b)
+    grad_gates, grad_sums = torch.randn(N, k, generator=g), torch.randn(2 * E + 2, generator=g)
+    dz, dx = route_top_k_backward(x, weight, active, got[1], grad_gates, grad_sums)
+    want_dz, want_dx = route_top_k_backward_reference(x, weight, active, got[1], grad_gates, grad_sums)
+    assert dz.dtype == dx.dtype == dtype and dx.shape == (N, D)
+    torch.testing.assert_close(dz.float(), want_dz.float(), **tol)
+    torch.testing.assert_close(dx.float(), want_dx.float(), **tol)
+    assert dx[~active].abs().sum() == 0 and dx[active].abs().sum() > 0
+
+
 def test_ties_pick_the_lowest_index():
     from sut_fairseq.kernels.routing_triton import route_top_k
 
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0, 3.0], [0.0, 0.0, 0.0, 0.0, 0.0]])
-    _, expert_idxs, *_ = route_top_k(logits, torch.ones(2, dtype=torch.bool), 3)
+    _, expert_idxs, *_ = route_top_k(logits, None, torch.ones(2, dtype=torch.bool), 3)
     assert expert_idxs.tolist() == [[1, 2, 4], [0, 1, 2]]
 
 
