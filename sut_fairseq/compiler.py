@@ -169,11 +169,11 @@ class CompiledStep(CompiledFunction):
     ``"reduce-overhead"`` as ``mode`` replays the compiled graphs as CUDA graphs on a GPU
     (``benchmarks/train_step.py``'s ``+graphs`` models, over the compiled loop)."""
 
+    fallback = "the eager step"
+
     def __init__(self, step: torch.nn.Module, side: str):
         super().__init__(step, f"{side} step")
         self.step, self.side = step, side
-
-    fallback = "the eager step"
 
     def __call__(self, **inputs):
         return super().__call__(**prepare_inputs(inputs))
