@@ -497,6 +497,40 @@ def test_router_kernels_match_the_reference(E, k, dtype):
         rtol=1e-4 if dtype == torch.float32 else 1e-2, atol=1e-5 if dtype == torch.float32 else 1e-3)
 
 
+@pytest.mark.parametrize("E", [24, 48])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_router_kernels_with_the_last_layer_match_the_reference(E, dtype):
+    """The routers' form: logits x W^T made in the kernels from the hidden layer x (4,100 ×
+    512) and the last layer W (E × 512), fp32 with IEEE products: the picks of (nearly)
+    every row as the reference's from ``F.linear`` (a product summed in another order can
+    flip a near tie), the statistics within rounding, and the backward's dz and dx = dz W
+    against the reference formula for the kernel's own picks."""
+    from sut_fairseq.kernels.routing_triton import route_top_k, route_top_k_backward
+    from sut_fairseq.ops.route_op import route_top_k_backward_reference, route_top_k_reference
+
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.tanh(torch.randn(4100, 512, device="cuda", generator=g)).to(dtype)
+    weight = (torch.randn(E, 512, device="cuda", generator=g) * 2 / 512 ** 0.5).to(dtype)
+    active = torch.rand(4100, device="cuda", generator=g) > 0.33
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        got = route_top_k(x, weight, active, 4, dtype)
+        want = route_top_k_reference(x, weight, active, 4, dtype)
+        same = (got[1] == want[1]).all(1)
+        assert same.float().mean() > 0.999, same.float().mean()
+        torch.testing.assert_close(got[5], want[5], rtol=1e-2, atol=1e-1)  # sums over 4,100 rows
+        grad_gates = torch.randn(4100, 4, device="cuda", generator=g)
+        grad_sums = torch.randn(2 * E + 2, device="cuda", generator=g)
+        dz, dx = route_top_k_backward(x, weight, active, got[1], grad_gates, grad_sums)
+        want_dz, want_dx = route_top_k_backward_reference(x, weight, active, got[1], grad_gates, grad_sums)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    torch.testing.assert_close(dz.float(), want_dz.float(), **tol)
+    torch.testing.assert_close(dx.float(), want_dx.float(), **tol)
+
+
 def test_router_on_its_kernels_makes_no_host_sync():
     """``sut::route_top_k`` forward and backward under ``set_sync_debug_mode("error")``."""
     logits = torch.randn(4096, 24, device="cuda", requires_grad=True)
