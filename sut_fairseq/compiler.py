@@ -173,7 +173,12 @@ class CompiledStep(CompiledFunction):
 
     def __init__(self, step: torch.nn.Module, side: str):
         super().__init__(step, f"{side} step")
-        self.step, self.side = step, side
+        self.side = side
+
+    @property
+    def step(self) -> torch.nn.Module:
+        """The step module compiled (``fn``)."""
+        return self.fn
 
     def __call__(self, **inputs):
         return super().__call__(**prepare_inputs(inputs))

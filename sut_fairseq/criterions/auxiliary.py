@@ -150,8 +150,8 @@ def auxiliary_losses(router_stats: List[RouterStats], halting: Dict[str, Halting
     instead of a few dozen; eager where it cannot compile)."""
     args = ([s.sums for s in router_stats], tuple(s.num_experts for s in router_stats), halting,
             like, tuple(float(w) for w in weights))
-    run = COMPILED_TERMS.run if compiled else (lambda device, *a: auxiliary_terms(*a))
-    mim, switch, act, aux, logs = run(like.device, *args)
+    mim, switch, act, aux, logs = (COMPILED_TERMS.run(like.device, *args) if compiled
+                                   else auxiliary_terms(*args))
     return AuxiliaryLosses(mim=mim, switch=switch, act=act, halting=halting, aux=aux, logs=logs)
 
 

@@ -34,7 +34,6 @@ class SUTClassificationCriterion(FairseqCriterion):
                  aux_loss_scale="per-token"):
         super().__init__(task)
         self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
-        self.aux_weights = (mim_weight, act_weight, switch_weight)
         self.aux_loss_scale = str(aux_loss_scale)
 
     def forward(self, model, sample, reduce=True):
@@ -51,7 +50,8 @@ class SUTClassificationCriterion(FairseqCriterion):
             raise ValueError(f"--act-weight={self.act_weight!r} is invalid: the model's encoder "
                              "has no halting (leave it at 0)")
         terms = auxiliary_losses(router_stats, {} if halting is None else {"enc": halting}, ce,
-                                 self.aux_weights, compiled=compiles_steps(model))
+                                 (self.mim_weight, self.act_weight, self.switch_weight),
+                                 compiled=compiles_steps(model))
         if model.training and reduce:
             scale = sample_size if self.aux_loss_scale == "per-token" else 1.0
             loss = ce + scale * terms.aux

@@ -92,7 +92,6 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
                  memory_efficient_fp16=False, memory_efficient_bf16=False, amp=False):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         self.mim_weight, self.act_weight, self.switch_weight = mim_weight, act_weight, switch_weight
-        self.aux_weights = (mim_weight, act_weight, switch_weight)
         self.aux_loss_scale = str(aux_loss_scale)
         self.exit_loss = str(exit_loss)
         if self.exit_loss == "offramps" and (mim_weight or act_weight or switch_weight):
@@ -117,7 +116,8 @@ class SUTLabelSmoothedCrossEntropyCriterion(LabelSmoothedCrossEntropyCriterion):
 
         extra = net_output[1]
         halting = {"enc": extra["halting_encoder"], "dec": extra["halting_decoder"]}
-        terms = auxiliary_losses(router_stats, halting, loss, self.aux_weights,
+        terms = auxiliary_losses(router_stats, halting, loss,
+                                 (self.mim_weight, self.act_weight, self.switch_weight),
                                  compiled=compiles_steps(model))
         aux = terms.aux
         exit_logs = {}

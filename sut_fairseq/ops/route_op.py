@@ -161,10 +161,10 @@ def _backward(ctx, grad_gates, *grads):
     x, weight, active, expert_idxs = ctx.saved_tensors
     grad_sums = grads[-1]
     dz, dx = torch.ops.sut.route_top_k_backward(x, weight, active, expert_idxs, grad_gates, grad_sums)
-    if weight is None:
-        return dz, None, None, None, None, grad_sums if ctx.has_running else None
-    # the weight's gradient dW = dz^T x (E, D): a product the compiler sees (and sums over steps)
-    return dx, dz.t().mm(x).to(weight.dtype), None, None, None, grad_sums if ctx.has_running else None
+    # with a weight, its gradient dW = dz^T x (E, D): a product the compiler sees (and sums
+    # over steps); without one, x are the logits
+    grad_x, grad_w = (dz, None) if weight is None else (dx, dz.t().mm(x).to(weight.dtype))
+    return grad_x, grad_w, None, None, None, grad_sums if ctx.has_running else None
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)
