@@ -52,13 +52,22 @@ inlines into one kernel per parameter reading its L step gradients, but for a we
 step gradients are whole GEMM outputs: their sum goes into the GEMMs (``addmm`` with the
 running sum as input), no kernel at all (``inductor_accumulation.py``).
 
+**Inductor's own kernels** (``--inductor``, with a compiled form): instead of the fusion
+model, each compiled region is compiled by inductor itself on the CPU with its Triton
+backend, which schedules and fuses as for CUDA (``inductor_kernels.py``): its fused
+kernels (priced by the bytes inductor's scheduler counts for them) and extern GEMMs replace
+the recorder's aten kernels and GEMMs inside the regions and the sums over a loop's steps;
+the custom ops' launches, attention and everything outside the regions stay as recorded.
+Slower (about two minutes for ``sut_base`` and the transformer) and without a per-step
+split of the regions' own kernels.
+
 **Device time**: per kernel max(FLOPs / (peak x efficiency), bytes / (bandwidth x
 efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` and the
 factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profiles of
 ``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
 
     python benchmarks/gpu_model.py --arch sut_base [sut_base+flex] transformer_wmt_en_de [--compile-step]
-        [--compile-loop] [--device H100] [--batch 128 --len 32] [--top 12] [--calibrate]
+        [--compile-loop] [--inductor] [--device H100] [--batch 128 --len 32] [--top 12] [--calibrate]
 
 Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per architecture
 and ``gpu model: sut_base / transformer_wmt_en_de device time R``.
@@ -79,6 +88,7 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import inductor_kernels  # noqa: E402
 import train_step  # noqa: E402
 
 from sut_fairseq.criterions import auxiliary  # noqa: E402
@@ -188,6 +198,8 @@ class Kernel:
     reads: Tuple = ()
     writes: Tuple = ()
     out_numels: Tuple = ()
+    custom: bool = False    # recorded inside a custom op's body
+    loop_sum: bool = False  # a shared parameter's sum over a loop region's steps
 
     def misaligned(self) -> bool:
         """A bf16/fp16 GEMM with M, N or K not a multiple of 8."""
@@ -284,6 +296,11 @@ class Recorder(TorchDispatchMode):
         self.values: Dict[tuple, int] = {}  # storage key -> number of the value it holds
         self.computed: Dict[tuple, Tuple[int, ...]] = {}  # (region, operation) -> output values
         self.value_count = itertools.count()
+        self.region_calls: List[inductor_kernels.RegionCall] = []  # for ``--inductor``
+
+    def region_call(self, key: Tuple[str, ...], args: tuple = (), kwargs: Optional[dict] = None):
+        """Note the call of the compiled region just entered (``--inductor`` compiles it)."""
+        self.region_calls.append(inductor_kernels.RegionCall(self.region, key, args, kwargs or {}))
 
     # --- where an operation runs -------------------------------------------------------
     def seq(self) -> int:
@@ -477,7 +494,7 @@ class Recorder(TorchDispatchMode):
         if name == "native_layer_norm_backward":  # rows and columns
             out_numels += (numel // outs[0].size(-1),)
         self.kernels.append(Kernel(kind, name, launches, flops, nbytes, step, phase, region, gemm,
-                                   dtype, numel, reads, writes, out_numels))
+                                   dtype, numel, reads, writes, out_numels, self.custom > 0, in_loop))
 
     def node_hooks(self, loss: torch.Tensor) -> None:
         """Mark, during the backward, the stretch after a node ran, where the engine sums the
@@ -575,21 +592,23 @@ def hook_regions(recorder: Recorder, model, arch: str) -> None:
     step or loop module uncompiled) and its sides' input embeddings (``compiled_input``),
     fairseq's transformer's whole forward."""
     if train_step.is_recurrent(arch.split("+")[0]):
-        for side in (model.encoder.side, model.decoder.side):
+        for name, side in (("encoder", model.encoder.side), ("decoder", model.decoder.side)):
             compiled = side.compiled_step
             if compiled is None:
                 raise SystemExit(f"gpu_model.py: {arch}: the model has no compiled step")
 
-            def call(compiled=compiled, **inputs):
+            def call(compiled=compiled, name=name, **inputs):
                 with recorder.scope(region=True, loop=isinstance(compiled.step, TensorLoop)), compiling():
+                    recorder.region_call(("step", name), kwargs=inputs)
                     return compiled.step(**inputs)
             side.compiled_step = _eager_step(compiled, call)
-            side.compiled_input = _EagerRegion(recorder, side.compiled_input.fn)
+            side.compiled_input = _EagerRegion(recorder, side.compiled_input.fn, ("input", name))
         return
     forward = model.forward
 
     def call(*args, **kwargs):
         with recorder.scope(region=True), compiling():
+            recorder.region_call(("model",), args, kwargs)
             return forward(*args, **kwargs)
     model.forward = call
 
@@ -598,11 +617,12 @@ class _EagerRegion:
     """A ``compiler.CompiledFunction`` stand-in that runs its function eagerly as a
     compiled region of ``recorder``."""
 
-    def __init__(self, recorder: Recorder, fn):
-        self.recorder, self.fn = recorder, fn
+    def __init__(self, recorder: Recorder, fn, key: Tuple[str, ...]):
+        self.recorder, self.fn, self.key = recorder, fn, key
 
     def run(self, device, *args):
         with self.recorder.scope(region=True), compiling():
+            self.recorder.region_call(self.key, args)
             return self.fn(*args)
 
 
@@ -611,7 +631,7 @@ def compiled_criterion(recorder: Recorder):
     """The criterion's auxiliary terms (``auxiliary.COMPILED_TERMS``, which a model with a
     compiled step uses) run eagerly as a compiled region."""
     before = auxiliary.COMPILED_TERMS
-    auxiliary.COMPILED_TERMS = _EagerRegion(recorder, auxiliary.auxiliary_terms)
+    auxiliary.COMPILED_TERMS = _EagerRegion(recorder, auxiliary.auxiliary_terms, ("terms",))
     try:
         yield
     finally:
@@ -650,10 +670,11 @@ def _eager_step(compiled, call):
 
 
 def record_step(arch: str, compiled: bool, batch: int, length: int, vocab: int,
-                dtype: torch.dtype = torch.bfloat16) -> List[Kernel]:
+                dtype: torch.dtype = torch.bfloat16, inductor: bool = False) -> List[Kernel]:
     """The kernels of one training step of ``arch`` (a ``train_step`` wmt arch, ``+loop``
-    for ``--compile-loop``) on a ``batch`` x ``length`` batch, eager or compiled (fusion
-    model applied)."""
+    for ``--compile-loop``) on a ``batch`` x ``length`` batch, eager or compiled: the
+    compiled regions' kernels by the fusion model, or with ``inductor`` those inductor
+    generates for them (``generated_step``)."""
     recurrent = train_step.is_recurrent(arch.split("+")[0])
     torch.manual_seed(0)
     model, criterion = train_step.build(arch, vocab, 0.0, compiled=compiled and recurrent)
@@ -663,12 +684,56 @@ def record_step(arch: str, compiled: bool, batch: int, length: int, vocab: int,
     hook_steps(recorder, model)
     if compiled:
         hook_regions(recorder, model, arch)
-    sample = meta_sample(train_step.make_batch(batch, length, vocab, 0))
-    step = train_step.step_closure(model, criterion, sample)
+    batch_sample = train_step.make_batch(batch, length, vocab, 0)
+    step = train_step.step_closure(model, criterion, meta_sample(batch_sample))
     with cuda_code_path(recorder), recorder, compiled_criterion(recorder):
         step()
     kernels = recorder.kernels
+    if compiled and inductor:
+        return generated_step(arch, recorder, batch_sample, vocab, dtype)
     return fuse(kernels) if compiled else kernels
+
+
+def generated_step(arch: str, recorder: Recorder, sample: dict, vocab: int,
+                   dtype: torch.dtype) -> List[Kernel]:
+    """``--inductor``: the recorded step with each compiled region's own kernels replaced by
+    those inductor generates for it (``inductor_kernels.py``): the recorder's aten kernels
+    and GEMMs inside the regions and its sums over a loop's steps give way to inductor's
+    kernels and extern GEMMs; the custom ops' launches, attention and everything outside
+    the regions stay as recorded."""
+    from sut_fairseq import compiler
+    from sut_fairseq.compiler import CompiledFunction
+
+    recurrent = train_step.is_recurrent(arch.split("+")[0])
+    torch.manual_seed(0)
+    model, _ = train_step.build(arch, vocab, 0.0, compiled=recurrent)
+    model = model.to(dtype=dtype)
+    terms = CompiledFunction(auxiliary.auxiliary_terms, "criterion's auxiliary terms")
+    whole = {}
+
+    def forward(*args, **kwargs):
+        if "model" not in whole:
+            whole["model"] = torch.compile(model, backend=compiler.compile_backend())
+        return whole["model"](**sample["net_input"])
+
+    regions = {("terms",): terms, ("model",): forward}
+    for name in ("encoder", "decoder"):
+        side = getattr(getattr(model, name), "side", None)
+        if side is not None:
+            regions[("step", name)] = side.compiled_step
+            regions[("input", name)] = side.compiled_input
+    generated, mismatches = inductor_kernels.generated_kernels(recorder.region_calls, regions)
+    for line in mismatches:
+        print(f"gpu model: --inductor: {line}")
+    kept = [k for k in recorder.kernels
+            if not k.loop_sum and not (k.region is not None and k.kind in ("aten", "gemm") and not k.custom)]
+    out = list(kept)
+    for (region, phase), kernels in sorted(generated.items()):
+        for g in kernels:
+            launches = LAUNCHES.get(g.name, 1) if g.kind == "aten" else 1
+            out.append(Kernel(g.kind, g.name, launches, g.flops, g.bytes, "", phase, region, g.gemm,
+                              g.dtype, g.numel))
+    return out
 
 
 # --- the fusion model of a compiled region ------------------------------------------------
@@ -884,6 +949,9 @@ def main(argv=None):
                         help="compiled: each side's step one graph (the transformer whole)")
     parser.add_argument("--compile-loop", action="store_true",
                         help="compiled: all steps of a side one graph (the transformer whole)")
+    parser.add_argument("--inductor", action="store_true",
+                        help="compiled: the regions' kernels as inductor generates them (its Triton "
+                             "scheduler run on the CPU, inductor_kernels.py) instead of the fusion model")
     parser.add_argument("--device", choices=sorted(DEVICES), default="H200")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--len", type=int, default=32)
@@ -914,12 +982,12 @@ def main(argv=None):
         return
     print(f"gpu model of one training step on {DEVICES[args.device].name}: batch {args.batch} x "
           f"{args.len} = {args.batch * args.len} target tokens, {str(dtype)[6:]}, "
-          f"{'compiled (fusion model)' if compiled else 'eager'}")
+          f"{('compiled (inductor' + chr(39) + 's kernels)' if args.inductor else 'compiled (fusion model)') if compiled else 'eager'}")
     steps, ms = {}, {}
     for arch in args.arch:
         form = arch + ("+loop" if args.compile_loop and train_step.is_recurrent(arch) else "")
         steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
-                                                        args.vocab, dtype)
+                                                        args.vocab, dtype, args.inductor)
         ms[arch] = total_ms(kernels, DEVICES[args.device])
         print_step(arch, kernels, DEVICES[args.device], args.top)
     if (args.batch, args.len, args.vocab, dtype) == (128, 32, 32768, torch.bfloat16) \

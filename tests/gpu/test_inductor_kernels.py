@@ -1,0 +1,110 @@
+"""benchmarks/inductor_kernels.py: inductor's GPU kernels generated on the CPU."""
+import os
+import re
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks"))
+import inductor_kernels  # noqa: E402
+from inductor_kernels import RegionCall  # noqa: E402
+
+
+def _block(x, w, b):
+    """LayerNorm, a linear layer, softmax: one GEMM and, around it, what inductor fuses."""
+    y = F.layer_norm(x, (x.size(-1),))
+    return torch.softmax(F.linear(y, w, b), -1) * 2.0
+
+
+def _generated(fn, *args):
+    calls = [RegionCall(0, ("fn",), tuple(a.to("meta") for a in args), {})]
+    compiled = {}
+
+    def region(*inputs):
+        from sut_fairseq import compiler
+        if "fn" not in compiled:
+            compiled["fn"] = torch.compile(fn, backend=compiler.compile_backend(), fullgraph=True)
+        return compiled["fn"](*inputs)
+
+    return inductor_kernels.generated_kernels(calls, {("fn",): region})
+
+
+def test_a_small_graph_forward_and_backward():
+    x = torch.randn(64, 32, requires_grad=True)
+    w = torch.randn(48, 32, requires_grad=True)
+    b = torch.randn(48, requires_grad=True)
+    kernels, mismatches = _generated(_block, x, w, b)
+    assert mismatches == []  # the scheduler's kernels are the wrapper's launches
+    fwd, bwd = kernels[(0, "fwd")], kernels[(0, "bwd")]
+    gemms = [k for k in fwd if k.kind == "gemm"]
+    assert [(k.name, k.gemm) for k in gemms] == [("addmm", (1, 64, 48, 32))]
+    assert gemms[0].flops == 2 * 64 * 48 * 32
+    assert all(k.kind in ("gemm", "inductor") for k in fwd + bwd)
+    # the LayerNorm before the GEMM and the softmax after it: at most one kernel each
+    assert 1 <= sum(k.kind == "inductor" for k in fwd) <= 2
+    # backward: dX and dW products (the bias gradient a reduction kernel)
+    assert sorted(k.gemm for k in bwd if k.kind == "gemm") == [(1, 48, 32, 64), (1, 64, 32, 48)]
+    assert all(k.bytes > 0 for k in fwd + bwd if k.kind == "inductor")
+
+
+def test_each_call_of_a_region_adds_its_kernels_again():
+    x = torch.randn(64, 32)
+    w, b = torch.randn(48, 32), torch.randn(48)
+    calls = [RegionCall(r, ("fn",), (x.to("meta"), w.to("meta"), b.to("meta")), {}) for r in (0, 1)]
+    compiled = {}
+
+    def region(*inputs):
+        from sut_fairseq import compiler
+        if "fn" not in compiled:
+            compiled["fn"] = torch.compile(_block, backend=compiler.compile_backend(), fullgraph=True)
+        return compiled["fn"](*inputs)
+
+    kernels, _ = inductor_kernels.generated_kernels(calls, {("fn",): region})
+    # compiled once, called twice; no gradient: forward only
+    assert sorted(kernels) == [(0, "fwd"), (1, "fwd")]
+    assert [k.name for k in kernels[(0, "fwd")]] == [k.name for k in kernels[(1, "fwd")]]
+
+
+def test_attention_is_one_opaque_op_forward_and_backward():
+    """The math a CPU would compile (two bmm and a softmax) is not generated: attention is
+    the caller's fused kernel; the op itself computes SDPA and its gradients exactly."""
+    q, k, v = (torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    mask = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
+    out = torch.ops.gpu_model.attention(q, k, v, mask, 0.0)
+    expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+    torch.testing.assert_close(out, expected)
+    assert torch.autograd.gradcheck(lambda *t: torch.ops.gpu_model.attention(*t, 0.0), (q, k, v, mask))
+
+    def attend(q, k, v, mask):
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+    kernels, _ = _generated(attend, q.float(), k.float(), v.float(), mask.float())
+    generated = kernels.get((0, "fwd"), []) + kernels.get((0, "bwd"), [])
+    assert not [g for g in generated if g.kind == "gemm"]
+
+
+def test_the_cuda_branches_are_traced():
+    """Code that asks ``x.is_cuda`` takes its CUDA branch while a region is generated."""
+    def branchy(x):
+        return x * 2 if x.is_cuda else x @ x.t()
+
+    x = torch.randn(16, 16)
+    kernels, _ = _generated(branchy, x)
+    assert [k.kind for k in kernels[(0, "fwd")]] == ["inductor"]
+
+
+@pytest.mark.slow
+def test_sut_tiny_compiled_loop_with_inductors_kernels(capsys):
+    import gpu_model
+
+    gpu_model.main(["--arch", "sut_tiny", "--compile-loop", "--inductor", "--top", "3"])
+    out = capsys.readouterr().out
+    assert "compiled (inductor's kernels)" in out
+    assert "--inductor:" not in out  # no scheduler / wrapper disagreement
+    launches = int(re.search(r"gpu model: sut_tiny launches (\d+)", out).group(1))
+    kinds = dict(re.findall(r"^  (attention|accum)\s+(\d+)", out, re.M))
+    assert kinds["attention"] == "27"  # 3 + 6 forward, twice that backward (the recorder's)
+    assert int(kinds["accum"]) <= 2  # the sums over the loop's steps are in its graph
+    assert 300 < launches < 1000
