@@ -966,6 +966,10 @@ def main(argv=None):
     args = parser.parse_args(argv)
     if args.compile_step and args.compile_loop:
         parser.error("--compile-step and --compile-loop exclude each other")
+    if args.inductor and not (args.compile_step or args.compile_loop):
+        parser.error("--inductor models the compiled regions: add --compile-step or --compile-loop")
+    if args.inductor and any("+flex" in arch for arch in args.arch):
+        parser.error("--inductor does not model FlexAttention (+flex); use the fusion model")
     from fairseq.models import ARCH_MODEL_REGISTRY
     for arch in args.arch:
         if arch.split("+")[0] not in ARCH_MODEL_REGISTRY:

@@ -95,6 +95,18 @@ def test_the_cuda_branches_are_traced():
     assert [k.kind for k in kernels[(0, "fwd")]] == ["inductor"]
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--arch", "sut_tiny", "--inductor"], "add --compile-step or --compile-loop"),
+    (["--arch", "sut_tiny+flex", "--compile-loop", "--inductor"], "does not model FlexAttention"),
+])
+def test_inductor_option_refuses_what_it_does_not_model(capsys, argv, message):
+    import gpu_model
+
+    with pytest.raises(SystemExit):
+        gpu_model.main(argv)
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_sut_tiny_compiled_loop_with_inductors_kernels(capsys):
     import gpu_model
