@@ -877,8 +877,8 @@ def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
 
 def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> None:
     """Launches and device ms by kind, inside and outside the compiled regions (compiled
-    steps), per recurrence step / layer, the GEMM shapes with the alignment lint; the
-    ``gpu model:`` summary line."""
+    steps), per recurrence step / layer, with ``--inductor`` inductor's kernels of the most
+    device time, the GEMM shapes with the alignment lint; the ``gpu model:`` summary line."""
     by_kind = defaultdict(lambda: [0, 0.0])
     by_step = defaultdict(lambda: [0, 0.0])
     for k in kernels:
@@ -900,6 +900,19 @@ def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> No
     print(f"== {arch}: per step / layer (fwd, bwd; '-' = outside the steps)")
     for (step, phase), (n, ms) in sorted(by_step.items()):
         print(f"  {step:6s} {phase} {n:6d} {ms:8.2f}")
+    fused = defaultdict(lambda: [0, 0.0, 0.0])  # inductor's kernels (``--inductor``): name -> n, ms, MB
+    for k in kernels:
+        if k.kind == "inductor" and not k.name.startswith("fused ") and k.launches:
+            entry = fused[(k.name, round(k.bytes / 1e6))]
+            entry[0] += k.launches
+            entry[1] += kernel_ms(k, device)
+    if fused:
+        at_floor = sum(1 for k in kernels if k.kind == "inductor"
+                       and kernel_ms(k, device) <= FACTORS.floor_us / 1e3 * 1.001)
+        print(f"== {arch}: inductor's kernels with the most device time (launches, ms, MB each; "
+              f"{at_floor} at the floor)")
+        for (name, mb), (n, ms, _) in sorted(fused.items(), key=lambda x: -x[1][1])[:top]:
+            print(f"  {n:4d} {ms:7.3f} {mb:5d}  {name[:110]}")
     gemms = Counter((k.name, k.gemm, str(k.dtype).replace("torch.", ""), k.misaligned())
                     for k in kernels if k.gemm is not None)
     print(f"== {arch}: GEMM shapes (batch, M, N, K), dtype, calls; MISALIGNED: a dim % 8 != 0")
