@@ -88,7 +88,10 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[
 
 @attention.register_fake
 def _(q, k, v, mask, dropout_p):
-    return q.new_empty(*q.shape[:-1], v.size(-1))
+    # (B, H, T, D) in the memory order of (B, T, H, D), as CUDA's fused kernels write it:
+    # the usual transpose back to (B, T, H·D) after attention is then a view, not a copy
+    B, H, T = q.shape[:3]
+    return q.new_empty(B, T, H, v.size(-1)).transpose(1, 2)
 
 
 @torch.library.custom_op("gpu_model::attention_backward", mutates_args=())
