@@ -83,7 +83,9 @@ class RegionCall:
 @torch.library.custom_op("gpu_model::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
               dropout_p: float) -> torch.Tensor:
-    return _SDPA(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+    """softmax(q k^T / sqrt(D) + mask) v. ``dropout_p`` is carried for the graph only (the
+    generated regions never run this body); the body and its gradient leave dropout out."""
+    return _SDPA(q, k, v, attn_mask=mask)
 
 
 @attention.register_fake
