@@ -82,14 +82,15 @@ class RegionCall:
 
 @torch.library.custom_op("gpu_model::attention", mutates_args=())
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Optional[torch.Tensor],
-              dropout_p: float) -> torch.Tensor:
-    """softmax(q k^T / sqrt(D) + mask) v. ``dropout_p`` is carried for the graph only (the
+              dropout_p: float, is_causal: bool, scale: Optional[float]) -> torch.Tensor:
+    """softmax(q k^T · scale + mask) v (scale 1/sqrt(D) by default; ``is_causal``: keys
+    after a query's position hidden). ``dropout_p`` is carried for the graph only (the
     generated regions never run this body); the body and its gradient leave dropout out."""
-    return _SDPA(q, k, v, attn_mask=mask)
+    return _SDPA(q, k, v, attn_mask=mask, is_causal=is_causal, scale=scale)
 
 
 @attention.register_fake
-def _(q, k, v, mask, dropout_p):
+def _(q, k, v, mask, dropout_p, is_causal, scale):
     # (B, H, T, D) in the memory order of (B, T, H, D), as CUDA's fused kernels write it:
     # the usual transpose back to (B, T, H·D) after attention is then a view, not a copy
     B, H, T = q.shape[:3]
@@ -98,10 +99,15 @@ def _(q, k, v, mask, dropout_p):
 
 @torch.library.custom_op("gpu_model::attention_backward", mutates_args=())
 def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                       mask: Optional[torch.Tensor]) -> List[torch.Tensor]:
-    """dq, dk, dv (and the float mask's gradient) of softmax(q k^T / sqrt(D) + mask) v."""
-    scale = q.size(-1) ** -0.5
+                       mask: Optional[torch.Tensor], is_causal: bool,
+                       scale: Optional[float]) -> List[torch.Tensor]:
+    """dq, dk, dv (and the float mask's gradient) of ``attention``."""
+    scale = q.size(-1) ** -0.5 if scale is None else scale
     scores = q @ k.transpose(-2, -1) * scale
+    if is_causal:  # SDPA's causal mask: query i sees keys j <= i
+        T, S = scores.shape[-2:]
+        scores = scores.masked_fill(torch.ones(T, S, dtype=torch.bool, device=q.device).triu(1),
+                                    float("-inf"))
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
     p = torch.softmax(scores, -1)
@@ -115,7 +121,7 @@ def attention_backward(do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
 
 
 @attention_backward.register_fake
-def _(do, q, k, v, mask):
+def _(do, q, k, v, mask, is_causal, scale):
     grads = [torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)]
     if mask is not None and mask.is_floating_point():
         grads.append(torch.empty_like(mask))
@@ -125,38 +131,34 @@ def _(do, q, k, v, mask):
 def _attention_setup(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:4])
     ctx.float_mask = inputs[3] is not None and inputs[3].is_floating_point()
+    ctx.is_causal, ctx.scale = inputs[5], inputs[6]
 
 
 def _attention_grad(ctx, do):
     q, k, v, mask = ctx.saved_tensors
-    grads = torch.ops.gpu_model.attention_backward(do, q, k, v, mask)
-    return grads[0], grads[1], grads[2], grads[3] if ctx.float_mask else None, None
+    grads = torch.ops.gpu_model.attention_backward(do, q, k, v, mask, ctx.is_causal, ctx.scale)
+    return grads[0], grads[1], grads[2], grads[3] if ctx.float_mask else None, None, None, None
 
 
 attention.register_autograd(_attention_grad, setup_context=_attention_setup)
 _SDPA = F.scaled_dot_product_attention
 
 
-def _opaque_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, **kwargs):
-    if is_causal or scale is not None or kwargs:
-        raise NotImplementedError("gpu_model --inductor: scaled_dot_product_attention with "
-                                  f"is_causal/scale/{sorted(kwargs)} is not modelled")
-    return torch.ops.gpu_model.attention(q, k, v, attn_mask, float(dropout_p))
+def _opaque_sdpa(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                 enable_gqa=False):
+    """``F.scaled_dot_product_attention`` while a region is generated: the opaque op (with
+    ``enable_gqa``, keys and values repeated to the query heads first, as SDPA does)."""
+    if enable_gqa and k.size(-3) != q.size(-3):
+        k = k.repeat_interleave(q.size(-3) // k.size(-3), -3)
+        v = v.repeat_interleave(q.size(-3) // v.size(-3), -3)
+    return torch.ops.gpu_model.attention(q, k, v, attn_mask, float(dropout_p), bool(is_causal),
+                                         None if scale is None else float(scale))
 
 
 # --- what the scheduler decided -----------------------------------------------------------
 
 def _sizes(node) -> List[int]:
     return [int(s) for s in node.get_size()]
-
-
-def _attempt(fn: Callable):
-    """``fn()``, or None where inductor's IR node has no such property (a multi-output op's
-    layout has no dtype or size of its own)."""
-    try:
-        return fn()
-    except (NotImplementedError, AttributeError, TypeError):
-        return None
 
 
 def _extern_kernel(node, phase: str) -> Optional[Generated]:
@@ -167,7 +169,9 @@ def _extern_kernel(node, phase: str) -> Optional[Generated]:
     kernel = node.node
     if isinstance(kernel, ir.MultiOutput):
         return None  # an output of another op: indexing on the host
-    dtype = _attempt(kernel.get_dtype)
+    # an op of several outputs (``MultiOutputLayout``) has no dtype or size of its own
+    single = not isinstance(getattr(kernel, "layout", None), ir.MultiOutputLayout)
+    dtype = kernel.get_dtype() if single else None
     name = getattr(kernel, "python_kernel_name", None) or type(kernel).__name__
     op = getattr(kernel, "op_overload", None)
     if op is not None:
@@ -184,8 +188,7 @@ def _extern_kernel(node, phase: str) -> Optional[Generated]:
         a, b = _sizes(inputs[-2]), _sizes(inputs[-1])
         gemm = (a[0], a[1], b[2], a[2]) if short in ("bmm", "baddbmm") else (1, a[0], b[1], a[1])
         return Generated("gemm", short, 2.0 * math.prod(gemm), nbytes, dtype, phase, gemm=gemm)
-    sizes = _attempt(lambda: _sizes(kernel))
-    numel = math.prod(sizes) if sizes else 0
+    numel = math.prod(_sizes(kernel)) if single else 0
     return Generated("aten", short, float(numel), nbytes, dtype, phase, numel=numel)
 
 

@@ -72,10 +72,20 @@ def test_attention_is_one_opaque_op_forward_and_backward():
     the caller's fused kernel; the op itself computes SDPA and its gradients exactly."""
     q, k, v = (torch.randn(2, 3, 5, 4, dtype=torch.float64, requires_grad=True) for _ in range(3))
     mask = torch.randn(2, 3, 5, 5, dtype=torch.float64, requires_grad=True)
-    out = torch.ops.gpu_model.attention(q, k, v, mask, 0.0)
+    out = torch.ops.gpu_model.attention(q, k, v, mask, 0.0, False, None)
     expected = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     torch.testing.assert_close(out, expected)
-    assert torch.autograd.gradcheck(lambda *t: torch.ops.gpu_model.attention(*t, 0.0), (q, k, v, mask))
+    assert torch.autograd.gradcheck(
+        lambda *t: torch.ops.gpu_model.attention(*t, 0.0, False, None), (q, k, v, mask))
+    # causal, with its own scale, no mask: against SDPA too
+    torch.testing.assert_close(torch.ops.gpu_model.attention(q, k, v, None, 0.0, True, 0.3),
+                               F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=0.3))
+    assert torch.autograd.gradcheck(
+        lambda *t: torch.ops.gpu_model.attention(*t, None, 0.0, True, 0.3), (q, k, v))
+    # grouped-query: 3 query heads over one key/value head
+    k1, v1 = k[:, :1].detach(), v[:, :1].detach()
+    torch.testing.assert_close(inductor_kernels._opaque_sdpa(q, k1, v1, enable_gqa=True),
+                               F.scaled_dot_product_attention(q, k1, v1, enable_gqa=True))
 
     def attend(q, k, v, mask):
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
