@@ -40,6 +40,7 @@ import warnings
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -282,20 +283,17 @@ def generating(tally: _Tally):
     import sut_fairseq.compiler as compiler
 
     current = {"phase": "fwd"}
-    saved = dict(is_cuda=TensorVariable.method_attr_is_cuda, hash=torch_triton.triton_hash_with_backend,
-                 codegen=sched.Scheduler.codegen, write=PyCodeCache.__dict__["write"],
-                 sdpa=F.scaled_dot_product_attention, mark=compiler.mark_dynamic,
-                 maybe=torch._dynamo.maybe_mark_dynamic, choose=compiler.compile_backend)
+    original_codegen, original_write = sched.Scheduler.codegen, PyCodeCache.__dict__["write"]
 
     def codegen(self):
         tally.pending = scheduled_kernels(self.nodes, current["phase"])
-        return saved["codegen"](self)
+        return original_codegen(self)
 
     def write(cls, source_code, extra=""):
         if "def call(" in source_code:
             body = source_code[source_code.index("def call("):]
             tally.wrapper_runs = len(re.findall(r"^\s*\w+\.run\(", body, re.M))
-        return saved["write"].__func__(cls, source_code, extra)
+        return original_write.__func__(cls, source_code, extra)
 
     def inner(gm, example_inputs, **kwargs):
         backward = bool(kwargs.get("is_backward"))
@@ -317,35 +315,32 @@ def generating(tally: _Tally):
     def backend(gm, example_inputs):
         return compile_fx(gm, example_inputs, inner_compile=inner)
 
-    torch._dynamo.reset()
-    TensorVariable.method_attr_is_cuda = lambda self, tx: VariableTracker.build(tx, True)
-    torch_triton.triton_hash_with_backend = lambda: "CPU-GENERATING-GPU-KERNELS"
-    sched.Scheduler.codegen = codegen
-    PyCodeCache.write = classmethod(write)
-    F.scaled_dot_product_attention = _opaque_sdpa
-    compiler.mark_dynamic = lambda tensor, dims=(0, 1): tensor
-    torch._dynamo.maybe_mark_dynamic = lambda *args, **kwargs: None
-    compiler.compile_backend = lambda: backend
+    patches = [
+        (TensorVariable, "method_attr_is_cuda", lambda self, tx: VariableTracker.build(tx, True)),
+        (torch_triton, "triton_hash_with_backend", lambda: "CPU-GENERATING-GPU-KERNELS"),
+        (sched.Scheduler, "codegen", codegen),
+        (PyCodeCache, "write", classmethod(write)),
+        (F, "scaled_dot_product_attention", _opaque_sdpa),
+        (compiler, "mark_dynamic", lambda tensor, dims=(0, 1): tensor),
+        (torch._dynamo, "maybe_mark_dynamic", lambda *args, **kwargs: None),
+        (compiler, "compile_backend", lambda: backend),
+    ]
     # Triton's failure to compile for the CPU target is expected (module docstring)
     triton_log = logging.getLogger("torch._inductor.runtime.triton_heuristics")
-    level = triton_log.level
-    triton_log.setLevel(logging.CRITICAL)
+    torch._dynamo.reset()
     try:
-        with torch._dynamo.config.patch(automatic_dynamic_shapes=False, cache_size_limit=64), \
-                warnings.catch_warnings():
+        with contextlib.ExitStack() as stack:
+            for owner, name, value in patches:
+                stack.enter_context(mock.patch.object(owner, name, value))
+            stack.callback(triton_log.setLevel, triton_log.level)
+            triton_log.setLevel(logging.CRITICAL)
+            stack.enter_context(torch._dynamo.config.patch(automatic_dynamic_shapes=False,
+                                                           cache_size_limit=64))
+            stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", message="Could not find an active CPU backend")
             warnings.filterwarnings("ignore", message="Your compiler for AOTAutograd is returning")
             yield backend
     finally:
-        triton_log.setLevel(level)
-        TensorVariable.method_attr_is_cuda = saved["is_cuda"]
-        torch_triton.triton_hash_with_backend = saved["hash"]
-        sched.Scheduler.codegen = saved["codegen"]
-        PyCodeCache.write = saved["write"]
-        F.scaled_dot_product_attention = saved["sdpa"]
-        compiler.mark_dynamic = saved["mark"]
-        torch._dynamo.maybe_mark_dynamic = saved["maybe"]
-        compiler.compile_backend = saved["choose"]
         torch._dynamo.reset()
 
 
