@@ -709,14 +709,9 @@ def generated_step(arch: str, recorder: Recorder, sample: dict, vocab: int,
     model, _ = train_step.build(arch, vocab, 0.0, compiled=recurrent)
     model = model.to(dtype=dtype)
     terms = CompiledFunction(auxiliary.auxiliary_terms, "criterion's auxiliary terms")
-    whole = {}
-
-    def forward(*args, **kwargs):
-        if "model" not in whole:
-            whole["model"] = torch.compile(model, backend=compiler.compile_backend())
-        return whole["model"](**sample["net_input"])
-
-    regions = {("terms",): terms, ("model",): forward}
+    # fairseq's transformer whole, through the backend ``compile_backend`` names when it runs
+    whole = torch.compile(model, backend=lambda gm, inputs: compiler.compile_backend()(gm, inputs))
+    regions = {("terms",): terms, ("model",): lambda *args, **kwargs: whole(**sample["net_input"])}
     for name in ("encoder", "decoder"):
         side = getattr(getattr(model, name), "side", None)
         if side is not None:
