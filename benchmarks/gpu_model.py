@@ -14,7 +14,8 @@ is selected.
 Each record becomes kernels of a kind:
 
 * ``gemm``: cuBLAS products (``mm``, ``bmm``, ``addmm``, ``baddbmm``), one launch each,
-  with their (batch, M, N, K) and dtype; the alignment lint flags any dimension that is
+  with their (batch, M, N, K) and dtype, and PyTorch's grouped GEMM (``_grouped_mm``, the
+  routed products under ``--expert-gemm grouped_mm``, priced by their own factor); the alignment lint flags any dimension that is
   not a multiple of 8 in bf16/fp16 (cuBLAS then falls back to slow kernels);
 * ``attention``: a fused ``scaled_dot_product_attention``, or with ``--flex-attention``
   (the ``+flex`` suffix of an arch) the FlexAttention kernel (1 launch forward, 2 backward);
@@ -67,7 +68,8 @@ factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profi
 ``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
 
     python benchmarks/gpu_model.py --arch sut_base [sut_base+flex] transformer_wmt_en_de [--compile-step]
-        [--compile-loop] [--inductor] [--device H100] [--batch 128 --len 32] [--top 12] [--calibrate]
+        [--compile-loop] [--inductor] [--expert-gemm grouped_mm] [--device H100] [--batch 128 --len 32]
+        [--top 12] [--calibrate]
 
 Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per architecture
 and ``gpu model: sut_base / transformer_wmt_en_de device time R``.
@@ -125,6 +127,10 @@ class Factors:
     #: (60 launches, 4.330 ms)
     routed_gemm: float = 0.235
     routed_wgrad: float = 0.085
+    #: PyTorch's grouped GEMM (``_grouped_mm``: CUTLASS on sm_90; ``--expert-gemm
+    #: grouped_mm``), its forward, input gradient and weight gradient alike. NOT MEASURED:
+    #: priced at the routed Triton GEMM's fitted efficiency until a profile measures it
+    grouped_mm: float = 0.235
     bandwidth: float = 0.4         # every kernel's bytes
 
 
@@ -151,7 +157,7 @@ FREE = {"view", "_unsafe_view", "t", "transpose", "permute", "expand", "unsqueez
 LAUNCHES = {"sort": 10, "topk": 3, "nonzero": 3, "embedding_dense_backward": 8,
             "native_layer_norm_backward": 2, "nll_loss_backward": 2, "_index_put_impl_": 5}
 #: (``linear`` and ``matmul`` reach the recorder undecomposed inside the custom ops' bodies)
-GEMMS = {"mm", "bmm", "addmm", "baddbmm", "linear", "matmul"}
+GEMMS = {"mm", "bmm", "addmm", "baddbmm", "linear", "matmul", "_grouped_mm"}
 #: operations inductor keeps as calls of their own (no fusion across them)
 EXTERN = GEMMS | {"sort", "topk", "nonzero", "cumsum"}
 #: operations that inductor lowers inside a compiled region to kernels of their own, and
@@ -215,7 +221,8 @@ def kernel_ms(k: Kernel, device: Device, factors: Optional[Factors] = None) -> f
         return 0.0
     factors = factors or FACTORS
     routed = factors.routed_gemm if k.name == "_routed_gemm" else factors.routed_wgrad
-    eff = {"gemm": factors.misaligned_gemm if k.misaligned() else factors.gemm,
+    gemm = factors.grouped_mm if k.name == "_grouped_mm" else factors.gemm
+    eff = {"gemm": factors.misaligned_gemm if k.misaligned() else gemm,
            "attention": factors.gemm, "triton": routed}.get(k.kind)
     compute = k.flops / (device.bf16_tflops * 1e12 * eff) if eff else 0.0
     memory = k.bytes / (device.hbm_tbs * 1e12 * factors.bandwidth)
@@ -231,11 +238,13 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 def gemm_dims(name: str, args) -> Tuple[int, int, int, int]:
-    """(batch, M, N, K) of an aten GEMM's arguments."""
+    """(batch, M, N, K) of an aten GEMM's arguments (a grouped GEMM: its M or its K the sum
+    over the groups, every row multiplied once: (M, K) x (G, K, N), or (K', M) x (M, N) for
+    the weight gradient, grouped over M)."""
     if name == "linear":  # x (.., K) W^T, W (N, K)
         x, w = args[0], args[1]
         return 1, x.numel() // x.size(-1), w.size(0), x.size(-1)
-    if name in ("mm", "matmul"):
+    if name in ("mm", "matmul", "_grouped_mm"):
         a, b = args[0], args[1]
     elif name == "addmm":
         a, b = args[1], args[2]
@@ -912,7 +921,7 @@ def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> No
                     for k in kernels if k.gemm is not None)
     print(f"== {arch}: GEMM shapes (batch, M, N, K), dtype, calls; MISALIGNED: a dim % 8 != 0")
     for (name, dims, dtype, bad), n in gemms.most_common(top):
-        print(f"  {name:6s} {str(dims):26s} {dtype:9s} x{n:<4d}{' MISALIGNED' if bad else ''}")
+        print(f"  {name:11s} {str(dims):26s} {dtype:9s} x{n:<4d}{' MISALIGNED' if bad else ''}")
     misaligned = sum(n for (*_, bad), n in gemms.items() if bad)
     print(f"gpu model: {arch} launches {launches(kernels)} device_ms {total_ms(kernels, device):.1f} "
           f"misaligned_gemms {misaligned}", flush=True)
@@ -960,6 +969,9 @@ def main(argv=None):
     parser.add_argument("--inductor", action="store_true",
                         help="compiled: the regions' kernels as inductor generates them (its Triton "
                              "scheduler run on the CPU, inductor_kernels.py) instead of the fusion model")
+    parser.add_argument("--expert-gemm", choices=("kernels", "grouped_mm"), default="kernels",
+                        help="what multiplies the routed rows (SUT_EXPERT_GEMM): the Triton "
+                             "kernels, or PyTorch's grouped GEMM (priced by the factor grouped_mm)")
     parser.add_argument("--device", choices=sorted(DEVICES), default="H200")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--len", type=int, default=32)
@@ -985,6 +997,7 @@ def main(argv=None):
                              f"(e.g. {' '.join(train_step.MODELS)} sut_tiny)")
     global FACTORS
     FACTORS = replaced_factors(FACTORS, args.factor, parser.error)
+    os.environ["SUT_EXPERT_GEMM"] = args.expert_gemm
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     compiled = args.compile_step or args.compile_loop
     if args.calibrate:
@@ -994,7 +1007,8 @@ def main(argv=None):
         return
     print(f"gpu model of one training step on {DEVICES[args.device].name}: batch {args.batch} x "
           f"{args.len} = {args.batch * args.len} target tokens, {str(dtype)[6:]}, "
-          f"{('compiled (inductor' + chr(39) + 's kernels)' if args.inductor else 'compiled (fusion model)') if compiled else 'eager'}")
+          f"{('compiled (inductor' + chr(39) + 's kernels)' if args.inductor else 'compiled (fusion model)') if compiled else 'eager'}"
+          f"{', routed products on grouped_mm' if args.expert_gemm == 'grouped_mm' else ''}")
     steps, ms = {}, {}
     for arch in args.arch:
         form = arch + ("+loop" if args.compile_loop and train_step.is_recurrent(arch) else "")

@@ -46,7 +46,7 @@ import torch
 import torch.nn.functional as F
 
 #: extern kernels inductor keeps as GEMMs (``extern_kernels.NAME``)
-GEMM_KERNELS = {"mm", "bmm", "addmm", "baddbmm"}
+GEMM_KERNELS = {"mm", "bmm", "addmm", "baddbmm", "_grouped_mm"}
 #: namespaces of fallback ops counted by the caller (module docstring)
 COUNTED_BY_CALLER = ("sut", "gpu_model")
 
@@ -186,8 +186,12 @@ def _extern_kernel(node, phase: str) -> Optional[Generated]:
         nbytes = 0.0
     if short in GEMM_KERNELS:
         inputs = [i for i in kernel.inputs if hasattr(i, "get_size")]
-        a, b = _sizes(inputs[-2]), _sizes(inputs[-1])
-        gemm = (a[0], a[1], b[2], a[2]) if short in ("bmm", "baddbmm") else (1, a[0], b[1], a[1])
+        if short == "_grouped_mm":  # (a, b, offsets): a 2-d, b (G, K, N) or (M, N)
+            a, b = _sizes(inputs[0]), _sizes(inputs[1])
+            gemm = (1, a[0], b[-1], a[1])
+        else:
+            a, b = _sizes(inputs[-2]), _sizes(inputs[-1])
+            gemm = (a[0], a[1], b[2], a[2]) if short in ("bmm", "baddbmm") else (1, a[0], b[1], a[1])
         return Generated("gemm", short, 2.0 * math.prod(gemm), nbytes, dtype, phase, gemm=gemm)
     numel = math.prod(_sizes(kernel)) if single else 0
     return Generated("aten", short, float(numel), nbytes, dtype, phase, numel=numel)

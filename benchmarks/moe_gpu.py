@@ -7,7 +7,10 @@ The two routed projections of MoE-FFD (E=24 experts, top-k=4, d=512, D=512): up
 * ``triton``: ``sut_fairseq.kernels.triton_routed_linear`` (grouped GEMM, no sync);
 * ``dense``: two cuBLAS GEMMs of the same active size, ``(N*k, d) @ (d, D)`` and
   ``(N*k, D) @ (D, d)``, the speed of light for this work;
-* ``reference``: ``reference_routed_linear`` (gather, one matmul per expert, scatter).
+* ``reference``: ``reference_routed_linear`` (gather, one matmul per expert, scatter);
+* ``grouped``: PyTorch's grouped GEMM (``grouped_mm_routed_linear``, the products under
+  ``SUT_EXPERT_GEMM=grouped_mm``: a gather, one ``grouped_mm``, the masks and the scatter as
+  separate kernels, eager), ``nan`` where this GPU's PyTorch has no grouped GEMM.
 
 FLOPs counted: 2 * N*k * d * D per projection forward, 3x that with backward. After warm-up
 (and autotuning) the Triton passes also run under ``torch.cuda.set_sync_debug_mode("error")``
@@ -24,7 +27,7 @@ import sys
 
 import torch
 
-from sut_fairseq.ops.routed_linear import reference_routed_linear
+from sut_fairseq.ops.routed_linear import grouped_mm_routed_linear, reference_routed_linear
 from sut_fairseq.ops.routing import make_routing
 from sut_fairseq.selftest import median_seconds
 
@@ -34,6 +37,16 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 def timed(fn, repeats: int, device: torch.device, warmup: int = 3) -> float:
     """Median seconds of ``fn()`` (the self-test's timer)."""
     return median_seconds(fn, device, repeats, warmup)
+
+
+def timed_if_supported(fn, repeats: int, device: torch.device) -> float:
+    """``timed``, or nan where the operation is not there (a GPU without PyTorch's grouped
+    GEMM: it names itself in the error)."""
+    try:
+        return timed(fn, repeats, device)
+    except (RuntimeError, NotImplementedError) as error:
+        print(f"moe_gpu.py: grouped_mm not timed: {str(error).splitlines()[0][:120]}")
+        return float("nan")
 
 
 def make_problem(tokens, E, k, d, D, dtype, device, seed=0):
@@ -124,7 +137,8 @@ def main():
     print(f"{name}; torch {torch.__version__}; MoE-FFD projections E={E} k={k} d={d} D={D} "
           f"{args.dtype}; median of {args.repeats}")
     head = (f"{'tokens':>7} {'pass':<8} {'triton ms':>9} {'TFLOP/s':>8} {'dense ms':>9} {'TFLOP/s':>8} "
-            f"{'ref ms':>9} {'TFLOP/s':>8} {'triton/dense':>12} {'host syncs':>10}")
+            f"{'ref ms':>9} {'TFLOP/s':>8} {'grouped ms':>10} {'TFLOP/s':>8} {'triton/dense':>12} "
+            f"{'host syncs':>10}")
     print(head)
     print("-" * len(head))
     for tokens in args.tokens:
@@ -133,23 +147,24 @@ def main():
         moe_params = [p[n] for n in ("x", "w1", "b1", "w2", "b2")]
         dense_params = [p[n] for n in ("xd", "wd1", "wd2")]
         passes = {
-            "fwd": (moe_fn(triton_routed_linear, p), dense_fn(p), moe_fn(reference_routed_linear, p), 1),
+            "fwd": (moe_fn(triton_routed_linear, p), dense_fn(p), moe_fn(reference_routed_linear, p),
+                    moe_fn(grouped_mm_routed_linear, p), 1),
         }
         passes["fwd+bwd"] = tuple(with_backward(f, ps) for f, ps in
-                                  zip(passes["fwd"][:3], (moe_params, dense_params, moe_params))) + (3,)
-        for pass_name, (tri, dense, ref, mult) in passes.items():
-            if pass_name == "fwd":
-                tri_, dense_, ref_ = (torch.no_grad()(f) for f in (tri, dense, ref))
-            else:
-                tri_, dense_, ref_ = tri, dense, ref
-            t_tri = timed(tri_, args.repeats, device)
-            t_dense = timed(dense_, args.repeats, device)
-            t_ref = timed(ref_, args.repeats, device)
-            syncs = check_no_sync(tri_, device)
+                                  zip(passes["fwd"][:4], (moe_params, dense_params, moe_params,
+                                                          moe_params))) + (3,)
+        for pass_name, (*fns, mult) in passes.items():
+            tri, dense, ref, grouped = (torch.no_grad()(f) if pass_name == "fwd" else f for f in fns)
+            t_tri = timed(tri, args.repeats, device)
+            t_dense = timed(dense, args.repeats, device)
+            t_ref = timed(ref, args.repeats, device)
+            t_grouped = timed_if_supported(grouped, args.repeats, device)
+            syncs = check_no_sync(tri, device)
             flops = mult * flops_fwd
             print(f"{tokens:>7} {pass_name:<8} {1e3 * t_tri:>9.3f} {flops / t_tri / 1e12:>8.1f} "
                   f"{1e3 * t_dense:>9.3f} {flops / t_dense / 1e12:>8.1f} {1e3 * t_ref:>9.3f} "
-                  f"{flops / t_ref / 1e12:>8.1f} {t_tri / t_dense:>12.2f} {syncs:>10}")
+                  f"{flops / t_ref / 1e12:>8.1f} {1e3 * t_grouped:>10.3f} {flops / t_grouped / 1e12:>8.1f} "
+                  f"{t_tri / t_dense:>12.2f} {syncs:>10}")
         del p
     return 0
 

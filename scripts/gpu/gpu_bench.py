@@ -138,7 +138,7 @@ PROFILE_ROW = re.compile(r"^== profile ((?:compiled )?\S+): ([\d.]+) ms wall und
                          r"(\d+) aten operator calls(?:, device busy ([\d.]+) ms)?")
 #: a timing row of moe_gpu.py, and train_step.py's rows and ratios
 MOE_ROW = re.compile(r"^\s*(\d+)\s+(fwd\+bwd|fwd)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
-                     r"([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+(.+?)\s*$")
+                     r"([\d.]+)\s+([\d.]+)\s+([\d.]+|nan)\s+([\d.]+|nan)\s+([\d.]+)\s+(.+?)\s*$")
 TRAIN_ROW = re.compile(r"^(\S+)\s+(\d+) ms/step\s+(\d+) tokens/s(?:\s+([\d.]+) GiB peak)?\s*$")
 RATIO_ROW = re.compile(r"^((?:compiled: )?\S+ / \S+) tokens/s: ([\d.]+)")
 #: "[N threads] compiled ARCH  MS ms/step  TOK target tokens/s (first step, compiling: S s)"
@@ -340,8 +340,9 @@ def stage_bench(stage, python):
                 moe_rows.append({"tokens": int(g[0]), "pass": g[1], "triton_ms": float(g[2]),
                                  "triton_tflops": float(g[3]), "dense_ms": float(g[4]),
                                  "dense_tflops": float(g[5]), "reference_ms": float(g[6]),
-                                 "reference_tflops": float(g[7]), "triton_over_dense": float(g[8]),
-                                 "host_syncs": g[9]})
+                                 "reference_tflops": float(g[7]), "grouped_ms": float(g[8]),
+                                 "grouped_tflops": float(g[9]), "triton_over_dense": float(g[10]),
+                                 "host_syncs": g[11]})
         missing = [t for t in tokens if not any(r["tokens"] == t for r in moe_rows)]
         if missing:
             return f"no timing rows for tokens {missing} in the output"
@@ -421,10 +422,11 @@ def stage_bench(stage, python):
     text = []
     if moe_rows:
         text += [f"MoE-FFD expert GEMMs ({header.get('moe') or ''}):", "",
-                 "| tokens | pass | Triton ms | TFLOP/s | dense ms | TFLOP/s | reference ms | Triton/dense | host syncs |",
-                 "|---:|---|---:|---:|---:|---:|---:|---:|---|"]
+                 "| tokens | pass | Triton ms | TFLOP/s | dense ms | TFLOP/s | reference ms | grouped_mm ms | TFLOP/s | Triton/dense | host syncs |",
+                 "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
         text += [f"| {r['tokens']} | {r['pass']} | {r['triton_ms']:.3f} | {r['triton_tflops']:.1f} | "
                  f"{r['dense_ms']:.3f} | {r['dense_tflops']:.1f} | {r['reference_ms']:.3f} | "
+                 f"{r['grouped_ms']:.3f} | {r['grouped_tflops']:.1f} | "
                  f"{r['triton_over_dense']:.2f} | {r['host_syncs']} |" for r in moe_rows]
     for key, title in (("train", "One training step"), ("train-16k", "One training step, the large batch"),
                        ("train-loop", "One training step, --compile-loop"),

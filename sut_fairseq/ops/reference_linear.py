@@ -1,7 +1,8 @@
 """The PyTorch backend of ``sut::routed_linear`` (CPU tensors, and the oracle the Triton
 kernels are tested against): ``reference_forward`` / ``reference_backward``, which the
 op in ``routed_linear.py`` (where the row layouts are documented) calls; and
-``kernel_backend``, which backend a tensor's device takes."""
+``kernel_backend``, which backend a tensor's device takes (and ``expert_gemm``, whether its
+routed products are the Triton kernels or PyTorch's grouped GEMM)."""
 import os
 from typing import Optional
 
@@ -20,6 +21,19 @@ def kernel_backend(x: torch.Tensor) -> str:
     if choice not in _BACKENDS:
         raise ValueError(f"SUT_KERNELS={choice!r} is not one of {_BACKENDS}")
     return ("triton" if x.is_cuda else "reference") if choice == "auto" else choice
+
+
+_EXPERT_GEMMS = ("kernels", "grouped_mm")
+
+
+def expert_gemm() -> str:
+    """``SUT_EXPERT_GEMM``: what multiplies the routed rows where the Triton backend runs:
+    the plugin's Triton kernels (``kernels``, the default) or PyTorch's grouped GEMM
+    (``grouped_mm``, ``grouped_linear.py``); the routers and the loss keep their kernels."""
+    choice = os.environ.get("SUT_EXPERT_GEMM", "kernels")
+    if choice not in _EXPERT_GEMMS:
+        raise ValueError(f"SUT_EXPERT_GEMM={choice!r} is not one of {_EXPERT_GEMMS}")
+    return choice
 
 
 def _autocast_dtype(device_type: str) -> Optional[torch.dtype]:

@@ -16,7 +16,9 @@ Everything data-dependent about routing happens inside the op, so ``torch.compil
 Backends: ``reference`` (``reference_linear.py``, reads the expert counts on the host) for
 CPU tensors, ``triton`` (``kernels/routed_linear_triton.py``, no host synchronisation) for
 CUDA tensors; ``SUT_KERNELS=reference|triton|auto`` forces one (``triton`` on CPU tensors
-needs ``TRITON_INTERPRET=1``).
+needs ``TRITON_INTERPRET=1``). Under ``SUT_EXPERT_GEMM=grouped_mm`` the ``triton`` backend's
+products are PyTorch's grouped GEMM instead (``grouped_linear.py``, the ``grouped`` path: no
+custom op, differentiable operations that a compiled step traces and fuses).
 
 Where the sums over a token's slots happen depends on the backend (``sums_outside``):
 
@@ -37,8 +39,9 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor
 
-from .reference_linear import (_autocast_dtype, as_custom_op, kernel_backend, reference_backward,
-                               reference_forward)
+from .grouped_linear import grouped_routed_linear
+from .reference_linear import (_autocast_dtype, as_custom_op, expert_gemm, kernel_backend,
+                               reference_backward, reference_forward)
 from .routing import Routing
 
 
@@ -197,7 +200,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     ``fan_out``: how many consecutive slots read one row of an un-grouped x (``routing.k``
     for token rows, 1 for slot rows); ``gates`` (N, k): weight each slot's output and sum a
     token's k slots (only with ``grouped_out=False``); ``backend``: ``reference`` or
-    ``triton``, None for ``kernel_backend(x)``. Returns (M, out), or (N, out) with gates, in
+    ``triton`` (the op), or ``grouped`` (``grouped_linear.py``: PyTorch's grouped GEMM,
+    differentiable operations, no custom op); None for ``kernel_backend(x)``, whose
+    ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``. Returns (M, out), or (N, out) with gates, in
     the compute dtype: autocast's, else the promoted dtype of x and weight (as ``nn.Linear``;
     the gates keep theirs).
     """
@@ -206,7 +211,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     if weight.dim() != 3 or weight.size(0) != routing.num_experts:
         raise ValueError(f"weight must be (E={routing.num_experts}, in, out); "
                          f"got {tuple(weight.shape)}")
-    backend = backend or kernel_backend(x)
+    if backend is None:
+        backend = kernel_backend(x)
+        backend = "grouped" if backend == "triton" and expert_gemm() == "grouped_mm" else backend
     if backend == "triton":  # the kernels index without bounds checks
         from ..kernels.routed_linear_triton import check_operands
 
@@ -214,6 +221,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
+    if backend == "grouped":
+        return grouped_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out,
+                                     gates)
     if not as_custom_op(x, weight, bias, gates):  # eager, no gradient (decoding)
         y = _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
     else:
@@ -230,3 +240,5 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
 reference_routed_linear = functools.partial(routed_linear, backend="reference")
 #: the op on the Triton kernels whatever the device (CPU tensors: in Triton's interpreter)
 triton_routed_linear = functools.partial(routed_linear, backend="triton")
+#: the map on PyTorch's grouped GEMM whatever the device (``grouped_linear.py``)
+grouped_mm_routed_linear = functools.partial(routed_linear, backend="grouped")

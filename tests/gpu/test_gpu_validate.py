@@ -306,6 +306,7 @@ def test_smoke_bench_stage(tmp_path):
     assert "TRITON_INTERPRET=1 " in proc.stdout  # the interpreter, as the command shows
     rows = results["results"]["moe_gpu"]["rows"]
     assert {(r["tokens"], r["pass"]) for r in rows} == {(32, "fwd"), (32, "fwd+bwd")}
+    assert all(r["grouped_ms"] > 0 and r["grouped_tflops"] >= 0 for r in rows)  # PyTorch's grouped GEMM
     models = results["results"]["train_step"]["models"]
     assert set(models) == {"sut_base", "ut_base", "transformer_wmt_en_de"}
     assert all(m["tokens_per_s"] >= 0 and m["ms_per_step"] > 0 for m in models.values())
