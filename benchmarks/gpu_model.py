@@ -84,6 +84,7 @@ import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
+from unittest import mock
 
 import torch
 import torch.nn.functional as F
@@ -997,7 +998,6 @@ def main(argv=None):
                              f"(e.g. {' '.join(train_step.MODELS)} sut_tiny)")
     global FACTORS
     FACTORS = replaced_factors(FACTORS, args.factor, parser.error)
-    os.environ["SUT_EXPERT_GEMM"] = args.expert_gemm
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     compiled = args.compile_step or args.compile_loop
     if args.calibrate:
@@ -1010,10 +1010,11 @@ def main(argv=None):
           f"{('compiled (inductor' + chr(39) + 's kernels)' if args.inductor else 'compiled (fusion model)') if compiled else 'eager'}"
           f"{', routed products on grouped_mm' if args.expert_gemm == 'grouped_mm' else ''}")
     steps, ms = {}, {}
-    for arch in args.arch:
+    for arch in args.arch:  # the routed products' path for these steps only (not --calibrate's)
         form = arch + ("+loop" if args.compile_loop and train_step.is_recurrent(arch) else "")
-        steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
-                                                        args.vocab, dtype, args.inductor)
+        with mock.patch.dict(os.environ, {"SUT_EXPERT_GEMM": args.expert_gemm}):
+            steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
+                                                            args.vocab, dtype, args.inductor)
         ms[arch] = total_ms(kernels, DEVICES[args.device])
         print_step(arch, kernels, DEVICES[args.device], args.top)
     if (args.batch, args.len, args.vocab, dtype) == (128, 32, 32768, torch.bfloat16) \

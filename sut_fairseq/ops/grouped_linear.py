@@ -20,7 +20,7 @@ must be bfloat16 on CUDA and in a compiled step (float32 and float16 too eagerly
 with 16-byte aligned rows (``in`` and ``out`` a multiple of 8 in bf16); on CUDA, PyTorch
 runs it on sm_90 and newer.
 """
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -35,6 +35,13 @@ CUDA_DTYPES = (torch.bfloat16,)
 CPU_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
+def misaligned_width(weight: Tensor, dtype: torch.dtype) -> Optional[Tuple[str, int]]:
+    """The first expert width, ("in" or "out", its size), of weight (E, in, out) whose rows
+    in ``dtype`` are not 16-byte aligned, as ``grouped_mm`` needs them; None if both are."""
+    widths = (("in", weight.size(1)), ("out", weight.size(2)))
+    return next(((name, w) for name, w in widths if w * dtype.itemsize % 16), None)
+
+
 def check_grouped_operands(x: Tensor, weight: Tensor) -> None:
     """Refuse, by name, operands ``grouped_mm`` does not take (dtype, row alignment)."""
     dtypes = CUDA_DTYPES if x.is_cuda or tracing() else CPU_DTYPES
@@ -43,12 +50,13 @@ def check_grouped_operands(x: Tensor, weight: Tensor) -> None:
         raise ValueError(f"SUT_EXPERT_GEMM=grouped_mm multiplies {dtypes} operands {where}, "
                          f"not {x.dtype} (train with --bf16 there); or use the Triton kernels "
                          f"(SUT_EXPERT_GEMM=kernels)")
-    size = x.element_size()
-    for name, width in (("in", weight.size(1)), ("out", weight.size(2))):
-        if width * size % 16:
-            raise ValueError(f"SUT_EXPERT_GEMM=grouped_mm needs 16-byte rows: expert width "
-                             f"{name}={width} in {x.dtype} is {width * size} bytes; use a "
-                             f"multiple of {16 // size} or SUT_EXPERT_GEMM=kernels")
+    bad = misaligned_width(weight, x.dtype)
+    if bad is not None:
+        name, width = bad
+        size = x.element_size()
+        raise ValueError(f"SUT_EXPERT_GEMM=grouped_mm needs 16-byte rows: expert width "
+                         f"{name}={width} in {x.dtype} is {width * size} bytes; use a "
+                         f"multiple of {16 // size} or SUT_EXPERT_GEMM=kernels")
 
 
 def grouped_routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,

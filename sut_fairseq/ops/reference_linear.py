@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compiler import tracing
+from .grouped_linear import CPU_DTYPES, misaligned_width
 
 
 _BACKENDS = ("auto", "reference", "triton")
@@ -63,7 +64,6 @@ def _experts(ends):
     return [(e, start, end) for e, (start, end) in enumerate(zip((0,) + tuple(ends[:-1]), ends))]
 
 
-_GROUPED_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 #: the forward groups the experts' GEMMs up to this many active rows per expert on average
 #: (decoding); above it the loop is faster (``benchmarks/grouped_gemm_cpu.py``)
 GROUPED_MAX_ROWS_PER_EXPERT = 64
@@ -73,10 +73,9 @@ def _grouped_gemm_takes(x: torch.Tensor, weight: torch.Tensor, active_rows: int)
     """Whether the forward groups the experts' GEMMs: at most GROUPED_MAX_ROWS_PER_EXPERT
     ``active_rows`` per expert, and operands ``torch.nn.functional.grouped_mm`` takes (a
     float32 / bf16 / fp16 dtype, rows of ``x`` and of every expert's weight 16-byte aligned)."""
-    size = x.element_size()
     return (active_rows <= GROUPED_MAX_ROWS_PER_EXPERT * weight.size(0)
-            and x.dtype in _GROUPED_DTYPES and weight.is_contiguous()
-            and x.size(1) * size % 16 == 0 and weight.size(2) * size % 16 == 0)
+            and x.dtype in CPU_DTYPES and weight.is_contiguous()
+            and misaligned_width(weight, x.dtype) is None)
 
 
 def _grouped_forward(x, weight, bias, g, src, dst, ends, out_rows):
