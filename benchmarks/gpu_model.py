@@ -68,7 +68,8 @@ factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profi
 ``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
 
     python benchmarks/gpu_model.py --arch sut_base [sut_base+flex] transformer_wmt_en_de [--compile-step]
-        [--compile-loop] [--inductor] [--expert-gemm grouped_mm] [--device H100] [--batch 128 --len 32]
+        [--compile-loop] [--inductor] [--expert-gemm grouped_mm] [--weight-grads per-step]
+        [--device H100] [--batch 128 --len 32]
         [--top 12] [--calibrate]
 
 Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per architecture
@@ -973,6 +974,10 @@ def main(argv=None):
     parser.add_argument("--expert-gemm", choices=("kernels", "grouped_mm"), default="kernels",
                         help="what multiplies the routed rows (SUT_EXPERT_GEMM): the Triton "
                              "kernels, or PyTorch's grouped GEMM (priced by the factor grouped_mm)")
+    parser.add_argument("--weight-grads", choices=("auto", "per-step", "deferred"), default="auto",
+                        help="the shared expert weights' gradients (SUT_WEIGHT_GRADS): one "
+                             "weight-gradient launch per backward over every step's rows "
+                             "(deferred; auto on the Triton path), or one per step")
     parser.add_argument("--device", choices=sorted(DEVICES), default="H200")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--len", type=int, default=32)
@@ -1000,19 +1005,22 @@ def main(argv=None):
     FACTORS = replaced_factors(FACTORS, args.factor, parser.error)
     dtype = torch.float32 if args.fp32 else torch.bfloat16
     compiled = args.compile_step or args.compile_loop
-    if args.calibrate:
-        steps = {key: record_step(key[0], key[1], 128, 32, 32768) for key in RECORDED}
+    if args.calibrate:  # the code the profile ran: a weight-gradient launch per step
+        with mock.patch.dict(os.environ, {"SUT_WEIGHT_GRADS": "per-step"}):
+            steps = {key: record_step(key[0], key[1], 128, 32, 32768) for key in RECORDED}
         print(f"calibrated: {calibrate(steps)}")
         print_calibration(steps)
         return
     print(f"gpu model of one training step on {DEVICES[args.device].name}: batch {args.batch} x "
           f"{args.len} = {args.batch * args.len} target tokens, {str(dtype)[6:]}, "
           f"{('compiled (inductor' + chr(39) + 's kernels)' if args.inductor else 'compiled (fusion model)') if compiled else 'eager'}"
-          f"{', routed products on grouped_mm' if args.expert_gemm == 'grouped_mm' else ''}")
+          f"{', routed products on grouped_mm' if args.expert_gemm == 'grouped_mm' else ''}"
+          f"{', a weight-gradient launch per step' if args.weight_grads == 'per-step' else ''}")
     steps, ms = {}, {}
     for arch in args.arch:  # the routed products' path for these steps only (not --calibrate's)
         form = arch + ("+loop" if args.compile_loop and train_step.is_recurrent(arch) else "")
-        with mock.patch.dict(os.environ, {"SUT_EXPERT_GEMM": args.expert_gemm}):
+        with mock.patch.dict(os.environ, {"SUT_EXPERT_GEMM": args.expert_gemm,
+                                          "SUT_WEIGHT_GRADS": args.weight_grads}):
             steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
                                                             args.vocab, dtype, args.inductor)
         ms[arch] = total_ms(kernels, DEVICES[args.device])

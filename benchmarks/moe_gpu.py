@@ -12,11 +12,19 @@ The two routed projections of MoE-FFD (E=24 experts, top-k=4, d=512, D=512): up
   ``SUT_EXPERT_GEMM=grouped_mm``: a gather, one ``grouped_mm``, the masks and the scatter as
   separate kernels, eager), ``nan`` where this GPU's PyTorch has no grouped GEMM.
 
+Then, per token count, the weight gradient of the up projection shared by ``--steps``
+recurrence steps of N tokens each (``ops/weight_grads.py``): ``per-step``, one
+weight-gradient launch per step over its N·k rows (``SUT_WEIGHT_GRADS=per-step``), against
+``deferred``, one launch over the L·N·k rows of all steps with the gathering of their
+operands (``weight_grads.flush``, what step 1's backward runs)::
+
+    wgrad over L steps of N tokens: per step X ms (L launches), deferred Y ms (one), per step / deferred R
+
 FLOPs counted: 2 * N*k * d * D per projection forward, 3x that with backward. After warm-up
 (and autotuning) the Triton passes also run under ``torch.cuda.set_sync_debug_mode("error")``
 to show they make no device-to-host synchronisation.
 
-    python benchmarks/moe_gpu.py [--tokens 4096 8192 16384] [--dtype bf16] [--repeats 20]
+    python benchmarks/moe_gpu.py [--tokens 4096 8192 16384] [--dtype bf16] [--repeats 20] [--steps 6]
 
 Exits with a message (status 0) when no CUDA device is present. ``--device cpu`` runs the
 same code on tiny shapes through Triton's interpreter (needs ``TRITON_INTERPRET=1``); it
@@ -27,6 +35,7 @@ import sys
 
 import torch
 
+from sut_fairseq.ops import weight_grads
 from sut_fairseq.ops.routed_linear import grouped_mm_routed_linear, reference_routed_linear
 from sut_fairseq.ops.routing import make_routing
 from sut_fairseq.selftest import median_seconds
@@ -97,6 +106,35 @@ def with_backward(fn, params):
     return run
 
 
+def wgrad_steps(tokens: int, steps: int, E, k, d, D, dtype, device, repeats: int):
+    """Seconds of the up projection's weight gradient (dW, db) for ``steps`` steps of
+    ``tokens`` tokens: (one launch per step, one launch over every step's rows)."""
+    problems = [make_problem(tokens, E, k, d, D, dtype, device, seed=l) for l in range(steps)]
+    w, b = problems[0]["w1"].detach(), problems[0]["b1"].detach()
+    grads = [torch.randn(tokens * k, D, device=device, dtype=dtype) for _ in problems]
+
+    def call(grad, x, routing):
+        return torch.ops.sut.routed_linear_backward(
+            grad, x, w, b, None, routing.expert_idxs, routing.sorted_expert_idxs,
+            routing.sorted_scattered_idxs, routing.expert_offsets, k, False, True, "triton",
+            False, True, True, False)
+
+    def per_step():
+        for p, grad in zip(problems, grads):
+            call(grad, p["x"].detach(), p["routing"])
+
+    def deferred():
+        bucket = weight_grads.Bucket()
+        for p, grad in zip(problems, grads):
+            r = p["routing"]
+            weight_grads.add(bucket, weight_grads.Entry(
+                grad, p["x"].detach(), None, r.expert_idxs, r.sorted_expert_idxs,
+                r.sorted_scattered_idxs, r.expert_offsets, k, False, True))
+        weight_grads.flush(bucket, w, b, "triton", True)
+
+    return timed(per_step, repeats, device), timed(deferred, repeats, device)
+
+
 def check_no_sync(fn, device) -> str:
     if device.type != "cuda":
         return "n/a"
@@ -122,6 +160,8 @@ def main():
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="bf16")
     parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    parser.add_argument("--steps", type=int, default=6,
+                        help="recurrence steps sharing the weights (sut_base: 6 per side)")
     args = parser.parse_args()
 
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -166,6 +206,11 @@ def main():
                   f"{flops / t_ref / 1e12:>8.1f} {1e3 * t_grouped:>10.3f} {flops / t_grouped / 1e12:>8.1f} "
                   f"{t_tri / t_dense:>12.2f} {syncs:>10}")
         del p
+    for tokens in args.tokens:
+        t_step, t_deferred = wgrad_steps(tokens, args.steps, E, k, d, D, dtype, device, args.repeats)
+        print(f"wgrad over {args.steps} steps of {tokens} tokens: per step {1e3 * t_step:.3f} ms "
+              f"({args.steps} launches), deferred {1e3 * t_deferred:.3f} ms (one), "
+              f"per step / deferred {t_step / t_deferred:.2f}")
     return 0
 
 

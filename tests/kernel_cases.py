@@ -61,3 +61,43 @@ def assert_match(got, want, tol):
         scale = max(1.0, e.abs().max().item())
         err = (a - e).abs().max().item() if a.numel() else 0.0
         assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
+
+
+def three_steps(fn, use: str, routings=("ragged", "multi_tile", "all_halted"), seed=0):
+    """One parameter (W, b) shared by three recurrence steps of ``use``, each step with its
+    own routing (named patterns of k = 2 over E = 4 experts), rows and gates; steps 2 and 3 read step 1's
+    output (so that autograd runs step 1's backward last, as in the recurrence), and
+    ``weight_grads.ROLE`` says which step runs. Returns [Σ_l y_l, dW, db, [dx_l], [dgates_l]]
+    for the loss Σ_l <dy_l, y_l>."""
+    from sut_fairseq.ops import weight_grads
+    from sut_fairseq.ops.routing import make_routing
+
+    g = torch.Generator().manual_seed(seed)
+    rows, kwargs, has_bias = USES[use]
+    E = 4
+    w = (torch.randn(E, IN_DIM, OUT_DIM, generator=g) / IN_DIM ** 0.5).requires_grad_()
+    b = torch.randn(E, OUT_DIM, generator=g).requires_grad_() if has_bias else None
+    loss, xs, gate_leaves, first, tag = 0.0, [], [], None, weight_grads.new_tag()
+    for step, name in enumerate(routings, 1):
+        idx, e = routing_indices(name, g)
+        idx = torch.where(idx >= min(e, E), torch.full_like(idx, E), idx)  # no-op slots: E
+        N, k = idx.shape
+        gates = torch.rand(N, k, generator=g)
+        gates = (gates / gates.sum(1, keepdim=True) * (idx < E)).requires_grad_()
+        routing = make_routing(idx, gates.detach(), E)
+        n_rows = N if rows == "token" else N * k
+        x = torch.randn(n_rows, IN_DIM, generator=g).requires_grad_()
+        x_in = x if first is None else x + 0.0 * first  # step l > 1 reads step 1's output
+        weight_grads.ROLE.step = step
+        try:
+            y = fn(x_in, w, b, routing, gates=gates if use in GATED else None,
+                   fan_out=k if rows == "token" else 1, tag=tag, **kwargs)
+        finally:
+            weight_grads.ROLE.step = None
+        first = y.sum() if first is None else first
+        loss = loss + (y * torch.randn(y.shape, generator=g)).sum()
+        xs.append(x)
+        gate_leaves.append(gates)
+    loss.backward()
+    return [loss.detach(), w.grad, None if b is None else b.grad, [x.grad for x in xs],
+            [q.grad if use in GATED else None for q in gate_leaves]]

@@ -139,6 +139,9 @@ PROFILE_ROW = re.compile(r"^== profile ((?:compiled )?\S+): ([\d.]+) ms wall und
 #: a timing row of moe_gpu.py, and train_step.py's rows and ratios
 MOE_ROW = re.compile(r"^\s*(\d+)\s+(fwd\+bwd|fwd)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+"
                      r"([\d.]+)\s+([\d.]+)\s+([\d.]+|nan)\s+([\d.]+|nan)\s+([\d.]+)\s+(.+?)\s*$")
+#: moe_gpu.py: the shared weight gradient per step against deferred (ops/weight_grads.py)
+WGRAD_ROW = re.compile(r"^wgrad over (\d+) steps of (\d+) tokens: per step ([\d.]+) ms \(\d+ launches\), "
+                       r"deferred ([\d.]+) ms \(one\), per step / deferred ([\d.]+)")
 TRAIN_ROW = re.compile(r"^(\S+)\s+(\d+) ms/step\s+(\d+) tokens/s(?:\s+([\d.]+) GiB peak)?\s*$")
 RATIO_ROW = re.compile(r"^((?:compiled: )?\S+ / \S+) tokens/s: ([\d.]+)")
 #: "[N threads] compiled ARCH  MS ms/step  TOK target tokens/s (first step, compiling: S s)"
@@ -328,7 +331,7 @@ def stage_bench(stage, python):
     moe_args = SMOKE_MOE_ARGS if stage.smoke else GPU_MOE_ARGS
     tokens = [int(t) for t in itertools.takewhile(lambda a: not a.startswith("--"),
                                                   moe_args[moe_args.index("--tokens") + 1:])]
-    moe_rows, header, parsed = [], {}, {}
+    moe_rows, wgrad_rows, header, parsed = [], [], {}, {}
 
     def moe_check(step):
         lines = log_lines_of(stage, step)
@@ -343,7 +346,13 @@ def stage_bench(stage, python):
                                  "reference_tflops": float(g[7]), "grouped_ms": float(g[8]),
                                  "grouped_tflops": float(g[9]), "triton_over_dense": float(g[10]),
                                  "host_syncs": g[11]})
-        missing = [t for t in tokens if not any(r["tokens"] == t for r in moe_rows)]
+            m = WGRAD_ROW.match(line)
+            if m:
+                g = m.groups()
+                wgrad_rows.append({"steps": int(g[0]), "tokens": int(g[1]), "per_step_ms": float(g[2]),
+                                   "deferred_ms": float(g[3]), "per_step_over_deferred": float(g[4])})
+        missing = [t for t in tokens if not any(r["tokens"] == t for r in moe_rows)
+                   or not any(r["tokens"] == t for r in wgrad_rows)]
         if missing:
             return f"no timing rows for tokens {missing} in the output"
         syncs = [r for r in moe_rows if r["host_syncs"] not in ("none", "n/a")]
@@ -413,7 +422,8 @@ def stage_bench(stage, python):
         stage.run(name, argv[key], env=step_env(stage, python, smoke_moe_env) if moe else env,
                   env_prefix=smoke_moe_env if moe else None, estimate=estimate, timeout=timeout,
                   check=checks[key])
-    stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows}})
+    stage.results.update({"moe_gpu": {"header": header.get("moe"), "rows": moe_rows,
+                                      "wgrad_steps": wgrad_rows}})
     for key, result in (("train", "train_step"), ("train-16k", "train_step_16k"), ("generate", "generate"),
                         ("train-loop", "train_step_loop"), ("train-graphs", "train_step_graphs"),
                         ("model", "gpu_model")):
@@ -428,6 +438,13 @@ def stage_bench(stage, python):
                  f"{r['dense_ms']:.3f} | {r['dense_tflops']:.1f} | {r['reference_ms']:.3f} | "
                  f"{r['grouped_ms']:.3f} | {r['grouped_tflops']:.1f} | "
                  f"{r['triton_over_dense']:.2f} | {r['host_syncs']} |" for r in moe_rows]
+    if wgrad_rows:
+        text += ["", "The up projection's weight gradient shared by the recurrence's steps "
+                 "(SUT_WEIGHT_GRADS):", "",
+                 "| steps | tokens per step | per step ms | deferred ms | per step / deferred |",
+                 "|---:|---:|---:|---:|---:|"]
+        text += [f"| {r['steps']} | {r['tokens']} | {r['per_step_ms']:.3f} | {r['deferred_ms']:.3f} | "
+                 f"{r['per_step_over_deferred']:.2f} |" for r in wgrad_rows]
     for key, title in (("train", "One training step"), ("train-16k", "One training step, the large batch"),
                        ("train-loop", "One training step, --compile-loop"),
                        ("train-graphs", "One training step, CUDA graphs over the compiled loop")):

@@ -16,6 +16,7 @@ import torch.nn as nn
 from ..ops.masked_linear_op import masked_affine
 from ..ops.routed_linear import routed_linear
 from ..ops.routing import Routing
+from ..ops.weight_grads import new_tag
 
 
 def init_expert_weight_(weight: torch.Tensor) -> torch.Tensor:
@@ -37,13 +38,15 @@ class ExpertLinear(nn.Module):
         self.weight = nn.Parameter(init_expert_weight_(torch.empty(num_experts, in_dim, out_dim)))
         self.bias = nn.Parameter(torch.zeros(out_dim if shared_bias else (num_experts, out_dim)))
         self.shared_bias = shared_bias
+        self.tag = new_tag()  # its weight gradients' bucket across recurrence steps (weight_grads)
 
     def forward(self, x: torch.Tensor, routing: Routing, fan_out: int, grouped_in: bool = False,
                 grouped_out: bool = False, gates: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x and the result in the layouts of ``routed_linear`` (token, slot or sorted rows;
         (M, out), or (N, out) summed over each token's slots with ``gates`` (N, k))."""
         bias = None if self.shared_bias else self.bias
-        y = routed_linear(x, self.weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+        y = routed_linear(x, self.weight, bias, routing, fan_out, grouped_in, grouped_out, gates,
+                          tag=self.tag)
         return y + self.bias if self.shared_bias else y
 
     def dense(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:

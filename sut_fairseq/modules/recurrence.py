@@ -27,6 +27,7 @@ import torch
 import torch.nn as nn
 
 from .. import compiler
+from ..ops import weight_grads
 from .halting import HaltingResult, HaltingState
 from .hyper_module import example_embedding, prefix_embedding
 from .step_embedding import add_embedding, step_kv_bias
@@ -196,12 +197,18 @@ class RecurrenceStep(nn.Module):
         memory_kv = memory_kv[step - 1] if isinstance(memory_kv, list) else memory_kv
         query = h if te is None else add_embedding(h, te, inputs.coords)
         rows = None if block.training else running_rows(running, query, inputs, z, memory_kv)
-        if rows is None:
-            h_new = block(query, k, v, running, self_padding_mask=inputs.self_padding_mask,
-                          q_start=inputs.q_start, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
-                          cross_padding_mask=inputs.cross_padding_mask, hyper_z=z, memory_kv=memory_kv)
-        else:  # the block on the running rows alone; the halted rows keep h (advance)
-            h_new = h.index_copy(0, rows, block_on_rows(block, rows, query, k, v, running, inputs))
+        # step 1's backward makes the shared weights' gradients (unshared blocks: each its own)
+        weight_grads.ROLE.step = step if len(self.blocks) == 1 else 1
+        try:
+            if rows is None:
+                h_new = block(query, k, v, running, self_padding_mask=inputs.self_padding_mask,
+                              q_start=inputs.q_start, cross_k=inputs.cross_k, cross_v=inputs.cross_v,
+                              cross_padding_mask=inputs.cross_padding_mask, hyper_z=z,
+                              memory_kv=memory_kv)
+            else:  # the block on the running rows alone; the halted rows keep h (advance)
+                h_new = h.index_copy(0, rows, block_on_rows(block, rows, query, k, v, running, inputs))
+        finally:
+            weight_grads.ROLE.step = None
         return advance(h, h_new, S, running, step, state, rule, decide_next, threshold)
 
     def memory_kv(self, M: torch.Tensor):
@@ -312,10 +319,11 @@ class TensorStep(nn.Module):
     log_remain, weighted_sum, steps: the ``HaltingState``'s; threshold: α_thresh, 0-d fp32
     (None for the rule ``none``); changed (B, T) bool, the rows whose X changed in the
     previous step, and k_rows / v_rows (B, T, H·D), the carried keys and values (None unless
-    ``carries_kv``); te: TE(l) (d,); coords, cross_*: as in ``StepInputs``. Returns h_l,
-    S_l, steps, the decision for step l + 1 (running, c, log_remain, weighted_sum, α_l or
-    None) and k_rows / v_rows; the caller discards the decision after the last step (one
-    graph for every step)."""
+    ``carries_kv``); te: TE(l) (d,); coords, cross_*: as in ``StepInputs``; step: l inside
+    ``TensorLoop`` (step 1 makes the shared expert weights' gradients, ``weight_grads``),
+    else 1 (a graph of its own, the same for every step). Returns h_l, S_l, steps, the
+    decision for step l + 1 (running, c, log_remain, weighted_sum, α_l or None) and
+    k_rows / v_rows; the caller discards the decision after the last step."""
 
     def __init__(self, step: RecurrenceStep):
         super().__init__()
@@ -324,13 +332,13 @@ class TensorStep(nn.Module):
 
     def forward(self, h, S, running, real, c, log_remain, weighted_sum, steps, self_padding_mask,
                 threshold=None, changed=None, k_rows=None, v_rows=None, te=None, coords=None,
-                cross_k=None, cross_v=None, cross_padding_mask=None):
+                cross_k=None, cross_v=None, cross_padding_mask=None, step: int = 1):
         state = HaltingState.from_tensors(real, c, log_remain, weighted_sum, h, steps)
         carry = KeyValueCarry(changed, k_rows, v_rows) if changed is not None else None
         inputs = StepInputs(self_padding_mask=self_padding_mask, real=real, coords=coords,
                             cross_k=cross_k, cross_v=cross_v, cross_padding_mask=cross_padding_mask,
                             cache=self.cache)
-        h, S, running_next = self.step(h, S, running, 1, state, self.step.halting, carry, inputs,
+        h, S, running_next = self.step(h, S, running, step, state, self.step.halting, carry, inputs,
                                        te, True, threshold)
         alpha = state.alphas[-1] if state.alphas else None
         return (h, S, state.steps, running_next, state.c, state.log_remain, state.weighted_sum, alpha,
@@ -366,7 +374,7 @@ class TensorLoop(nn.Module):
             te = None if te_table is None else te_table[l - 1]
             h, S, steps, running_next, *decision, alpha, k_rows, v_rows = self.step(
                 h, S, running, real, c, log_remain, weighted_sum, steps, self_padding_mask,
-                threshold, changed, k_rows, v_rows, te, **block_inputs)
+                threshold, changed, k_rows, v_rows, te, **block_inputs, step=l)
             changed = running if changed is not None else None  # the rows whose X changed
             if l < self.max_steps:  # the decision for step l + 1
                 running, (c, log_remain, weighted_sum) = running_next, decision

@@ -43,6 +43,7 @@ from .grouped_linear import grouped_routed_linear
 from .reference_linear import (_autocast_dtype, as_custom_op, expert_gemm, kernel_backend,
                                reference_backward, reference_forward)
 from .routing import Routing
+from . import weight_grads
 
 
 def sums_outside(backend: str) -> bool:
@@ -80,7 +81,8 @@ def sum_rows(rows: Tensor, fan: int, num_rows: int) -> Tensor:
 def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
                      expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
                      expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool,
-                     backend: str) -> Tensor:
+                     backend: str, defer: int = -1) -> Tensor:
+    """``defer``: ``weight_grads.defer_code`` (-1: the weight gradient of this call alone)."""
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
     return _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
@@ -102,7 +104,7 @@ def _forward(x, weight, bias, gates, routing: Routing, fan_out: int, grouped_in:
 
 @routed_linear_op.register_fake
 def _(x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-      expert_offsets, fan_out, grouped_in, grouped_out, backend):
+      expert_offsets, fan_out, grouped_in, grouped_out, backend, defer=-1):
     if gates is None:
         return x.new_empty(sorted_scattered_idxs.size(0), weight.size(2))
     slots = gates.shape if sums_outside(backend) else gates.shape[:1]
@@ -163,14 +165,16 @@ def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scat
 
 def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*inputs[:8])  # x, W, b, gates and the routing's four tensors
-    ctx.layout = inputs[8:]  # fan_out, grouped_in, grouped_out, backend
+    ctx.layout = inputs[8:12]  # fan_out, grouped_in, grouped_out, backend
+    ctx.bucket, ctx.flushes = weight_grads.attach(inputs[12] if len(inputs) > 12 else -1)
 
 
 def _backward(ctx, grad):
     """The op's gradient: ``sut::routed_linear_backward``, then the sums it leaves outside
-    (module docstring) in the traced graph."""
+    (module docstring) in the traced graph; with a bucket (``weight_grads``) the weight and
+    bias gradients of every step at step 1's."""
     x, weight, bias, gates, expert_idxs = ctx.saved_tensors[:5]
-    fan_out, grouped_in, _, backend = ctx.layout
+    fan_out, grouped_in, grouped_out, backend = ctx.layout
     needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
     # rows of the output's gradient: slot rows (M, out), or one row per token (N, out) that
     # its k slots read: the summed output's, or with the sum outside the gradient of that
@@ -178,14 +182,24 @@ def _backward(ctx, grad):
     if gates is not None and grad.dim() == 3:
         token_rows = grad.stride(1) == 0 or expert_idxs.size(1) == 1
         grad = grad.select(1, 0) if token_rows else grad.reshape(-1, grad.size(-1))
-    dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors, *ctx.layout,
-                                                          *needs)
+    deferred = ctx.bucket is not None and needs[1]
+    step_needs = (needs[0], False, False, needs[3]) if deferred else needs
+    dx = dw = db = dg = None
+    if any(step_needs):
+        dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors,
+                                                              *ctx.layout, *step_needs)
+    if deferred:
+        weight_grads.add(ctx.bucket, weight_grads.Entry(grad, x, gates, *ctx.saved_tensors[4:],
+                                                        fan_out, grouped_in, grouped_out))
+        dw, db = (weight_grads.flush(ctx.bucket, weight, bias, backend, needs[2]) if ctx.flushes
+                  else (None, None))  # step 1: every step's rows in one product
     if sums_outside(backend):
         if needs[0] and not grouped_in:
             dx = sum_rows(dx, fan_out, x.size(0))
         if needs[3]:
             dg = dg.sum(0).view_as(gates).to(gates.dtype)
-    return tuple(g if need else None for g, need in zip((dx, dw, db, dg), needs)) + (None,) * 8
+    return tuple(g if need and g is not None else None
+                 for g, need in zip((dx, dw, db, dg), needs)) + (None,) * 9
 
 
 routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
@@ -193,7 +207,8 @@ routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
 
 def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,
                   fan_out: int, grouped_in: bool = False, grouped_out: bool = False,
-                  gates: Optional[Tensor] = None, backend: Optional[str] = None) -> Tensor:
+                  gates: Optional[Tensor] = None, backend: Optional[str] = None,
+                  tag: int = -1) -> Tensor:
     """Apply expert ``e``'s linear map to every slot routed to ``e`` (``sut::routed_linear``).
 
     x (N, in), (M, in) or sorted (M, in); weight (E, in, out); bias (E, out) or None;
@@ -202,7 +217,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     token's k slots (only with ``grouped_out=False``); ``backend``: ``reference`` or
     ``triton`` (the op), or ``grouped`` (``grouped_linear.py``: PyTorch's grouped GEMM,
     differentiable operations, no custom op); None for ``kernel_backend(x)``, whose
-    ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``. Returns (M, out), or (N, out) with gates, in
+    ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``; ``tag``: the
+    parameter's ``weight_grads`` tag (-1: none; the op's weight gradient deferred to the
+    recurrence's step 1 as ``SUT_WEIGHT_GRADS`` says). Returns (M, out), or (N, out) with gates, in
     the compute dtype: autocast's, else the promoted dtype of x and weight (as ``nn.Linear``;
     the gates keep theirs).
     """
@@ -230,7 +247,7 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
         y = torch.ops.sut.routed_linear(
             x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
             routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in,
-            grouped_out, backend)
+            grouped_out, backend, weight_grads.defer_code(tag, weight, backend))
     if gates is not None and sums_outside(backend):
         y = y.sum(1)  # Σ_j g_j y_j over each token's k slots
     return y

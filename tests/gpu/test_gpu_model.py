@@ -59,7 +59,8 @@ def test_a_compiled_step_is_split_inside_and_outside_its_regions(capsys):
 
 @pytest.mark.parametrize("flag", [[], ["--compile-step"]])
 def test_sut_tiny_summary(capsys, flag):
-    gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200", *flag])
+    gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200",
+                    "--weight-grads", "per-step", *flag])
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("gpu model: sut_tiny")]
     m = re.fullmatch(r"gpu model: sut_tiny launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)", lines[-1])
@@ -185,10 +186,12 @@ def test_a_compiled_loop_builds_what_every_step_builds_alike_once():
     assert runs > 0 and launched == runs
 
 
-def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
+def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel(monkeypatch):
     """``--compile-step``: the engine adds a shared parameter's gradient of every step
     after the first (an ``accum`` launch each); ``--compile-loop``: the sums are inside the
-    loop's graph, one kernel per parameter (and side) that reads every step's gradient."""
+    loop's graph, one kernel per parameter (and side) that reads every step's gradient
+    (a weight-gradient product per step here; deferred, the expert weights have none)."""
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
     step = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
     loop = gpu_model.record_step("sut_tiny+loop", True, 4, 8, 200)
 
@@ -203,6 +206,25 @@ def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel():
     # outside the loops (as the transformer's one)
     assert 0 < launched <= shared + 1 < sum(k.launches for k in accum(step))
     assert sum(k.bytes for k in accum(loop)) < sum(k.bytes for k in accum(step))
+
+
+@pytest.mark.parametrize("form", ["sut_tiny", "sut_tiny+loop"])
+def test_the_shared_expert_weights_get_one_weight_gradient_launch_each(form, monkeypatch):
+    """On the Triton path (``SUT_WEIGHT_GRADS=auto``) each routed parameter's gradient is one
+    ``_routed_wgrad`` launch per backward over every step's rows, eager and in a compiled
+    loop; per step there is one per step; the products' FLOPs are the same."""
+    model = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0]
+    routed = sum(1 for m in model.modules() if type(m).__name__ == "ExpertLinear" and m.weight.size(0) > 1)
+
+    def wgrad(choice):
+        monkeypatch.setenv("SUT_WEIGHT_GRADS", choice)
+        ks = [k for k in gpu_model.record_step(form, form.endswith("+loop"), 4, 8, 200)
+              if k.kind == "triton" and k.name == "_routed_wgrad"]
+        return sum(k.launches for k in ks), sum(k.flops for k in ks if k.launches)
+
+    (deferred, flops_deferred), (per_step, flops_per_step) = wgrad("auto"), wgrad("per-step")
+    assert deferred == routed < per_step
+    assert flops_deferred == flops_per_step
 
 
 def test_a_loops_gemm_made_weight_gradients_are_summed_in_their_gemms():

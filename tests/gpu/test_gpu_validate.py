@@ -307,6 +307,10 @@ def test_smoke_bench_stage(tmp_path):
     rows = results["results"]["moe_gpu"]["rows"]
     assert {(r["tokens"], r["pass"]) for r in rows} == {(32, "fwd"), (32, "fwd+bwd")}
     assert all(r["grouped_ms"] > 0 and r["grouped_tflops"] >= 0 for r in rows)  # PyTorch's grouped GEMM
+    wgrad = results["results"]["moe_gpu"]["wgrad_steps"]  # the shared weight gradient, deferred
+    assert [(r["steps"], r["tokens"]) for r in wgrad] == [(6, 32)]
+    assert all(r["per_step_ms"] > 0 and r["deferred_ms"] > 0 for r in wgrad)
+    assert "| 6 | 32 |" in summary
     models = results["results"]["train_step"]["models"]
     assert set(models) == {"sut_base", "ut_base", "transformer_wmt_en_de"}
     assert all(m["tokens_per_s"] >= 0 and m["ms_per_step"] > 0 for m in models.values())

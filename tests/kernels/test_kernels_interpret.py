@@ -17,7 +17,8 @@ from sut_fairseq.kernels.testing import delegate_module, interpreter_active
 from sut_fairseq.ops.routed_linear import reference_routed_linear
 from sut_fairseq.ops.routing import make_routing
 
-from kernel_cases import GATED, IN_DIM, OUT_DIM, ROUTINGS, USES, assert_match, routing_indices
+from kernel_cases import (GATED, IN_DIM, OUT_DIM, ROUTINGS, USES, assert_match, routing_indices,
+                          three_steps)
 
 IN_PROCESS = interpreter_active()
 
@@ -255,6 +256,24 @@ def test_gate_gradient_bias_term_equals_the_old_matmul():
     per_expert = torch.cat([dout @ b.t(), torch.zeros(N, 1)], 1)  # (N, E + 1)
     old = partial.sum(0).view(N, k) + per_expert.gather(1, routing.expert_idxs)
     torch.testing.assert_close(got, old, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("use", list(USES))
+def test_deferred_weight_gradients_of_three_steps_equal_the_reference_per_step(use, monkeypatch):
+    """``SUT_WEIGHT_GRADS=auto`` on the kernels: steps 3 and 2 leave their rows to step 1's
+    backward, whose one weight-gradient launch covers every step; the reference per step
+    is the oracle (ops/weight_grads.py)."""
+    from sut_fairseq.ops import weight_grads
+
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
+    want = three_steps(reference_routed_linear, use)
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "auto")
+    weight_grads.Stats.reset()
+    got = three_steps(_triton, use)
+    assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0  # it deferred
+    assert_match(got[:3] + [None, None], want[:3] + [None, None], 2e-5)
+    for g, w in zip(got[3] + got[4], want[3] + want[4]):
+        assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
 
 
 def test_rejects_bad_shapes():

@@ -1,0 +1,211 @@
+"""One weight gradient per shared expert parameter per backward (``SUT_WEIGHT_GRADS``).
+
+A side's L recurrence steps apply the same expert weights W (E, in, out) and biases b
+(E, out), so their gradients sum over the steps:
+
+    dW_e = Σ_l Σ_{s ∈ S_l(e)} x_s^T (g_s dy_s),    db_e = Σ_l Σ_{s ∈ S_l(e)} g_s dy_s
+
+(S_l(e): the slots routed to expert e in step l; g_s: the slot's gate where the op weighs
+and sums a token's slots, else 1). ``per-step``: each step's ``sut::routed_linear``
+backward makes its own term, L weight-gradient launches per parameter, each reducing over
+the rows of one step, and autograd adds them up. ``deferred``: one launch per parameter
+over the rows of every step. The backwards of steps L..2 compute the input and gate
+gradients only and leave their operands (the output's gradient, x, the gates, the expert
+choice) in the parameter's ``Bucket``; step 1's backward adds its own and makes dW and db
+in one ``sut::routed_linear_backward`` over all of them, with the routing of the L·N
+tokens merged from the steps' sorted layouts (``merged_routing``: no sort; grouped rows
+are put back in slot order first). Autograd runs step 1's backward after the others' (every later step reads step 1's
+output), and it returns the whole gradient; steps L..2 return none.
+
+The same Python runs eagerly and while AOTAutograd traces a compiled loop's backward
+(``--compile-loop``): the bucket exists at trace time only, and the compiled backward holds
+one weight-gradient product per parameter. Each compiled step (``--compile-step``) is its
+own graph and backward: every step is step 1 of its graph there, and flushes its own rows.
+
+The bucket holds every step's output gradient until step 1's backward (``stats`` counts
+its bytes); the sums run in a different order than per step (fp32 rounding only).
+
+``SUT_WEIGHT_GRADS``: ``auto`` (the default: ``deferred`` on the Triton backend, where one
+reduction over L times the rows is the point, ``per-step`` on the reference backend),
+``per-step`` or ``deferred`` (either backend).
+"""
+import itertools
+import os
+from dataclasses import dataclass
+from typing import Dict, List, Optional, Tuple
+
+import torch
+from torch import Tensor
+
+from .routing import Routing
+
+MODES = ("auto", "per-step", "deferred")
+
+#: a tag per ``ExpertLinear``: its bucket's key (``Bucket.current``)
+_tags = itertools.count()
+
+
+def new_tag() -> int:
+    return next(_tags)
+
+
+class StepRole:
+    """The recurrence step whose block is running (1..L), set by ``RecurrenceStep`` around
+    its block call (1 for every step of ``--tlb-unshared``, whose blocks run once each);
+    None outside a recurrence (a layer called on its own: per step)."""
+
+    step: Optional[int] = None
+
+
+ROLE = StepRole()
+
+
+def mode() -> str:
+    choice = os.environ.get("SUT_WEIGHT_GRADS", "auto")
+    if choice not in MODES:
+        raise ValueError(f"SUT_WEIGHT_GRADS={choice!r} is not one of {MODES}")
+    return choice
+
+
+def defer_code(tag: int, weight: Tensor, backend: str) -> int:
+    """The ``defer`` argument of ``sut::routed_linear`` for the parameter ``tag`` at the
+    running step: -1 (its own weight gradient), else 2·tag + (1 at step 1, which flushes)."""
+    choice = mode()
+    deferred = choice == "deferred" or (choice == "auto" and backend == "triton")
+    if tag < 0 or ROLE.step is None or not deferred or not (weight.requires_grad
+                                                            and torch.is_grad_enabled()):
+        return -1
+    return 2 * tag + int(ROLE.step == 1)
+
+
+@dataclass
+class Entry:
+    """One step's operands of the weight gradient, in ``routed_linear``'s layouts: grad,
+    the output's gradient (sorted rows with ``grouped_out``, slot rows (M, out), or token
+    rows (N, out) read by the k slots); x (token rows read by ``fan_out`` slots, slot rows,
+    or sorted rows with ``grouped_in``); gates (N, k) or None; the step's ``Routing``
+    tensors: expert_idxs (N, k), sorted_expert_idxs and sorted_scattered_idxs (M,),
+    expert_offsets (E,)."""
+
+    grad: Tensor
+    x: Tensor
+    gates: Optional[Tensor]
+    expert_idxs: Tensor
+    sorted_expert_idxs: Tensor
+    sorted_scattered_idxs: Tensor
+    expert_offsets: Tensor
+    fan_out: int
+    grouped_in: bool
+    grouped_out: bool
+
+    def nbytes(self) -> int:
+        """The output gradient's bytes; 0 while a graph is traced (symbolic sizes)."""
+        n = self.grad.numel()
+        return n * self.grad.element_size() if isinstance(n, int) else 0
+
+
+class Bucket(list):
+    """The entries of one parameter's steps since its step-1 forward (a list of ``Entry``)."""
+
+    #: the open bucket of each tag: step 1's forward opens one, steps 2..L join it
+    current: Dict[int, "Bucket"] = {}
+
+
+class Stats:
+    """Bytes of output gradients held by buckets at once, at most (``reset`` to start)."""
+
+    held = peak = 0
+
+    @classmethod
+    def reset(cls) -> None:
+        cls.held = cls.peak = 0
+
+
+def attach(defer: int) -> Tuple[Optional[Bucket], bool]:
+    """At a forward's ``setup_context``: (the bucket this call's backward adds to, whether it
+    flushes it) for ``defer`` (``defer_code``); (None, False) for -1, and for a later step
+    with no open bucket (its own weight gradient, as per step)."""
+    if defer < 0:
+        return None, False
+    tag, first = divmod(defer, 2)
+    if first:
+        Bucket.current[tag] = Bucket()
+    bucket = Bucket.current.get(tag)
+    return bucket, bool(first) and bucket is not None
+
+
+def add(bucket: Bucket, entry: Entry) -> None:
+    bucket.append(entry)
+    Stats.held += entry.nbytes()
+    Stats.peak = max(Stats.peak, Stats.held)
+
+
+def slot_rows(rows: Tensor, sorted_scattered_idxs: Tensor) -> Tensor:
+    """Sorted rows (A, W), A <= M (rows past M belong to no slot) -> slot order (M, W),
+    zeros on the slots without a row."""
+    M = sorted_scattered_idxs.size(0)
+    A = min(rows.size(0), M)
+    return rows.new_zeros(M, rows.size(1)).index_copy(0, sorted_scattered_idxs[:A], rows[:A])
+
+
+def merged_routing(entries: List[Entry], num_experts: int) -> Routing:
+    """The routing of the steps' tokens concatenated (step l's slot s is slot l·M + s), from
+    their sorted layouts without sorting again: expert e's rows are step 1's rows of e, then
+    step 2's, ... (the order a stable sort of the concatenated choices gives), so sorted row
+    p of step l, of expert e, goes to
+
+        start(e) + Σ_{l' < l} count_{l'}(e) + (p - start_l(e))
+
+    with the no-op slots (expert E) last."""
+    ends = torch.stack([torch.cat([e.expert_offsets, e.expert_offsets.new_tensor(
+        [e.sorted_scattered_idxs.numel()])]) for e in entries])         # (L, E + 1)
+    counts = torch.diff(ends, dim=1, prepend=ends.new_zeros(len(entries), 1))
+    total = counts.sum(0)                                               # (E + 1,)
+    base = (total.cumsum(0) - total) + (counts.cumsum(0) - counts) - (ends - counts)
+    position, slots, slot_base = [], [], 0
+    for l, e in enumerate(entries):
+        M = e.sorted_scattered_idxs.numel()
+        position.append(base[l].gather(0, e.sorted_expert_idxs)
+                        + torch.arange(M, device=ends.device))
+        slots.append(e.sorted_scattered_idxs + slot_base)
+        slot_base += M
+    position, slots = torch.cat(position), torch.cat(slots)
+    sorted_scattered_idxs = torch.empty_like(slots).scatter_(0, position, slots)
+    sorted_expert_idxs = torch.empty_like(slots).scatter_(
+        0, position, torch.cat([e.sorted_expert_idxs for e in entries]))
+    expert_idxs = torch.cat([e.expert_idxs for e in entries])
+    gates = (torch.cat([e.gates for e in entries]) if entries[0].gates is not None
+             else torch.zeros_like(expert_idxs, dtype=torch.float32))
+    return Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
+                   total.cumsum(0)[:num_experts], num_experts)
+
+
+def combined(entries: List[Entry]):
+    """The steps' operands as one call's: (grad, x, gates, fan_out) over the L·N tokens,
+    step l's slot s the slot l·M + s; grouped rows in slot order."""
+    first = entries[0]
+    if any((e.fan_out, e.grouped_in, e.grouped_out) != (first.fan_out, first.grouped_in,
+                                                        first.grouped_out) for e in entries):
+        raise RuntimeError("deferred weight gradient: the steps of one parameter used "
+                           "different row layouts")
+    grad = torch.cat([slot_rows(e.grad, e.sorted_scattered_idxs) if e.grouped_out else e.grad
+                      for e in entries])
+    x = torch.cat([slot_rows(e.x, e.sorted_scattered_idxs) if e.grouped_in else e.x
+                   for e in entries])
+    gates = None if first.gates is None else torch.cat([e.gates for e in entries])
+    return grad, x, gates, 1 if first.grouped_in else first.fan_out
+
+
+def flush(bucket: Bucket, weight: Tensor, bias: Optional[Tensor], backend: str,
+          need_b: bool) -> Tuple[Tensor, Optional[Tensor]]:
+    """dW (E, in, out) and db (E, out) or None over every entry of ``bucket``, in one
+    ``sut::routed_linear_backward``; empties the bucket."""
+    grad, x, gates, fan_out = combined(bucket)
+    routing = merged_routing(bucket, weight.size(0))
+    _, dw, db, _ = torch.ops.sut.routed_linear_backward(
+        grad, x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
+        routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, False, False, backend,
+        False, True, need_b, False)
+    Stats.held -= sum(e.nbytes() for e in bucket)
+    bucket.clear()
+    return dw, (db if need_b and bias is not None else None)

@@ -1,0 +1,206 @@
+"""One weight gradient per shared expert parameter per backward (``ops/weight_grads.py``,
+``SUT_WEIGHT_GRADS``): the recurrence's steps leave their rows to step 1's backward, which
+makes dW and db over every step's rows in one ``sut::routed_linear_backward``.
+
+* three steps of each of the four uses of the op (ragged loads, no-op slots, a step with
+  every slot halted) deferred == the per-step gradients (weights, biases, inputs, gates);
+* whole models (stick-breaking, ACT, GUT's global halting, unshared TLB blocks in chunks)
+  deferred == per step, eagerly and as a compiled loop (AOTAutograd traces the deferral
+  into the backward graph), with one weight-gradient product per parameter where per step
+  there is one per step;
+* the buckets hand back what they held; a layer outside a recurrence keeps its own
+  gradient; ``SUT_WEIGHT_GRADS`` is checked by name, and ``auto`` defers on the Triton
+  backend only.
+(The Triton kernels' deferred gradients: ``kernels/test_kernels_interpret.py``.)
+"""
+import copy
+import importlib
+
+import pytest
+import torch
+
+from conftest import make_model, randomise_halting
+from kernel_cases import USES, three_steps
+from sut_fairseq import compiler
+from sut_fairseq.modules.expert_linear import ExpertLinear
+from sut_fairseq.modules.recurrence import build_compiled
+from sut_fairseq.ops import weight_grads
+from sut_fairseq.ops.routed_linear import reference_routed_linear
+from sut_fairseq.ops.routing import make_routing
+
+routed_linear_module = importlib.import_module("sut_fairseq.ops.routed_linear")
+
+
+def _close(got, want, what):
+    if want is None:
+        assert got is None, what
+        return
+    scale = max(1.0, want.abs().max().item())
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("use", list(USES))
+def test_three_steps_deferred_equal_per_step(use, monkeypatch):
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
+    want = three_steps(reference_routed_linear, use)
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    weight_grads.Stats.reset()
+    got = three_steps(reference_routed_linear, use)
+    assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0
+    for what, g, w in zip(("loss", "dW", "db"), got[:3], want[:3]):
+        _close(g, w, what)
+    for l, (g, w) in enumerate(zip(got[3] + got[4], want[3] + want[4])):
+        _close(g, w, f"dx / dgates of step {l % 3 + 1}")
+
+
+def test_the_merged_routing_is_the_routing_of_the_steps_tokens_concatenated():
+    """``merged_routing`` (no sort) == ``make_routing`` of the concatenated choices, no-op
+    slots and an expert no step chose included."""
+    g = torch.Generator().manual_seed(0)
+    E, entries = 5, []
+    for N in (7, 3, 6):
+        idx = torch.randint(0, E, (N, 2), generator=g)
+        idx[idx == 3] = E  # expert 3 never chosen: no-op slots instead
+        r = make_routing(idx, torch.rand(N, 2, generator=g), E)
+        entries.append(weight_grads.Entry(None, None, r.gates, r.expert_idxs, r.sorted_expert_idxs,
+                                          r.sorted_scattered_idxs, r.expert_offsets, 2, False, False))
+    got = weight_grads.merged_routing(entries, E)
+    want = make_routing(torch.cat([e.expert_idxs for e in entries]),
+                        torch.cat([e.gates for e in entries]), E)
+    for name in ("expert_idxs", "gates", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
+        assert torch.equal(getattr(got, name), getattr(want, name)), name
+
+
+def _count_weight_products(monkeypatch):
+    """Calls of the reference backward asked for a weight gradient (a list, appended to)."""
+    calls = []
+    inner = routed_linear_module.reference_backward
+
+    def counting(grad, x, weight, bias, row_gates, src, dst, ends, needs):
+        if needs[1]:
+            calls.append(tuple(weight.shape))
+        return inner(grad, x, weight, bias, row_gates, src, dst, ends, needs)
+
+    monkeypatch.setattr(routed_linear_module, "reference_backward", counting)
+    return calls
+
+
+def _batch(seed=0, B=3, S=9, T=7):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (B, S), generator=g)
+    src[0, :3] = 1  # left padding
+    prev = torch.randint(4, 40, (B, T), generator=g)
+    return src, src.ne(1).sum(1), prev
+
+
+def _grads(model, batch):
+    src, lengths, prev = batch
+    out, extra = model(src, lengths, prev)
+    loss = out.float().pow(2).mean() + extra["halting_encoder"].act_loss()
+    model.zero_grad()
+    loss.backward()
+    return out.detach(), {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def _assert_same(got, want):
+    (out_g, grads_g), (out_w, grads_w) = got, want
+    torch.testing.assert_close(out_g, out_w, rtol=1e-5, atol=1e-6)
+    assert grads_g.keys() == grads_w.keys()
+    for name, w in grads_w.items():
+        torch.testing.assert_close(grads_g[name], w, rtol=1e-4, atol=1e-5 * w.abs().max().item() + 1e-8,
+                                   msg=lambda m: f"{name}: {m}")
+
+
+def _routed_modules(model) -> int:
+    return sum(1 for m in model.modules() if isinstance(m, ExpertLinear) and m.weight.size(0) > 1)
+
+
+MODELS = {
+    "stick-breaking": dict(encoder_halting="stick-breaking", decoder_halting="stick-breaking"),
+    "act": dict(encoder_halting="act", decoder_halting="act"),
+    "gut": dict(encoder_halting="global-mean", decoder_halting="global-mean",
+                halting_transition=True, gated_ffn=True),
+    "tlb-unshared": dict(encoder_chunk_size=3, encoder_memory_slots=2, tlb_unshared=True,
+                         encoder_halting="none"),
+}
+
+
+@pytest.mark.parametrize("name", list(MODELS))
+def test_a_model_deferred_equals_per_step_with_one_product_per_parameter(name, monkeypatch):
+    model = make_model(halting_threshold=0.8, encoder_layers=3, decoder_layers=3, **MODELS[name])
+    randomise_halting(model, seed=3)
+    model.train()  # dropout 0: deterministic
+    calls = _count_weight_products(monkeypatch)
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
+    want = _grads(model, _batch())
+    per_step = len(calls)
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    weight_grads.Stats.reset()
+    del calls[:]
+    got = _grads(model, _batch())
+    _assert_same(got, want)
+    assert weight_grads.Stats.held == 0
+    if name == "tlb-unshared":  # the encoder's blocks each flush per chunk, the decoder once
+        assert _routed_modules(model.decoder) < len(calls) < per_step
+    else:  # one product per routed parameter, where per step each executed step makes one
+        assert len(calls) == _routed_modules(model) < per_step
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
+def test_the_compiled_loop_traces_one_product_per_parameter(backend, monkeypatch):
+    """--compile-loop: AOTAutograd runs the deferral while tracing the backward; the
+    compiled backward calls the weight-gradient product once per routed parameter and
+    equals the eager per-step gradients."""
+    if backend == "inductor" and compiler.compiler_missing(torch.device("cpu")):
+        pytest.skip("no C++ compiler for inductor")
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", backend)
+    torch._dynamo.reset()
+    eager = make_model(halting_threshold=0.8, encoder_layers=3, decoder_layers=3)
+    randomise_halting(eager, seed=3)
+    compiled = copy.deepcopy(eager)
+    for side, name in ((compiled.encoder.side, "encoder"), (compiled.decoder.side, "decoder")):
+        side.compiled_step = build_compiled(side.recurrence.step, name, max_steps=side.num_steps)
+    eager.train(), compiled.train()
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
+    want = _grads(eager, _batch())
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    _grads(compiled, _batch())  # compiles
+    calls = _count_weight_products(monkeypatch)
+    got = _grads(compiled, _batch())
+    for side in (compiled.encoder.side, compiled.decoder.side):
+        assert side.compiled_step.compiled is not None and not side.compiled_step.failed
+    _assert_same(got, want)
+    assert len(calls) == _routed_modules(compiled)
+
+
+def test_a_layer_outside_a_recurrence_keeps_its_own_gradient(monkeypatch):
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    layer = ExpertLinear(3, 4, 5)
+    assert weight_grads.ROLE.step is None
+    assert weight_grads.defer_code(layer.tag, layer.weight, "reference") == -1
+    weight_grads.ROLE.step = 2
+    try:
+        assert weight_grads.defer_code(layer.tag, layer.weight, "reference") == 2 * layer.tag
+        with torch.no_grad():  # no gradient: nothing to defer
+            assert weight_grads.defer_code(layer.tag, layer.weight, "reference") == -1
+    finally:
+        weight_grads.ROLE.step = None
+
+
+@pytest.mark.parametrize("choice, backend, deferred", [
+    ("auto", "triton", True), ("auto", "reference", False), ("per-step", "triton", False),
+    ("deferred", "reference", True)])
+def test_the_mode_chooses_per_backend(choice, backend, deferred, monkeypatch):
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", choice)
+    w = torch.zeros(2, 3, 4, requires_grad=True)
+    weight_grads.ROLE.step = 1
+    try:
+        assert (weight_grads.defer_code(7, w, backend) == 15) == deferred
+    finally:
+        weight_grads.ROLE.step = None
+
+
+def test_a_bad_mode_is_refused_by_name(monkeypatch):
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "later")
+    with pytest.raises(ValueError, match=r"SUT_WEIGHT_GRADS='later'.*'per-step'"):
+        weight_grads.mode()
