@@ -68,7 +68,7 @@ factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profi
 ``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
 
     python benchmarks/gpu_model.py --arch sut_base [sut_base+flex] transformer_wmt_en_de [--compile-step]
-        [--compile-loop] [--inductor] [--expert-gemm grouped_mm] [--weight-grads per-step]
+        [--compile-loop] [--inductor] [--expert-gemm grouped_mm] [--weight-grads deferred]
         [--device H100] [--batch 128 --len 32]
         [--top 12] [--calibrate]
 
@@ -100,6 +100,7 @@ from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import launch  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
 from sut_fairseq.modules.recurrence import TensorLoop  # noqa: E402
+from sut_fairseq.ops import weight_grads  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -974,10 +975,10 @@ def main(argv=None):
     parser.add_argument("--expert-gemm", choices=("kernels", "grouped_mm"), default="kernels",
                         help="what multiplies the routed rows (SUT_EXPERT_GEMM): the Triton "
                              "kernels, or PyTorch's grouped GEMM (priced by the factor grouped_mm)")
-    parser.add_argument("--weight-grads", choices=("auto", "per-step", "deferred"), default="auto",
-                        help="the shared expert weights' gradients (SUT_WEIGHT_GRADS): one "
-                             "weight-gradient launch per backward over every step's rows "
-                             "(deferred; auto on the Triton path), or one per step")
+    parser.add_argument("--weight-grads", choices=("per-step", "deferred"), default="per-step",
+                        help="the shared expert weights' gradients (SUT_WEIGHT_GRADS): a "
+                             "weight-gradient launch per step, or one per backward over every "
+                             "step's rows (deferred)")
     parser.add_argument("--device", choices=sorted(DEVICES), default="H200")
     parser.add_argument("--batch", type=int, default=128)
     parser.add_argument("--len", type=int, default=32)
@@ -1015,15 +1016,19 @@ def main(argv=None):
           f"{args.len} = {args.batch * args.len} target tokens, {str(dtype)[6:]}, "
           f"{('compiled (inductor' + chr(39) + 's kernels)' if args.inductor else 'compiled (fusion model)') if compiled else 'eager'}"
           f"{', routed products on grouped_mm' if args.expert_gemm == 'grouped_mm' else ''}"
-          f"{', a weight-gradient launch per step' if args.weight_grads == 'per-step' else ''}")
+          f"{', one weight-gradient launch per shared parameter' if args.weight_grads == 'deferred' else ''}")
     steps, ms = {}, {}
     for arch in args.arch:  # the routed products' path for these steps only (not --calibrate's)
         form = arch + ("+loop" if args.compile_loop and train_step.is_recurrent(arch) else "")
+        weight_grads.Stats.reset()
         with mock.patch.dict(os.environ, {"SUT_EXPERT_GEMM": args.expert_gemm,
                                           "SUT_WEIGHT_GRADS": args.weight_grads}):
             steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
                                                             args.vocab, dtype, args.inductor)
         ms[arch] = total_ms(kernels, DEVICES[args.device])
+        if weight_grads.Stats.peak:  # counted where the backward runs eagerly
+            print(f"== {arch}: deferred weight gradients held at most "
+                  f"{weight_grads.Stats.peak / 2 ** 20:.1f} MiB of step output gradients")
         print_step(arch, kernels, DEVICES[args.device], args.top)
     if (args.batch, args.len, args.vocab, dtype) == (128, 32, 32768, torch.bfloat16) \
             and not args.compile_loop:

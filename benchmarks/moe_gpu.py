@@ -14,8 +14,8 @@ The two routed projections of MoE-FFD (E=24 experts, top-k=4, d=512, D=512): up
 
 Then, per token count, the weight gradient of the up projection shared by ``--steps``
 recurrence steps of N tokens each (``ops/weight_grads.py``): ``per-step``, one
-weight-gradient launch per step over its N·k rows (``SUT_WEIGHT_GRADS=per-step``), against
-``deferred``, one launch over the L·N·k rows of all steps with the gathering of their
+weight-gradient launch per step over its N·k rows (``SUT_WEIGHT_GRADS=per-step``, the
+default), against ``deferred``, one launch over the L·N·k rows of all steps with the gathering of their
 operands (``weight_grads.flush``, what step 1's backward runs)::
 
     wgrad over L steps of N tokens: per step X ms (L launches), deferred Y ms (one), per step / deferred R
@@ -127,9 +127,8 @@ def wgrad_steps(tokens: int, steps: int, E, k, d, D, dtype, device, repeats: int
         bucket = weight_grads.Bucket()
         for p, grad in zip(problems, grads):
             r = p["routing"]
-            weight_grads.add(bucket, weight_grads.Entry(
-                grad, p["x"].detach(), None, r.expert_idxs, r.sorted_expert_idxs,
-                r.sorted_scattered_idxs, r.expert_offsets, k, False, True))
+            weight_grads.add(bucket, weight_grads.Entry(grad, p["x"].detach(), None, r.expert_idxs,
+                                                        r.sorted_scattered_idxs, k, False, True))
         weight_grads.flush(bucket, w, b, "triton", True)
 
     return timed(per_step, repeats, device), timed(deferred, repeats, device)

@@ -63,30 +63,32 @@ def assert_match(got, want, tol):
         assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
 
 
-def three_steps(fn, use: str, routings=("ragged", "multi_tile", "all_halted"), seed=0):
-    """One parameter (W, b) shared by three recurrence steps of ``use``, each step with its
-    own routing (named patterns of k = 2 over E = 4 experts), rows and gates; steps 2 and 3 read step 1's
-    output (so that autograd runs step 1's backward last, as in the recurrence), and
-    ``weight_grads.ROLE`` says which step runs. Returns [Σ_l y_l, dW, db, [dx_l], [dgates_l]]
-    for the loss Σ_l <dy_l, y_l>."""
+def three_steps(fn, use: str, seed=0):
+    """One parameter (W, b) shared by three recurrence steps of ``use`` over N = 11 tokens,
+    k = 2 of E = 4 experts: ragged loads with an empty expert and two halted tokens, other
+    loads, then every slot halted; each step its own rows and gates; steps 2 and 3 read
+    step 1's output (so that autograd runs step 1's backward last, as in the recurrence),
+    and ``weight_grads.ROLE`` says which step runs. Returns [Σ_l <dy_l, y_l>, dW, db,
+    [dx_l], [dgates_l]] for that loss."""
     from sut_fairseq.ops import weight_grads
     from sut_fairseq.ops.routing import make_routing
 
     g = torch.Generator().manual_seed(seed)
     rows, kwargs, has_bias = USES[use]
-    E = 4
+    E, N, k = 4, 11, 2
     w = (torch.randn(E, IN_DIM, OUT_DIM, generator=g) / IN_DIM ** 0.5).requires_grad_()
     b = torch.randn(E, OUT_DIM, generator=g).requires_grad_() if has_bias else None
     loss, xs, gate_leaves, first, tag = 0.0, [], [], None, weight_grads.new_tag()
-    for step, name in enumerate(routings, 1):
-        idx, e = routing_indices(name, g)
-        idx = torch.where(idx >= min(e, E), torch.full_like(idx, E), idx)  # no-op slots: E
-        N, k = idx.shape
+    for step, loads in enumerate(([6.0, 1.0, 3.0, 0.0], [1.0, 2.0, 2.0, 1.0], None), 1):
+        if loads is None:
+            idx = torch.full((N, k), E)
+        else:
+            idx = torch.stack([torch.multinomial(torch.tensor(loads), k, generator=g) for _ in range(N)])
+            idx[[2, 7]] = E
         gates = torch.rand(N, k, generator=g)
         gates = (gates / gates.sum(1, keepdim=True) * (idx < E)).requires_grad_()
         routing = make_routing(idx, gates.detach(), E)
-        n_rows = N if rows == "token" else N * k
-        x = torch.randn(n_rows, IN_DIM, generator=g).requires_grad_()
+        x = torch.randn(N if rows == "token" else N * k, IN_DIM, generator=g).requires_grad_()
         x_in = x if first is None else x + 0.0 * first  # step l > 1 reads step 1's output
         weight_grads.ROLE.step = step
         try:

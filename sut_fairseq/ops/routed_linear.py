@@ -189,8 +189,8 @@ def _backward(ctx, grad):
         dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors,
                                                               *ctx.layout, *step_needs)
     if deferred:
-        weight_grads.add(ctx.bucket, weight_grads.Entry(grad, x, gates, *ctx.saved_tensors[4:],
-                                                        fan_out, grouped_in, grouped_out))
+        weight_grads.add(ctx.bucket, weight_grads.Entry(
+            grad, x, gates, expert_idxs, ctx.saved_tensors[6], fan_out, grouped_in, grouped_out))
         dw, db = (weight_grads.flush(ctx.bucket, weight, bias, backend, needs[2]) if ctx.flushes
                   else (None, None))  # step 1: every step's rows in one product
     if sums_outside(backend):
@@ -218,8 +218,8 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     ``triton`` (the op), or ``grouped`` (``grouped_linear.py``: PyTorch's grouped GEMM,
     differentiable operations, no custom op); None for ``kernel_backend(x)``, whose
     ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``; ``tag``: the
-    parameter's ``weight_grads`` tag (-1: none; the op's weight gradient deferred to the
-    recurrence's step 1 as ``SUT_WEIGHT_GRADS`` says). Returns (M, out), or (N, out) with gates, in
+    parameter's ``weight_grads`` tag (-1: none; under ``SUT_WEIGHT_GRADS=deferred`` the
+    op's weight gradient is made at the recurrence's step 1). Returns (M, out), or (N, out) with gates, in
     the compute dtype: autocast's, else the promoted dtype of x and weight (as ``nn.Linear``;
     the gates keep theirs).
     """
@@ -247,7 +247,7 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
         y = torch.ops.sut.routed_linear(
             x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
             routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in,
-            grouped_out, backend, weight_grads.defer_code(tag, weight, backend))
+            grouped_out, backend, weight_grads.defer_code(tag, weight))
     if gates is not None and sums_outside(backend):
         y = y.sum(1)  # Σ_j g_j y_j over each token's k slots
     return y

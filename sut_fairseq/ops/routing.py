@@ -7,6 +7,7 @@ they sort after every real expert and no expert op ever touches them, so they co
 nothing (the paper's "no-op expert").
 """
 from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
@@ -25,7 +26,7 @@ class Routing:
     on are no-op slots); num_experts: E."""
 
     expert_idxs: torch.Tensor
-    gates: torch.Tensor
+    gates: Optional[torch.Tensor]
     sorted_expert_idxs: torch.Tensor
     sorted_scattered_idxs: torch.Tensor
     expert_offsets: torch.Tensor
@@ -44,10 +45,10 @@ class Routing:
         return self.expert_idxs.numel()
 
 
-def make_routing(expert_idxs: torch.Tensor, gates: torch.Tensor, num_experts: int) -> Routing:
+def make_routing(expert_idxs: torch.Tensor, gates: Optional[torch.Tensor], num_experts: int) -> Routing:
     """The sorted layout of a (N, k) expert choice (``num_experts`` = no-op), without
-    device-to-host synchronisation."""
-    if expert_idxs.shape != gates.shape or expert_idxs.dim() != 2:
+    device-to-host synchronisation; gates None where they travel apart."""
+    if (gates is not None and expert_idxs.shape != gates.shape) or expert_idxs.dim() != 2:
         raise ValueError(f"expert_idxs and gates must both be (N, k); got "
                          f"{tuple(expert_idxs.shape)} and {tuple(gates.shape)}")
     flat = expert_idxs.reshape(-1)

@@ -12,9 +12,9 @@ the rows of one step, and autograd adds them up. ``deferred``: one launch per pa
 over the rows of every step. The backwards of steps L..2 compute the input and gate
 gradients only and leave their operands (the output's gradient, x, the gates, the expert
 choice) in the parameter's ``Bucket``; step 1's backward adds its own and makes dW and db
-in one ``sut::routed_linear_backward`` over all of them, with the routing of the L·N
-tokens merged from the steps' sorted layouts (``merged_routing``: no sort; grouped rows
-are put back in slot order first). Autograd runs step 1's backward after the others' (every later step reads step 1's
+in one ``sut::routed_linear_backward`` over all of them, with one routing of the L·N
+tokens (``merged_routing``: the steps' expert choices concatenated; grouped rows are put
+back in slot order first). Autograd runs step 1's backward after the others' (every later step reads step 1's
 output), and it returns the whole gradient; steps L..2 return none.
 
 The same Python runs eagerly and while AOTAutograd traces a compiled loop's backward
@@ -25,9 +25,12 @@ own graph and backward: every step is step 1 of its graph there, and flushes its
 The bucket holds every step's output gradient until step 1's backward (``stats`` counts
 its bytes); the sums run in a different order than per step (fp32 rounding only).
 
-``SUT_WEIGHT_GRADS``: ``auto`` (the default: ``deferred`` on the Triton backend, where one
-reduction over L times the rows is the point, ``per-step`` on the reference backend),
-``per-step`` or ``deferred`` (either backend).
+``SUT_WEIGHT_GRADS``: ``per-step`` (the default) or ``deferred``, on either backend. What
+deferring buys is the weight-gradient kernel's efficiency over L times the rows per launch;
+what it costs is gathering the steps' operands (copies of their rows and the merged
+routing). The model of the GPU step prices the cost but not the efficiency, and puts the
+break-even at about 1.9 times today's fitted efficiency of that kernel
+(docs/performance.md); ``benchmarks/moe_gpu.py`` measures both forms on a GPU.
 """
 import itertools
 import os
@@ -37,9 +40,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .routing import Routing
+from .routing import Routing, make_routing
 
-MODES = ("auto", "per-step", "deferred")
+MODES = ("per-step", "deferred")
 
 #: a tag per ``ExpertLinear``: its bucket's key (``Bucket.current``)
 _tags = itertools.count()
@@ -61,19 +64,17 @@ ROLE = StepRole()
 
 
 def mode() -> str:
-    choice = os.environ.get("SUT_WEIGHT_GRADS", "auto")
+    choice = os.environ.get("SUT_WEIGHT_GRADS", "per-step")
     if choice not in MODES:
         raise ValueError(f"SUT_WEIGHT_GRADS={choice!r} is not one of {MODES}")
     return choice
 
 
-def defer_code(tag: int, weight: Tensor, backend: str) -> int:
+def defer_code(tag: int, weight: Tensor) -> int:
     """The ``defer`` argument of ``sut::routed_linear`` for the parameter ``tag`` at the
     running step: -1 (its own weight gradient), else 2·tag + (1 at step 1, which flushes)."""
-    choice = mode()
-    deferred = choice == "deferred" or (choice == "auto" and backend == "triton")
-    if tag < 0 or ROLE.step is None or not deferred or not (weight.requires_grad
-                                                            and torch.is_grad_enabled()):
+    if (tag < 0 or ROLE.step is None or mode() != "deferred"
+            or not (weight.requires_grad and torch.is_grad_enabled())):
         return -1
     return 2 * tag + int(ROLE.step == 1)
 
@@ -83,17 +84,14 @@ class Entry:
     """One step's operands of the weight gradient, in ``routed_linear``'s layouts: grad,
     the output's gradient (sorted rows with ``grouped_out``, slot rows (M, out), or token
     rows (N, out) read by the k slots); x (token rows read by ``fan_out`` slots, slot rows,
-    or sorted rows with ``grouped_in``); gates (N, k) or None; the step's ``Routing``
-    tensors: expert_idxs (N, k), sorted_expert_idxs and sorted_scattered_idxs (M,),
-    expert_offsets (E,)."""
+    or sorted rows with ``grouped_in``); gates (N, k) or None; the step's expert choice
+    (N, k) and sorted_scattered_idxs (M,) (its ``Routing``'s)."""
 
     grad: Tensor
     x: Tensor
     gates: Optional[Tensor]
     expert_idxs: Tensor
-    sorted_expert_idxs: Tensor
     sorted_scattered_idxs: Tensor
-    expert_offsets: Tensor
     fan_out: int
     grouped_in: bool
     grouped_out: bool
@@ -148,36 +146,29 @@ def slot_rows(rows: Tensor, sorted_scattered_idxs: Tensor) -> Tensor:
     return rows.new_zeros(M, rows.size(1)).index_copy(0, sorted_scattered_idxs[:A], rows[:A])
 
 
+class MergedRouting:
+    """The last merged routing and the step tensors it was merged from: two parameters that
+    share a routing (MoE-FFD's up and down, MoMHA's query and output) flush one after the
+    other and merge it once. The cached tensors stay alive, so an id cannot be reused."""
+
+    last: Tuple[tuple, List[Tensor], Optional[Routing]] = ((), [], None)
+
+
 def merged_routing(entries: List[Entry], num_experts: int) -> Routing:
-    """The routing of the steps' tokens concatenated (step l's slot s is slot l·M + s), from
-    their sorted layouts without sorting again: expert e's rows are step 1's rows of e, then
-    step 2's, ... (the order a stable sort of the concatenated choices gives), so sorted row
-    p of step l, of expert e, goes to
-
-        start(e) + Σ_{l' < l} count_{l'}(e) + (p - start_l(e))
-
-    with the no-op slots (expert E) last."""
-    ends = torch.stack([torch.cat([e.expert_offsets, e.expert_offsets.new_tensor(
-        [e.sorted_scattered_idxs.numel()])]) for e in entries])         # (L, E + 1)
-    counts = torch.diff(ends, dim=1, prepend=ends.new_zeros(len(entries), 1))
-    total = counts.sum(0)                                               # (E + 1,)
-    base = (total.cumsum(0) - total) + (counts.cumsum(0) - counts) - (ends - counts)
-    position, slots, slot_base = [], [], 0
-    for l, e in enumerate(entries):
-        M = e.sorted_scattered_idxs.numel()
-        position.append(base[l].gather(0, e.sorted_expert_idxs)
-                        + torch.arange(M, device=ends.device))
-        slots.append(e.sorted_scattered_idxs + slot_base)
-        slot_base += M
-    position, slots = torch.cat(position), torch.cat(slots)
-    sorted_scattered_idxs = torch.empty_like(slots).scatter_(0, position, slots)
-    sorted_expert_idxs = torch.empty_like(slots).scatter_(
-        0, position, torch.cat([e.sorted_expert_idxs for e in entries]))
-    expert_idxs = torch.cat([e.expert_idxs for e in entries])
-    gates = (torch.cat([e.gates for e in entries]) if entries[0].gates is not None
-             else torch.zeros_like(expert_idxs, dtype=torch.float32))
-    return Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
-                   total.cumsum(0)[:num_experts], num_experts)
+    """The routing of the steps' tokens concatenated: step l's slot s is slot l·M + s (its
+    token l·N + s // k), expert e's rows step 1's, then step 2's, ... (``make_routing`` of
+    the concatenated choices; gates None: they travel apart, ``combined``)."""
+    key = tuple(id(e.expert_idxs) for e in entries)
+    if MergedRouting.last[0] == key:
+        return MergedRouting.last[2]
+    shape = entries[0].expert_idxs.shape
+    if any(e.expert_idxs.shape != shape for e in entries):
+        raise RuntimeError(f"deferred weight gradient: the steps routed different token "
+                           f"counts {[tuple(e.expert_idxs.shape) for e in entries]}; the steps "
+                           "of a recurrence route the same")
+    routing = make_routing(torch.cat([e.expert_idxs for e in entries]), None, num_experts)
+    MergedRouting.last = (key, [e.expert_idxs for e in entries], routing)
+    return routing
 
 
 def combined(entries: List[Entry]):

@@ -9,8 +9,7 @@ makes dW and db over every step's rows in one ``sut::routed_linear_backward``.
   into the backward graph), with one weight-gradient product per parameter where per step
   there is one per step;
 * the buckets hand back what they held; a layer outside a recurrence keeps its own
-  gradient; ``SUT_WEIGHT_GRADS`` is checked by name, and ``auto`` defers on the Triton
-  backend only.
+  gradient; ``SUT_WEIGHT_GRADS`` is checked by name, ``per-step`` by default.
 (The Triton kernels' deferred gradients: ``kernels/test_kernels_interpret.py``.)
 """
 import copy
@@ -26,7 +25,6 @@ from sut_fairseq.modules.expert_linear import ExpertLinear
 from sut_fairseq.modules.recurrence import build_compiled
 from sut_fairseq.ops import weight_grads
 from sut_fairseq.ops.routed_linear import reference_routed_linear
-from sut_fairseq.ops.routing import make_routing
 
 routed_linear_module = importlib.import_module("sut_fairseq.ops.routed_linear")
 
@@ -54,21 +52,27 @@ def test_three_steps_deferred_equal_per_step(use, monkeypatch):
 
 
 def test_the_merged_routing_is_the_routing_of_the_steps_tokens_concatenated():
-    """``merged_routing`` (no sort) == ``make_routing`` of the concatenated choices, no-op
-    slots and an expert no step chose included."""
+    """Step l's slot s is slot l·M + s of the merged routing, no-op slots last; two maps on
+    one routing merge it once; steps of different token counts are refused."""
     g = torch.Generator().manual_seed(0)
-    E, entries = 5, []
-    for N in (7, 3, 6):
-        idx = torch.randint(0, E, (N, 2), generator=g)
+    E, N, k, entries = 5, 7, 2, []
+    for step in range(3):
+        idx = torch.randint(0, E, (N, k), generator=g)
         idx[idx == 3] = E  # expert 3 never chosen: no-op slots instead
-        r = make_routing(idx, torch.rand(N, 2, generator=g), E)
-        entries.append(weight_grads.Entry(None, None, r.gates, r.expert_idxs, r.sorted_expert_idxs,
-                                          r.sorted_scattered_idxs, r.expert_offsets, 2, False, False))
+        entries.append(weight_grads.Entry(None, None, None, idx, None, k, False, False))
     got = weight_grads.merged_routing(entries, E)
-    want = make_routing(torch.cat([e.expert_idxs for e in entries]),
-                        torch.cat([e.gates for e in entries]), E)
-    for name in ("expert_idxs", "gates", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
-        assert torch.equal(getattr(got, name), getattr(want, name)), name
+    flat = torch.cat([e.expert_idxs for e in entries]).flatten()
+    slots = got.sorted_scattered_idxs
+    assert torch.equal(flat[slots], got.sorted_expert_idxs)
+    assert torch.equal(got.sorted_expert_idxs, flat.sort(stable=True).values)  # by expert ...
+    for e in range(E + 1):  # ... then by step and slot
+        rows = slots[got.sorted_expert_idxs == e]
+        assert torch.equal(rows, rows.sort().values)
+    assert got.expert_offsets.tolist() == [int((flat <= e).sum()) for e in range(E)]
+    assert weight_grads.merged_routing(entries, E) is got  # merged once for the layer's two maps
+    with pytest.raises(RuntimeError, match="different token counts"):
+        weight_grads.merged_routing(entries[:2] + [weight_grads.Entry(
+            None, None, None, entries[2].expert_idxs[:4], None, 2, False, False)], E)
 
 
 def _count_weight_products(monkeypatch):
@@ -177,25 +181,26 @@ def test_a_layer_outside_a_recurrence_keeps_its_own_gradient(monkeypatch):
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
     layer = ExpertLinear(3, 4, 5)
     assert weight_grads.ROLE.step is None
-    assert weight_grads.defer_code(layer.tag, layer.weight, "reference") == -1
+    assert weight_grads.defer_code(layer.tag, layer.weight) == -1
     weight_grads.ROLE.step = 2
     try:
-        assert weight_grads.defer_code(layer.tag, layer.weight, "reference") == 2 * layer.tag
+        assert weight_grads.defer_code(layer.tag, layer.weight) == 2 * layer.tag
         with torch.no_grad():  # no gradient: nothing to defer
-            assert weight_grads.defer_code(layer.tag, layer.weight, "reference") == -1
+            assert weight_grads.defer_code(layer.tag, layer.weight) == -1
     finally:
         weight_grads.ROLE.step = None
 
 
-@pytest.mark.parametrize("choice, backend, deferred", [
-    ("auto", "triton", True), ("auto", "reference", False), ("per-step", "triton", False),
-    ("deferred", "reference", True)])
-def test_the_mode_chooses_per_backend(choice, backend, deferred, monkeypatch):
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", choice)
+@pytest.mark.parametrize("choice, code", [(None, -1), ("per-step", -1), ("deferred", 15)])
+def test_per_step_is_the_default(choice, code, monkeypatch):
+    if choice is None:
+        monkeypatch.delenv("SUT_WEIGHT_GRADS", raising=False)
+    else:
+        monkeypatch.setenv("SUT_WEIGHT_GRADS", choice)
     w = torch.zeros(2, 3, 4, requires_grad=True)
     weight_grads.ROLE.step = 1
     try:
-        assert (weight_grads.defer_code(7, w, backend) == 15) == deferred
+        assert weight_grads.defer_code(7, w) == code
     finally:
         weight_grads.ROLE.step = None
 

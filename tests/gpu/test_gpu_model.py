@@ -59,8 +59,7 @@ def test_a_compiled_step_is_split_inside_and_outside_its_regions(capsys):
 
 @pytest.mark.parametrize("flag", [[], ["--compile-step"]])
 def test_sut_tiny_summary(capsys, flag):
-    gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200",
-                    "--weight-grads", "per-step", *flag])
+    gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200", *flag])
     out = capsys.readouterr().out
     lines = [l for l in out.splitlines() if l.startswith("gpu model: sut_tiny")]
     m = re.fullmatch(r"gpu model: sut_tiny launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)", lines[-1])
@@ -210,7 +209,7 @@ def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel(monke
 
 @pytest.mark.parametrize("form", ["sut_tiny", "sut_tiny+loop"])
 def test_the_shared_expert_weights_get_one_weight_gradient_launch_each(form, monkeypatch):
-    """On the Triton path (``SUT_WEIGHT_GRADS=auto``) each routed parameter's gradient is one
+    """On the Triton path under ``SUT_WEIGHT_GRADS=deferred`` each routed parameter's gradient is one
     ``_routed_wgrad`` launch per backward over every step's rows, eager and in a compiled
     loop; per step there is one per step; the products' FLOPs are the same."""
     model = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0]
@@ -222,7 +221,7 @@ def test_the_shared_expert_weights_get_one_weight_gradient_launch_each(form, mon
               if k.kind == "triton" and k.name == "_routed_wgrad"]
         return sum(k.launches for k in ks), sum(k.flops for k in ks if k.launches)
 
-    (deferred, flops_deferred), (per_step, flops_per_step) = wgrad("auto"), wgrad("per-step")
+    (deferred, flops_deferred), (per_step, flops_per_step) = wgrad("deferred"), wgrad("per-step")
     assert deferred == routed < per_step
     assert flops_deferred == flops_per_step
 

@@ -260,14 +260,14 @@ def test_gate_gradient_bias_term_equals_the_old_matmul():
 
 @pytest.mark.parametrize("use", list(USES))
 def test_deferred_weight_gradients_of_three_steps_equal_the_reference_per_step(use, monkeypatch):
-    """``SUT_WEIGHT_GRADS=auto`` on the kernels: steps 3 and 2 leave their rows to step 1's
+    """``SUT_WEIGHT_GRADS=deferred`` on the kernels: steps 3 and 2 leave their rows to step 1's
     backward, whose one weight-gradient launch covers every step; the reference per step
     is the oracle (ops/weight_grads.py)."""
     from sut_fairseq.ops import weight_grads
 
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
     want = three_steps(reference_routed_linear, use)
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "auto")
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
     weight_grads.Stats.reset()
     got = three_steps(_triton, use)
     assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0  # it deferred
