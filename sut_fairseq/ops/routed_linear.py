@@ -219,9 +219,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     differentiable operations, no custom op); None for ``kernel_backend(x)``, whose
     ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``; ``tag``: the
     parameter's ``weight_grads`` tag (-1: none; under ``SUT_WEIGHT_GRADS=deferred`` the
-    op's weight gradient is made at the recurrence's step 1). Returns (M, out), or (N, out) with gates, in
-    the compute dtype: autocast's, else the promoted dtype of x and weight (as ``nn.Linear``;
-    the gates keep theirs).
+    op's weight gradient is made at the recurrence's step 1). Returns (M, out), or (N, out)
+    with gates, in the compute dtype: autocast's, else the promoted dtype of x and weight
+    (as ``nn.Linear``; the gates keep theirs).
     """
     if gates is not None and grouped_out:
         raise ValueError("gates combine a token's slots and need grouped_out=False")

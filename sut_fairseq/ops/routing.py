@@ -50,7 +50,8 @@ def make_routing(expert_idxs: torch.Tensor, gates: Optional[torch.Tensor], num_e
     device-to-host synchronisation; gates None where they travel apart."""
     if (gates is not None and expert_idxs.shape != gates.shape) or expert_idxs.dim() != 2:
         raise ValueError(f"expert_idxs and gates must both be (N, k); got "
-                         f"{tuple(expert_idxs.shape)} and {tuple(gates.shape)}")
+                         f"{tuple(expert_idxs.shape)} and "
+                         f"{None if gates is None else tuple(gates.shape)}")
     flat = expert_idxs.reshape(-1)
     if not tracing():  # eager: one stable sort of the M keys
         sorted_expert_idxs, sorted_scattered_idxs = torch.sort(flat, stable=True)

@@ -14,15 +14,15 @@ gradients only and leave their operands (the output's gradient, x, the gates, th
 choice) in the parameter's ``Bucket``; step 1's backward adds its own and makes dW and db
 in one ``sut::routed_linear_backward`` over all of them, with one routing of the L·N
 tokens (``merged_routing``: the steps' expert choices concatenated; grouped rows are put
-back in slot order first). Autograd runs step 1's backward after the others' (every later step reads step 1's
-output), and it returns the whole gradient; steps L..2 return none.
+back in slot order first). Autograd runs step 1's backward after the others' (every later
+step reads step 1's output), and it returns the whole gradient; steps L..2 return none.
 
 The same Python runs eagerly and while AOTAutograd traces a compiled loop's backward
 (``--compile-loop``): the bucket exists at trace time only, and the compiled backward holds
 one weight-gradient product per parameter. Each compiled step (``--compile-step``) is its
 own graph and backward: every step is step 1 of its graph there, and flushes its own rows.
 
-The bucket holds every step's output gradient until step 1's backward (``stats`` counts
+The bucket holds every step's output gradient until step 1's backward (``Stats`` counts
 its bytes); the sums run in a different order than per step (fp32 rounding only).
 
 ``SUT_WEIGHT_GRADS``: ``per-step`` (the default) or ``deferred``, on either backend. What
