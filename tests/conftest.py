@@ -51,6 +51,17 @@ def make_model(arch="sut_tiny", dict_size=40, seed=0, **overrides):
     return model.eval()
 
 
+def translation_batch(seed=0, B=3, S=9, T=7):
+    """(src_tokens (B, S) with row 0 left-padded, src_lengths (B,), prev_output_tokens
+    (B, T) with row 1 right-padded) over ``make_model``'s 40-word dictionary."""
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(4, 40, (B, S), generator=g)
+    src[0, :3] = 1  # left padding
+    prev = torch.randint(4, 40, (B, T), generator=g)
+    prev[1, T - 2:] = 1  # right padding
+    return src, src.ne(1).sum(1), prev
+
+
 def randomise_parameters(module, seed=0):
     """Every parameter of ``module`` random (LayerNorm gains and biases, zero-initialised
     biases included), float64, so that a swapped norm or a dropped bias changes the

@@ -18,7 +18,7 @@ import importlib
 import pytest
 import torch
 
-from conftest import make_model, randomise_halting
+from conftest import make_model, randomise_halting, translation_batch
 from kernel_cases import USES, three_steps
 from sut_fairseq import compiler
 from sut_fairseq.modules.expert_linear import ExpertLinear
@@ -89,14 +89,6 @@ def _count_weight_products(monkeypatch):
     return calls
 
 
-def _batch(seed=0, B=3, S=9, T=7):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, 40, (B, S), generator=g)
-    src[0, :3] = 1  # left padding
-    prev = torch.randint(4, 40, (B, T), generator=g)
-    return src, src.ne(1).sum(1), prev
-
-
 def _grads(model, batch):
     src, lengths, prev = batch
     out, extra = model(src, lengths, prev)
@@ -136,12 +128,12 @@ def test_a_model_deferred_equals_per_step_with_one_product_per_parameter(name, m
     model.train()  # dropout 0: deterministic
     calls = _count_weight_products(monkeypatch)
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = _grads(model, _batch())
+    want = _grads(model, translation_batch())
     per_step = len(calls)
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
     weight_grads.Stats.reset()
     del calls[:]
-    got = _grads(model, _batch())
+    got = _grads(model, translation_batch())
     _assert_same(got, want)
     assert weight_grads.Stats.held == 0
     if name == "tlb-unshared":  # the encoder's blocks each flush per chunk, the decoder once
@@ -166,11 +158,11 @@ def test_the_compiled_loop_traces_one_product_per_parameter(backend, monkeypatch
         side.compiled_step = build_compiled(side.recurrence.step, name, max_steps=side.num_steps)
     eager.train(), compiled.train()
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = _grads(eager, _batch())
+    want = _grads(eager, translation_batch())
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
-    _grads(compiled, _batch())  # compiles
+    _grads(compiled, translation_batch())  # compiles
     calls = _count_weight_products(monkeypatch)
-    got = _grads(compiled, _batch())
+    got = _grads(compiled, translation_batch())
     for side in (compiled.encoder.side, compiled.decoder.side):
         assert side.compiled_step.compiled is not None and not side.compiled_step.failed
     _assert_same(got, want)

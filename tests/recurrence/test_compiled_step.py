@@ -22,7 +22,7 @@ import sys
 import pytest
 import torch
 
-from conftest import make_model, randomise_halting
+from conftest import make_model, randomise_halting, translation_batch
 from sut_fairseq.criterions.losses import record_routing
 from sut_fairseq import compiler
 from sut_fairseq.compiler import CompiledStep, count_graph_breaks
@@ -42,15 +42,6 @@ VARIANTS = {
     # pre-LN with the keys/values of S carried from step to step (no step embedding)
     "pre-ln": dict(encoder_normalize_before=True, decoder_normalize_before=True),
 }
-
-
-def _batch(seed=0, B=3, S=9, T=7):
-    g = torch.Generator().manual_seed(seed)
-    src = torch.randint(4, 40, (B, S), generator=g)
-    src[0, :3] = 1  # left padding
-    prev = torch.randint(4, 40, (B, T), generator=g)
-    prev[1, T - 2:] = 1  # right padding
-    return src, src.ne(1).sum(1), prev
 
 
 def _models(overrides, loop=False, compile=True, inputs=True):
@@ -123,7 +114,7 @@ def test_the_compiled_paths_modules_uncompiled_equal_the_eager_recurrence(varian
     the eager calls through which ``make mutation`` maps these tests to the modules.)"""
     eager, uncompiled = _models(VARIANTS[variant], loop, compile=False)
     eager.train(), uncompiled.train()
-    _assert_same(eager, uncompiled, _batch())
+    _assert_same(eager, uncompiled, translation_batch())
 
 
 def _run_beside_eager(caplog, loop=False):
@@ -131,7 +122,7 @@ def _run_beside_eager(caplog, loop=False):
     twin (warnings captured); their outputs must be equal. Returns the compiled model and
     the batch."""
     eager, compiled = _models({}, loop=loop)
-    batch = _batch()
+    batch = translation_batch()
     with caplog.at_level(logging.WARNING), torch.no_grad():
         torch.testing.assert_close(compiled(*batch)[0], eager(*batch)[0])
     return compiled, batch
@@ -139,9 +130,9 @@ def _run_beside_eager(caplog, loop=False):
 
 def _first_step_inputs(side, seed):
     """A side's step-1 inputs for a direct call of its step: h_0 (B, T, d) random, the
-    real positions (B, T) of ``_batch``'s source, the halting state begun on them and a
+    real positions (B, T) of ``translation_batch``'s source, the halting state begun on them and a
     (B, T, H·D) zero tensor for carried keys/values."""
-    src, _, _ = _batch()
+    src, _, _ = translation_batch()
     h0 = torch.randn(*src.shape, side.embed_tokens.embedding_dim,
                      generator=torch.Generator().manual_seed(seed))
     real = src.ne(1)
@@ -242,7 +233,7 @@ def test_the_compiled_paths_project_the_rows_the_eager_recurrence_projects(loop)
     recurrence projects (every row at step 1, then the rows that ran the step before).
     The loop runs on after every position halted; its extra steps are not compared."""
     eager, uncompiled = _models({}, loop, compile=False)
-    batch = _batch()
+    batch = translation_batch()
     expected, got = _record_projected_rows(eager), _record_projected_rows(uncompiled)
     with torch.no_grad():
         eager(*batch), uncompiled(*batch)
@@ -290,7 +281,7 @@ def test_a_compiler_failing_at_a_later_step_hands_the_eager_step_the_compiled_st
     sides = (compiled.encoder.side, compiled.decoder.side)
     for side in sides:
         side.compiled_step.compiled = FailsAtTheSecondCall(side.compiled_step.step)
-    batch = _batch()
+    batch = translation_batch()
     with caplog.at_level(logging.WARNING):
         got = _loss_and_grads(compiled, batch)
     expected = _loss_and_grads(eager, batch)
@@ -335,7 +326,7 @@ def test_compiled_step_equals_eager(variant, monkeypatch):
     torch._dynamo.reset()
     eager, compiled = _models(VARIANTS[variant])
     eager.train(), compiled.train()  # dropout is 0: training mode, deterministic
-    _assert_same(eager, compiled, _batch())
+    _assert_same(eager, compiled, translation_batch())
 
 
 @pytest.mark.slow
@@ -348,7 +339,7 @@ def test_compiled_loop_equals_eager(variant, monkeypatch):
     eager, compiled = _models(VARIANTS[variant], loop=True)
     assert isinstance(compiled.encoder.side.compiled_step.step, TensorLoop)
     eager.train(), compiled.train()
-    _assert_same(eager, compiled, _batch())
+    _assert_same(eager, compiled, translation_batch())
 
 
 @pytest.mark.parametrize("compile, loop", [(True, True), (False, True), (True, False), (False, False)],
@@ -372,7 +363,7 @@ def test_compiled_loop_runs_on_after_every_position_halted(compile, loop, monkey
     overrides = dict(halting_threshold=0.999, encoder_layers=3, decoder_layers=3)
     eager, compiled = _models(overrides, loop=loop, compile=compile, inputs=False)
     eager.train(), compiled.train()
-    batch = _batch()
+    batch = translation_batch()
     with torch.no_grad():
         _, extra = eager(*batch)
     assert all(extra[key].steps.max().item() == 3 for key in ("halting_encoder", "halting_decoder"))
@@ -404,7 +395,7 @@ def test_every_step_of_a_training_forward_runs_one_graph(rule, monkeypatch):
                             decoder_layers=3), inputs=False)
     model.train()
     for _ in range(2):
-        out, _ = model(*_batch())
+        out, _ = model(*translation_batch())
         out.float().mean().backward()
     assert counter.frame_count == 2
 
@@ -471,7 +462,7 @@ def test_inductor_compiled_step_equals_eager(monkeypatch):
     torch._dynamo.reset()
     eager, compiled = _models({})
     eager.train(), compiled.train()
-    _assert_same(eager, compiled, _batch())
+    _assert_same(eager, compiled, translation_batch())
 
 
 @pytest.mark.slow
@@ -481,7 +472,7 @@ def test_inductor_variants_equal_eager(variant, monkeypatch):
     torch._dynamo.reset()
     eager, compiled = _models(VARIANTS[variant])
     eager.train(), compiled.train()
-    _assert_same(eager, compiled, _batch())
+    _assert_same(eager, compiled, translation_batch())
 
 
 @pytest.mark.parametrize("variant, loop", [("sut_tiny", False), ("sut_tiny", True),
@@ -489,7 +480,7 @@ def test_inductor_variants_equal_eager(variant, monkeypatch):
                                            pytest.param("step-embeddings", False, marks=pytest.mark.slow)])
 def test_no_graph_break_in_the_step(variant, loop):
     _, compiled = _models(VARIANTS[variant], loop)
-    src, lengths, prev = _batch()
+    src, lengths, prev = translation_batch()
     net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
     assert count_graph_breaks(compiled.train(), net_input) == 0
 
@@ -509,7 +500,7 @@ def test_halted_rows_cost_nothing_in_the_compiled_step(monkeypatch):
 
     monkeypatch.setattr(rl, "reference_forward", counting)
     eager, compiled = _models(dict(halting_threshold=0.6, encoder_layers=4, decoder_layers=4))
-    batch = _batch()
+    batch = translation_batch()
     with torch.no_grad():
         computed.clear()
         res = eager.encoder(batch[0])["halting"][0]
@@ -625,13 +616,13 @@ def test_uncovered_sides_keep_the_eager_step_and_say_why(overrides, reasons, cap
         for side in ("encoder", "decoder") if side in reasons]
     for side in ("encoder", "decoder"):
         assert (getattr(model, side).side.compiled_step is None) == (side in reasons)
-    src, lengths, prev = _batch()
+    src, lengths, prev = translation_batch()
     with torch.no_grad():
         model(src, lengths, prev)  # the eager step runs
 
 
 def test_counting_graph_breaks_needs_a_compiled_step():
-    src, lengths, prev = _batch()
+    src, lengths, prev = translation_batch()
     net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
     with pytest.raises(ValueError, match=r"^count_graph_breaks: the model has no compiled step "
                                          r"\(--compile-step\)$"):
@@ -654,7 +645,7 @@ def test_an_error_of_the_model_is_not_taken_for_a_compiler_failure(monkeypatch):
 
     monkeypatch.setattr(recurrence.CompiledCall, "__call__", wrong)
     _, compiled = _models({})
-    src, lengths, prev = _batch()
+    src, lengths, prev = translation_batch()
     with pytest.raises(ValueError, match="a shape is wrong"), torch.no_grad():
         compiled(src, lengths, prev)
     assert not compiled.encoder.side.compiled_step.failed
@@ -736,7 +727,7 @@ def test_graph_breaks_are_not_counted_for_a_step_that_could_not_be_traced(monkey
         return explain
 
     model = make_model(compile_step=True)
-    src, lengths, prev = _batch()
+    src, lengths, prev = translation_batch()
     net_input = {"src_tokens": src, "src_lengths": lengths, "prev_output_tokens": prev}
     monkeypatch.setattr(torch._dynamo, "explain", untraceable)
     with pytest.raises(RuntimeError, match="the encoder and decoder step could not be traced"):
