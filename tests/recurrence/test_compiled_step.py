@@ -27,7 +27,7 @@ from sut_fairseq.criterions.losses import record_routing
 from sut_fairseq import compiler
 from sut_fairseq.compiler import CompiledStep, count_graph_breaks
 from sut_fairseq.modules import recurrence
-from sut_fairseq.modules.recurrence import KeyValueCarry, TensorLoop, TensorStep, build_compiled
+from sut_fairseq.modules.recurrence import KeyValueCarry, TensorLoop, build_compiled
 
 VARIANTS = {
     "sut_tiny": {},
