@@ -27,7 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..compiler import tracing
-from .routing import Routing
+from .routing import Routing, slot_order
 
 #: what ``grouped_mm`` multiplies: on CUDA and in a traced graph bfloat16 only; eagerly on a
 #: CPU also float32 and float16 (the tests' exact comparisons)
@@ -81,7 +81,7 @@ def grouped_routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], rou
     ys = torch.where(active, ys, 0)                                # (M, out)
     if grouped_out:
         return ys
-    slots = torch.zeros_like(ys).index_copy(0, order, ys)         # (M, out) in slot order
+    slots = slot_order(ys, order)                                  # (M, out) in slot order
     if gates is None:
         return slots
     k = routing.k

@@ -173,7 +173,7 @@ def _backward(ctx, grad):
     """The op's gradient: ``sut::routed_linear_backward``, then the sums it leaves outside
     (module docstring) in the traced graph; with a bucket (``weight_grads``) the weight and
     bias gradients of every step at step 1's."""
-    x, weight, bias, gates, expert_idxs = ctx.saved_tensors[:5]
+    x, weight, bias, gates, expert_idxs, _, sorted_scattered_idxs, _ = ctx.saved_tensors
     fan_out, grouped_in, grouped_out, backend = ctx.layout
     needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
     # rows of the output's gradient: slot rows (M, out), or one row per token (N, out) that
@@ -190,7 +190,7 @@ def _backward(ctx, grad):
                                                               *ctx.layout, *step_needs)
     if deferred:
         weight_grads.add(ctx.bucket, weight_grads.Entry(
-            grad, x, gates, expert_idxs, ctx.saved_tensors[6], fan_out, grouped_in, grouped_out))
+            grad, x, gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
         dw, db = (weight_grads.flush(ctx.bucket, weight, bias, backend, needs[2]) if ctx.flushes
                   else (None, None))  # step 1: every step's rows in one product
     if sums_outside(backend):

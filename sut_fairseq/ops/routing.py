@@ -74,3 +74,11 @@ def make_routing(expert_idxs: torch.Tensor, gates: Optional[torch.Tensor], num_e
     sorted_scattered_idxs = torch.empty_like(slots).scatter_(0, position, slots)
     return Routing(expert_idxs, gates, flat.gather(0, sorted_scattered_idxs),
                    sorted_scattered_idxs, ends[:num_experts], num_experts)
+
+
+def slot_order(rows: torch.Tensor, sorted_scattered_idxs: torch.Tensor) -> torch.Tensor:
+    """Sorted rows (A, W), A <= M (sorted rows past M belong to no slot) -> slot order
+    (M, W): row r to slot ``sorted_scattered_idxs[r]``, zeros on the slots without a row."""
+    M = sorted_scattered_idxs.size(0)
+    A = min(rows.size(0), M)
+    return rows.new_zeros(M, rows.size(1)).index_copy(0, sorted_scattered_idxs[:A], rows[:A])

@@ -40,7 +40,7 @@ from typing import Dict, List, Optional, Tuple
 import torch
 from torch import Tensor
 
-from .routing import Routing, make_routing
+from .routing import Routing, make_routing, slot_order
 
 MODES = ("per-step", "deferred")
 
@@ -138,14 +138,6 @@ def add(bucket: Bucket, entry: Entry) -> None:
     Stats.peak = max(Stats.peak, Stats.held)
 
 
-def slot_rows(rows: Tensor, sorted_scattered_idxs: Tensor) -> Tensor:
-    """Sorted rows (A, W), A <= M (rows past M belong to no slot) -> slot order (M, W),
-    zeros on the slots without a row."""
-    M = sorted_scattered_idxs.size(0)
-    A = min(rows.size(0), M)
-    return rows.new_zeros(M, rows.size(1)).index_copy(0, sorted_scattered_idxs[:A], rows[:A])
-
-
 class MergedRouting:
     """The last merged routing and the step tensors it was merged from: two parameters that
     share a routing (MoE-FFD's up and down, MoMHA's query and output) flush one after the
@@ -179,9 +171,9 @@ def combined(entries: List[Entry]):
                                                         first.grouped_out) for e in entries):
         raise RuntimeError("deferred weight gradient: the steps of one parameter used "
                            "different row layouts")
-    grad = torch.cat([slot_rows(e.grad, e.sorted_scattered_idxs) if e.grouped_out else e.grad
+    grad = torch.cat([slot_order(e.grad, e.sorted_scattered_idxs) if e.grouped_out else e.grad
                       for e in entries])
-    x = torch.cat([slot_rows(e.x, e.sorted_scattered_idxs) if e.grouped_in else e.x
+    x = torch.cat([slot_order(e.x, e.sorted_scattered_idxs) if e.grouped_in else e.x
                    for e in entries])
     gates = None if first.gates is None else torch.cat([e.gates for e in entries])
     return grad, x, gates, 1 if first.grouped_in else first.fan_out
