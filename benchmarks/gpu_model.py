@@ -137,7 +137,7 @@ class Factors:
     bandwidth: float = 0.4         # every kernel's bytes
 
 
-#: calibrated by ``--calibrate`` (see docs/performance.md, "A model of the GPU step on the CPU")
+#: calibrated by ``--calibrate`` (see docs/gpu-step.md, "A model of the GPU step on the CPU")
 FACTORS = Factors()
 
 #: the H200 profiles (bf16, 128 x 32 = 4,096 target tokens; docs/results/gpu.md, fourth

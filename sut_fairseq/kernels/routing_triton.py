@@ -1,7 +1,7 @@
 """Triton kernels of a router's top-k choice and its sorted layout (``ops/route_op.py``):
 two launches where the PyTorch ops are a softmax, k argmax passes, a gather, a
 renormalisation, masking and a counting sort (about 16 kernels per router in a compiled
-step on a GPU, ``docs/performance.md``).
+step on a GPU, ``docs/gpu-step.md``).
 
 For router logits z (N, E) fp32, active rows a (N,) bool and k picks, with the layout of
 ``ops/routing.py`` (slot s = n k + j; inactive slots go to the no-op expert E, sorted last):

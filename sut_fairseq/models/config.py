@@ -150,7 +150,7 @@ class SUTConfig(FairseqDataclass):
         "position halted change nothing); meant for GPUs (docs/performance.md#compiled-steps)")
     flex_attention: bool = option(
         False, "on CUDA, the self-attention of every step as one FlexAttention kernel, the "
-        "relative term and the masks inside it (docs/performance.md#flexattention); needs "
+        "relative term and the masks inside it (docs/gpu-step.md#flexattention); needs "
         "--attention-dropout 0; a CPU runs the usual attention")
     # regularisation and positions
     dropout: float = option(0.1, "dropout on sub-layer outputs")
