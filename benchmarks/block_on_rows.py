@@ -24,9 +24,19 @@ routers send them to no expert: only the routed projections skip them) and
 
     with S halted: block on every row (masked) X ms, on the running rows Y ms
 
+With ``--profile``, the block on the fewest rows asked for (where the per-call part a is
+most of the time) runs ten times under ``torch.profiler``; printed are the aten operators
+per call, the expert products (``aten::mm`` / ``addmm``, inside the grouped GEMM or the
+expert loop) with their share of the time, and the rate at which the block's expert
+weights would stream from memory if those products did nothing else::
+
+    profile of the block on R rows: N aten operators per call, T ms per call under the profiler
+      expert products: P per call, U us each, X% of the time; the block's expert weights W MB, streamed at G GB/s
+      by self time: aten::mm X%, ...
+
     python benchmarks/block_on_rows.py --path CHECKPOINT --data DATA_BIN
         [--sentences 64] [--step 3] [--position 12] [--rows 320 240 160 80 8] [--repeats 7]
-        [--halted 0.1 0.2 0.3]
+        [--halted 0.1 0.2 0.3] [--profile]
 """
 import argparse
 import os
@@ -80,6 +90,31 @@ def masked(c, running):
                               cross_padding_mask=inputs.cross_padding_mask)
 
 
+def profile_block(call, block, rows: int, calls: int = 10) -> None:
+    """``call`` (the block on ``rows`` rows) ``calls`` times under the profiler: operators,
+    expert products and the bandwidth they imply (``--profile``)."""
+    from torch.profiler import profile
+    call()
+    with profile() as prof:
+        for _ in range(calls):
+            call()
+    events = [e for e in prof.key_averages() if e.key.startswith("aten::")]
+    total_us = sum(e.self_cpu_time_total for e in events) / calls
+    products = [e for e in events if e.key in ("aten::mm", "aten::addmm")]
+    count = sum(e.count for e in products) / calls
+    product_us = sum(e.self_cpu_time_total for e in products) / calls
+    weights = sum(m.weight.numel() * m.weight.element_size()
+                  for m in block.modules() if type(m).__name__ == "ExpertLinear")
+    print(f"profile of the block on {rows} rows: {sum(e.count for e in events) / calls:.0f} aten operators "
+          f"per call, {total_us / 1e3:.2f} ms per call under the profiler")
+    print(f"  expert products: {count:.0f} per call, {product_us / max(count, 1):.1f} us each, "
+          f"{100 * product_us / total_us:.0f}% of the time; the block's expert weights {weights / 2**20:.2f} MB, "
+          f"streamed at {weights / max(product_us, 1e-9) / 1e3:.1f} GB/s")
+    top = sorted(events, key=lambda e: -e.self_cpu_time_total)[:6]
+    print("  by self time: " + ", ".join(f"{e.key} {100 * e.self_cpu_time_total / calls / total_us:.0f}%"
+                                         for e in top))
+
+
 def seconds_per_call(fn, calls: int) -> float:
     fn()
     start = time.perf_counter()
@@ -101,6 +136,8 @@ def main():
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--halted", type=float, nargs="*", default=[], metavar="S",
                         help="shares of the rows halted, each in (0, 1): the block masked against on the running rows")
+    parser.add_argument("--profile", action="store_true",
+                        help="profile the block on the fewest rows asked for: operators, expert products, bandwidth")
     args = parser.parse_args()
     if not 0 <= args.position < args.fixed_length:
         parser.error(f"--position {args.position}: must be in [0, --fixed-length {args.fixed_length})")
@@ -157,6 +194,9 @@ def main():
     for share in args.halted:
         print(f"with {share:g} halted: block on every row (masked) {ms[('masked', share)]:.2f} ms, "
               f"on the running rows {ms[('rows', share)]:.2f} ms")
+    if args.profile:
+        with torch.no_grad():
+            profile_block(calls[rows[0]], c["block"], rows[0])
 
 
 if __name__ == "__main__":

@@ -411,16 +411,26 @@ def test_decode_halting_at_a_fixed_length_decodes_the_same_positions_at_every_th
         assert bad.returncode == 2 and message in bad.stderr, bad.stderr
 
 
+def expert_weight_bytes(ckpt: str) -> int:
+    """Bytes of the decoder block's six routed maps (MoMHA's query and output projections of
+    both attentions, MoE-FFD's up and down), read from the checkpoint's state dict."""
+    state = torch.load(ckpt, map_location="cpu", weights_only=False)["model"]
+    maps = ("self_attn.q_proj", "self_attn.o_proj", "cross_attn.q_proj", "cross_attn.o_proj", "ffd.up", "ffd.down")
+    return sum(state[f"decoder.side.block.{name}.weight"].nbytes for name in maps)
+
+
 def test_block_on_rows_benchmark_fits_a_part_per_call_and_a_part_per_row(trained):
     """benchmarks/block_on_rows.py on the trained checkpoint: the captured call's rows
     (12 sentences x beam 5), the block timed on each R asked for (clipped to the call's
-    rows), the fitted line; a position past the hypotheses' length is refused."""
+    rows), the fitted line, the profile of the fewest rows (its expert products and the
+    size of the block's expert weights); a position past the hypotheses' length is refused."""
     data_bin, ckpt, _ = trained
     script = os.path.join(ROOT, "benchmarks", "block_on_rows.py")
     common = [sys.executable, script, "--path", ckpt, "--data", data_bin, "--sentences", "12",
               "--fixed-length", "6", "--step", "2", "--repeats", "1"]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(common + ["--position", "3", "--rows", "100", "30", "4", "--halted", "0.5", "0.25"],
+    proc = subprocess.run(common + ["--position", "3", "--rows", "100", "30", "4", "--halted", "0.5", "0.25",
+                                    "--profile"],
                           capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
@@ -433,6 +443,13 @@ def test_block_on_rows_benchmark_fits_a_part_per_call_and_a_part_per_row(trained
     halted = re.findall(r"^with ([\d.]+) halted: block on every row \(masked\) [\d.]+ ms, on the running "
                         r"rows [\d.]+ ms$", out, re.M)
     assert halted == ["0.5", "0.25"], out
+    profiled = re.search(r"^profile of the block on 4 rows: (\d+) aten operators per call, [\d.]+ ms per call "
+                         r"under the profiler\n  expert products: (\d+) per call, [\d.]+ us each, \d+% of the time; "
+                         r"the block's expert weights ([\d.]+) MB, streamed at [\d.]+ GB/s\n  by self time: aten::",
+                         out, re.M)
+    assert profiled, out
+    assert int(profiled.group(2)) > 0 and int(profiled.group(1)) > int(profiled.group(2)), out
+    assert float(profiled.group(3)) == round(expert_weight_bytes(ckpt) / 2**20, 2), out
     bad = subprocess.run(common + ["--position", "6"], capture_output=True, text=True, timeout=300, env=env)
     assert bad.returncode == 2 and "--position 6: must be in [0, --fixed-length 6)" in bad.stderr
     bad = subprocess.run(common + ["--position", "3", "--halted", "1"], capture_output=True, text=True, timeout=300, env=env)
