@@ -14,7 +14,6 @@ import time
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from sut_fairseq.modules.moe_ffd import MoEFeedForward
 

@@ -122,7 +122,7 @@ def main(argv=None) -> int:
                                      f"{args.workers[0]} worker(s)")
                 rows.append({"model": name, "workers": workers, "sentences": n,
                              "seconds": round(seconds, 2), "sentences_per_s": round(n / seconds)})
-    print(f"\n| subword model | workers | sentences | seconds | sentences/s |\n|---|---|---|---|---|")
+    print("\n| subword model | workers | sentences | seconds | sentences/s |\n|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['model']} | {r['workers']} | {r['sentences']:,} | {r['seconds']:.1f} | "
               f"{r['sentences_per_s']:,} |")

@@ -45,7 +45,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from sut_fairseq.recipes import RecipeError, load_json, run, show, write_json_atomic  # noqa: E402
+from sut_fairseq.recipes import RecipeError, load_json, run, show  # noqa: E402
 from sut_fairseq.recipes.grid import ModelGrid  # noqa: E402
 from sut_fairseq.recipes.runs import RunDir, add_budget_arguments, parse_grid_args, train_grid_run  # noqa: E402
 from sut_fairseq.recipes.stages import recipe_parser, run_grid  # noqa: E402

@@ -50,7 +50,6 @@ exited positions' off-ramps included.
 import math
 from dataclasses import dataclass, field
 
-import torch
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterion,
