@@ -47,7 +47,13 @@ sentence's natural end the tokens are the model's continuation).
 
     python benchmarks/decode_halting.py --path CHECKPOINT --data DATA_BIN
         [--subset test] [--sentences 500] [--thresholds 0.999 0.5] [--beam 5] [--batch-size 64]
-        [--fixed-length L] [--rounds N]
+        [--fixed-length L] [--rounds N] [--plot PNG]
+
+``--plot PNG`` draws the trade-off: per threshold, the time per decoder position against the
+decoder steps executed, both relative to the first threshold, beside two lines: time in
+proportion to the steps (y = x), and the most halting can save if the decoder steps' time
+fell exactly with them while everything else stayed (y = 1 - s (1 - x), s the steps' share
+of the time at the first threshold).
 
 The figures printed are pooled over ``--rounds`` passes over the sentences; with more than
 one, each comparison also prints each pass's ratio and their median::
@@ -249,6 +255,33 @@ def comparison(base: dict, r: dict) -> dict:
             "in_steps_ratio": in_steps / skipped if skipped > 0 else None}
 
 
+def plot(rows: dict, thresholds, path: str, title: str) -> None:
+    """The ``--plot`` figure: relative time per position against relative decoder steps
+    executed, one labelled point per threshold, and the two reference lines."""
+    from sut_fairseq.analysis.plots import _pyplot, savefig_atomic
+
+    base = rows[thresholds[0]]
+    xs = [rows[t]["dec"] / base["dec"] for t in thresholds]
+    ys = [rows[t]["per_position"] / base["per_position"] for t in thresholds]
+    low = min(xs + [0.5])
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 5.0), layout="constrained")
+    line = [low, 1.0]
+    ax.plot(line, line, "--", color="gray", label="time in proportion to the decoder steps")
+    ax.plot(line, [1 - base["share"] * (1 - x) for x in line], ":", color="tab:red",
+            label=f"decoder steps' time only ({100 * base['share']:.0f}% of it at {thresholds[0]:g})")
+    ax.plot(xs, ys, "o", color="tab:blue", label=r"measured, one point per $\alpha_{thresh}$")
+    for x, y, t in zip(xs, ys, thresholds):
+        ax.annotate(f"{t:g}", (x, y), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    ax.set_xlabel(f"decoder steps executed (relative to alpha_thresh {thresholds[0]:g})")
+    ax.set_ylabel("time per decoder position (relative)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower right")
+    ax.set_title(title, fontsize=9)
+    savefig_atomic(fig, path)
+    plt.close(fig)
+
+
 def main():
     parser = argparse.ArgumentParser(description="Does halting save decoding time? Beam search "
                                      "with a trained SUT/UT checkpoint at several alpha_thresh.")
@@ -267,6 +300,8 @@ def main():
     parser.add_argument("--rounds", type=int, default=1,
                         help="passes over the sentences; with more than one, each pass's ratios "
                              "and their median are printed too (default 1)")
+    parser.add_argument("--plot", metavar="PNG",
+                        help="write the trade-off (time per position against decoder steps executed) as a PNG")
     args = parser.parse_args()
     if args.fixed_length is not None and args.fixed_length < 1:
         parser.error(f"--fixed-length {args.fixed_length}: needs at least one token (L >= 1)")
@@ -274,6 +309,10 @@ def main():
         parser.error(f"--rounds {args.rounds}: needs at least one pass (N >= 1)")
     if len(set(args.thresholds)) != len(args.thresholds):
         parser.error(f"--thresholds {' '.join(map(str, args.thresholds))}: each threshold once")
+    if args.plot is not None and not args.plot.endswith(".png"):
+        parser.error(f"--plot {args.plot}: the figure is a PNG file (a name ending in .png)")
+    if args.plot is not None and not os.path.isdir(os.path.dirname(os.path.abspath(args.plot))):
+        parser.error(f"--plot {args.plot}: no directory {os.path.dirname(os.path.abspath(args.plot))}")
     torch.manual_seed(0)
     model, tgt_dict, batches = load(args.path, args.data, args.subset, args.sentences, args.batch_size)
     lengths = {} if args.fixed_length is None else dict(
@@ -328,6 +367,10 @@ def main():
                 print(f"  each of the {args.rounds} rounds, {what}: "
                       + ", ".join(f"{v:.2f}" for v in values)
                       + f"; median {statistics.median(values):.2f}")
+    if args.plot is not None:
+        plot(rows, args.thresholds, args.plot,
+             f"{os.path.basename(args.path)}: {n} sentences of {args.subset}, beam {args.beam}{length}")
+        print(f"trade-off figure: {args.plot}")
 
 
 if __name__ == "__main__":

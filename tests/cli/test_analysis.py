@@ -306,14 +306,16 @@ def test_macs_on_real_data(trained, capsys):
 
 def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skipped(trained):
     """benchmarks/decode_halting.py on the trained checkpoint: the rows of both thresholds
-    (every decoder step executed at 0.999, fewer at 0.4) and the ratio line."""
-    data_bin, ckpt, _ = trained
+    (every decoder step executed at 0.999, fewer at 0.4), the ratio line and the figure."""
+    data_bin, ckpt, root = trained
+    figure = str(root / "decode-halting.png")
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "decode_halting.py"),
                            "--path", ckpt, "--data", data_bin, "--sentences", "12", "--batch-size", "5",
-                           "--beam", "2", "--thresholds", "0.999", "0.4"],
+                           "--beam", "2", "--thresholds", "0.999", "0.4", "--plot", figure],
                           capture_output=True, text=True, timeout=300, env=dict(os.environ, OMP_NUM_THREADS="1"))
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
+    assert out.rstrip().endswith(f"trade-off figure: {figure}") and _png_size(figure)[0] > 100, out
     assert re.search(r"12 sentences of test in 3 batches, beam 2$", out, re.M), out
     rows = dict(re.findall(r"^alpha_thresh ([\d.]+): [\d.]+ sentences/s, \d+ decoder positions, \d+ "
                            r"us/position, decoder steps executed ([\d.]+)%", out, re.M))
@@ -346,6 +348,36 @@ def test_decode_halting_benchmark_compares_time_per_position_with_the_steps_skip
     assert len(halted) <= 1 and all(abs(float(a) + float(b) - 100) < 0.11 for _, a, b in halted), out
     if halted:
         assert out.index("halted rows in the decoder's steps") > out.index("alpha_thresh 0.4:"), out
+
+
+def test_decode_halting_plot_draws_relative_time_against_relative_steps(tmp_path, monkeypatch):
+    """``decode_halting.plot``: one point per threshold at (steps executed, time per position),
+    both over the first threshold's; the proportional line y = x and the steps-only line
+    y = 1 - s (1 - x) with s the first threshold's steps' share; a bad --plot is refused."""
+    monkeypatch.syspath_prepend(os.path.join(ROOT, "benchmarks"))
+    import decode_halting
+    from sut_fairseq.analysis import plots
+
+    drawn = {}
+    real_save = plots.savefig_atomic
+    monkeypatch.setattr(plots, "savefig_atomic",
+                        lambda fig, path: (drawn.update(lines=fig.axes[0].get_lines()), real_save(fig, path)))
+    rows = {0.999: {"dec": 0.8, "per_position": 4e-4, "share": 0.6},
+            0.5: {"dec": 0.6, "per_position": 3.4e-4, "share": 0.55},
+            0.3: {"dec": 0.4, "per_position": 3e-4, "share": 0.5}}
+    path = str(tmp_path / "tradeoff.png")
+    decode_halting.plot(rows, [0.999, 0.5, 0.3], path, "test")
+    proportional, steps_only, measured = drawn["lines"]
+    assert list(measured.get_xdata()) == pytest.approx([1.0, 0.75, 0.5])
+    assert list(measured.get_ydata()) == pytest.approx([1.0, 0.85, 0.75])
+    assert list(proportional.get_xdata()) == list(proportional.get_ydata()) == pytest.approx([0.5, 1.0])
+    assert list(steps_only.get_ydata()) == pytest.approx([1 - 0.6 * 0.5, 1.0])
+    assert _png_size(path)[0] > 100
+    for bad, message in (("figure.pdf", "the figure is a PNG file"), ("no/such/dir/f.png", "no directory")):
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "decode_halting.py"),
+                               "--path", "x.pt", "--data", "d", "--plot", str(tmp_path / bad)],
+                              capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 2 and f"--plot {tmp_path / bad}: {message}" in proc.stderr, proc.stderr
 
 
 def test_decode_halting_counts_where_the_halted_rows_fall(monkeypatch):
