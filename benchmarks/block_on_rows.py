@@ -51,6 +51,7 @@ from decode_halting import load  # noqa: E402  (this folder is on sys.path)
 from fairseq.sequence_generator import SequenceGenerator  # noqa: E402
 
 from sut_fairseq.modules import recurrence  # noqa: E402
+from sut_fairseq.modules.expert_linear import ExpertLinear  # noqa: E402
 
 
 def capture(model, batch, generator, step_index: int, position: int):
@@ -104,7 +105,7 @@ def profile_block(call, block, rows: int, calls: int = 10) -> None:
     count = sum(e.count for e in products) / calls
     product_us = sum(e.self_cpu_time_total for e in products) / calls
     weights = sum(m.weight.numel() * m.weight.element_size()
-                  for m in block.modules() if type(m).__name__ == "ExpertLinear")
+                  for m in block.modules() if isinstance(m, ExpertLinear))
     print(f"profile of the block on {rows} rows: {sum(e.count for e in events) / calls:.0f} aten operators "
           f"per call, {total_us / 1e3:.2f} ms per call under the profiler")
     print(f"  expert products: {count:.0f} per call, {product_us / max(count, 1):.1f} us each, "
