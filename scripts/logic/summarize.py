@@ -43,7 +43,7 @@ from typing import Dict, List
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_results as load_all  # noqa: E402
-from sut_fairseq.recipes.summary import line_plot, markdown_table, mean_std, spearman  # noqa: E402
+from sut_fairseq.recipes.summary import ahead_table, line_plot, markdown_table, mean_std, spearman  # noqa: E402
 from sut_fairseq.recipes.train_log import best_valid, training_hours  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
@@ -295,6 +295,22 @@ def summarize(work_dir: str, out_dir: str = None, setup: str = "seq2seq") -> str
     return text
 
 
+def compare_models(summary: Dict, a: str, b: str) -> str:
+    """Model ``a`` against model ``b`` (names as in the grid: ``gut``, ``ut``, ...) on every
+    reported bucket both were scored on (``summary.ahead_table``); a model without results
+    is refused, naming those with results."""
+    rows = summary["rows"]
+    for name in (a, b):
+        if name not in rows:
+            raise SystemExit(f"--compare {name}: no results of that model (models: {', '.join(rows)})")
+    cells = tuple({k: (c["accuracy"], c["sd"], c["n"]) for k, c in rows[name]["cells"].items() if c}
+                  for name in (a, b))
+    labels = (rows[a]["label"], rows[b]["label"])
+    return (f"{labels[0]} against {labels[1]}, accuracy (%) per number of operators, seed mean ± "
+            f"sample sd (seeds {rows[a]['seeds']} and {rows[b]['seeds']}):\n\n"
+            + ahead_table(labels, cells, TABLE_KEYS))
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -305,8 +321,13 @@ def main(argv=None):
     parser.add_argument("--setup", choices=["seq2seq", "classify"], default="seq2seq",
                         help="the setup whose runs WORK_DIR holds (default seq2seq; "
                              "table5.py --setup classify passes WORK/classify and classify)")
+    parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                        help="model A against model B per bucket (e.g. gut ut): is A ahead beyond one sd?")
     args = parser.parse_args(argv)
     print(summarize(args.work_dir, args.out_dir, args.setup))
+    if args.compare:
+        summary = recipe.load_json(os.path.join(args.out_dir or args.work_dir, "table5.json"))
+        print("\n" + compare_models(summary, *args.compare))
 
 
 if __name__ == "__main__":

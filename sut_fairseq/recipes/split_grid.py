@@ -479,4 +479,24 @@ def report_main(doc: str, task: str, summarize: Callable[[str, str], str], stem:
     from .summary import summary_main
 
     summary_main(doc, os.path.join("data", task), summarize,
-                 [f"{stem}.md", f"{stem}.json", "accuracy.png"], argv)
+                 [f"{stem}.md", f"{stem}.json", "accuracy.png"], argv,
+                 compare=lambda work_dir, a, b: compare_models(os.path.join(work_dir, f"{stem}.json"), a, b))
+
+
+def compare_models(report_json: str, a: str, b: str) -> str:
+    """Model ``a`` against model ``b`` on every test split of a written report
+    (``WORK/STEM.json``): ``summary.ahead_table`` of their accuracies, with a line saying
+    what it compares; a model without runs is refused, naming those with runs."""
+    from .summary import ahead_table
+
+    report = load_json(report_json)
+    models = report["models"]
+    for name in (a, b):
+        if name not in models:
+            raise SystemExit(f"--compare {name}: no runs of that model in the report "
+                             f"(models: {', '.join(models)})")
+    cells = tuple({s: (tuple(v) if v else None) for s, v in models[name]["accuracy"].items()} for name in (a, b))
+    labels = (models[a]["label"], models[b]["label"])
+    return (f"{labels[0]} against {labels[1]}, accuracy (%) per test split, seed mean ± sample sd "
+            f"(seeds {models[a]['seeds']} and {models[b]['seeds']}):\n\n"
+            + ahead_table(labels, cells, report["splits"]))

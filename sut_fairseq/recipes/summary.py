@@ -103,6 +103,29 @@ def line_plot(path: str, series: Mapping[str, Tuple[Sequence[float], Sequence[fl
         plt.close(fig)
 
 
+def ahead_table(labels: Tuple[str, str], cells: Tuple[Mapping[str, Optional[MeanStd]], Mapping[str, Optional[MeanStd]]],
+                columns: Sequence[str]) -> str:
+    """Model A against model B, one row per column (test split, bucket) both have: each
+    one's seed mean ± sample sd, the difference of the means, and whether A is ahead beyond
+    one standard deviation: A − B larger than both models' sds, which needs two seeds of
+    each ("n/a" with fewer)."""
+    a, b = labels
+    rows = []
+    for column in columns:
+        x, y = cells[0].get(column), cells[1].get(column)
+        if x is None or y is None:
+            continue
+        diff = x[0] - y[0]
+        if min(x[2], y[2]) < 2:
+            verdict = "n/a (one seed)"
+        else:
+            verdict = "yes" if diff > max(x[1], y[1]) else "no"
+        rows.append([column, format_mean_std(x, -1), format_mean_std(y, -1), f"{diff:+.1f}", verdict])
+    if not rows:
+        raise ValueError(f"{a} and {b} have no column in common")
+    return markdown_table(["", a, b, f"{a} − {b}", f"{a} ahead beyond one sd"], rows)
+
+
 def format_mean_std(cell: Optional[MeanStd], full_n: int) -> str:
     """``mean ± std`` with one decimal, ``(n=K)`` when K seeds differ from ``full_n``; "–"
     for an empty cell."""
@@ -113,12 +136,20 @@ def format_mean_std(cell: Optional[MeanStd], full_n: int) -> str:
 
 
 def summary_main(doc: str, default_data_dir: str, summarize: Callable[[str, str], str],
-                 written: Sequence[str], argv=None) -> None:
+                 written: Sequence[str], argv=None,
+                 compare: Optional[Callable[[str, str, str], str]] = None) -> None:
     """The command line of a task's summariser, ``SCRIPT WORK [--data-dir DATA]``: print
-    ``summarize(WORK, DATA)``, then the files it wrote (``written``, in WORK)."""
+    ``summarize(WORK, DATA)``, then the files it wrote (``written``, in WORK); with a
+    ``compare`` function also ``[--compare A B]``, which prints ``compare(WORK, A, B)``
+    after the report."""
     parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("work_dir")
     parser.add_argument("--data-dir", default=default_data_dir)
+    if compare is not None:
+        parser.add_argument("--compare", nargs=2, metavar=("A", "B"),
+                            help="model A against model B per test split: is A ahead beyond one sd?")
     args = parser.parse_args(argv)
     print(summarize(args.work_dir, args.data_dir))
     print(f"\nwritten {os.path.join(args.work_dir, written[0])}, " + ", ".join(written[1:]))
+    if getattr(args, "compare", None):
+        print("\n" + compare(args.work_dir, *args.compare))

@@ -351,6 +351,25 @@ def test_classify_summary_states_what_each_run_cost_and_reached(tmp_path):
     assert training["hours_all_runs"] == pytest.approx(6000 / 3600)
 
 
+def test_compare_puts_gut_against_the_ut_per_bucket(tmp_path, capsys):
+    """``summarize.py WORK --setup classify --compare gut ut``: per reported bucket the two
+    models' seed means ± sd and whether GUT is ahead beyond both sds (7: +3.5 against sds 1.4
+    and 0.7; 8: +1 against 1.4); a model without results is refused by name."""
+    summarize = load_script("summarize")
+    for seed, (g7, g8, u7, u8) in ((1, (61.0, 51.0, 56.0, 50.0)), (2, (59.0, 53.0, 57.0, 52.0))):
+        fake_result(tmp_path, "gut", "standard", seed, {"7": g7, "8": g8})
+        fake_result(tmp_path, "ut", "standard", seed, {"7": u7, "8": u8})
+    summarize.main([str(tmp_path), "--setup", "classify", "--compare", "gut", "ut"])
+    out = capsys.readouterr().out
+    comparison = out[out.index("GUT against UT"):].splitlines()
+    assert comparison[0] == ("GUT against UT, accuracy (%) per number of operators, seed mean ± sample sd "
+                             "(seeds [1, 2] and [1, 2]):")
+    assert comparison[-2:] == ["| 7 | 60.0 ± 1.4 (n=2) | 56.5 ± 0.7 (n=2) | +3.5 | yes |",
+                               "| 8 | 52.0 ± 1.4 (n=2) | 51.0 ± 1.4 (n=2) | +1.0 | no |"]
+    with pytest.raises(SystemExit, match=r"--compare tlb: no results of that model \(models: ut, gut\)"):
+        summarize.main([str(tmp_path), "--setup", "classify", "--compare", "tlb", "ut"])
+
+
 # --------------------------------------------------------------------------- the scorer
 
 def write_generate_output(path, items):

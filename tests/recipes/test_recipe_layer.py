@@ -14,8 +14,9 @@ from sut_fairseq.recipes import (RecipeError, add_stage_arguments, flag_value, f
                                  selected_stages, write_json_atomic)
 from sut_fairseq.recipes import scoring
 from sut_fairseq.recipes.runs import RunDir, resume_command
-from sut_fairseq.recipes.summary import (format_mean_std, line_plot, markdown_table, mean_std, ranks,
-                                         spearman)
+from sut_fairseq.recipes.split_grid import compare_models
+from sut_fairseq.recipes.summary import (ahead_table, format_mean_std, line_plot, markdown_table, mean_std,
+                                         ranks, spearman, summary_main)
 from sut_fairseq.recipes.train_log import best_valid, parse_train_log, training_hours
 
 
@@ -248,6 +249,47 @@ def test_results_and_summary_helpers(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and oct(png.stat().st_mode & 0o777) != "0o600"
     assert not [p for p in os.listdir(png.parent) if p.endswith(".tmp") or p.startswith(".")]
     assert json.loads((tmp_path / "v" / "s" / "seed1" / "result.json").read_text())["score"] == 70.0
+
+
+def test_ahead_table_says_where_a_leads_b_beyond_both_standard_deviations():
+    """A − B against max(sd_A, sd_B) per column both have; one seed of either: n/a."""
+    a = {"7": (60.0, 1.0, 3), "8": (55.0, 2.0, 3), "9": (50.0, 1.0, 3), "11": (50.0, 0.0, 1), "12": (40.0, 0.5, 2)}
+    b = {"7": (57.0, 1.5, 3), "8": (54.0, 1.0, 3), "10": (1.0, 0.0, 3), "11": (49.0, 0.5, 3), "12": (42.0, 0.1, 3)}
+    table = ahead_table(("GUT", "UT"), (a, b), ["7", "8", "9", "10", "11", "12"])
+    lines = table.splitlines()
+    assert lines[0] == "|  | GUT | UT | GUT − UT | GUT ahead beyond one sd |"
+    assert lines[2:] == ["| 7 | 60.0 ± 1.0 (n=3) | 57.0 ± 1.5 (n=3) | +3.0 | yes |",      # 3 > 1.5
+                         "| 8 | 55.0 ± 2.0 (n=3) | 54.0 ± 1.0 (n=3) | +1.0 | no |",       # 1 < 2
+                         "| 11 | 50.0 ± 0.0 (n=1) | 49.0 ± 0.5 (n=3) | +1.0 | n/a (one seed) |",
+                         "| 12 | 40.0 ± 0.5 (n=2) | 42.0 ± 0.1 (n=3) | -2.0 | no |"]
+    # a difference equal to the larger sd is not beyond it
+    assert ahead_table(("A", "B"), ({"x": (3.0, 1.0, 2)}, {"x": (2.0, 1.0, 2)}), ["x"]).endswith("| +1.0 | no |")
+    with pytest.raises(ValueError, match="A and B have no column in common"):
+        ahead_table(("A", "B"), ({"x": (1.0, 0.0, 2)}, {"y": (1.0, 0.0, 2)}), ["x", "y"])
+
+
+def test_split_grid_reports_compare_two_models_from_their_json(tmp_path, capsys):
+    """``compare_models`` reads a written report (its splits and seed cells) and refuses a
+    model without runs; ``summary_main`` offers ``--compare`` only with a compare function."""
+    report = {"splits": ["test-iid", "test-len900-1000"],
+              "models": {"gut": {"label": "GUT", "seeds": [1, 2], "accuracy": {"test-iid": [50.0, 1.0, 2],
+                                                                               "test-len900-1000": None}},
+                         "ut": {"label": "UT", "seeds": [1, 2], "accuracy": {"test-iid": [47.0, 0.5, 2],
+                                                                             "test-len900-1000": [10.0, 1.0, 2]}}}}
+    write_json_atomic(str(tmp_path / "table1.json"), report)
+    text = compare_models(str(tmp_path / "table1.json"), "gut", "ut")
+    assert text.startswith("GUT against UT, accuracy (%) per test split, seed mean ± sample sd (seeds [1, 2] and [1, 2]):")
+    assert text.splitlines()[-1] == "| test-iid | 50.0 ± 1.0 (n=2) | 47.0 ± 0.5 (n=2) | +3.0 | yes |"
+    with pytest.raises(SystemExit, match=r"--compare tlb: no runs of that model in the report \(models: gut, ut\)"):
+        compare_models(str(tmp_path / "table1.json"), "tlb", "ut")
+    calls = []
+    summary_main("doc", "data", lambda work, data: f"report of {work}", ["t.md", "t.json"],
+                 [str(tmp_path), "--compare", "gut", "ut"], compare=lambda work, a, b: calls.append((work, a, b)) or "cmp")
+    out = capsys.readouterr().out
+    assert calls == [(str(tmp_path), "gut", "ut")] and out.rstrip().endswith("cmp") and f"report of {tmp_path}" in out
+    with pytest.raises(SystemExit):
+        summary_main("doc", "data", lambda work, data: "r", ["t.md"], [str(tmp_path), "--compare", "gut", "ut"])
+    assert "unrecognized arguments: --compare gut ut" in capsys.readouterr().err
 
 
 def test_spearman_on_exact_examples():
