@@ -14,7 +14,7 @@ from sut_fairseq.recipes import (RecipeError, add_stage_arguments, flag_value, f
                                  selected_stages, write_json_atomic)
 from sut_fairseq.recipes import scoring
 from sut_fairseq.recipes.runs import RunDir, resume_command
-from sut_fairseq.recipes.split_grid import compare_models
+from sut_fairseq.recipes.split_grid import compare_models, report_main
 from sut_fairseq.recipes.summary import (ahead_table, format_mean_std, line_plot, markdown_table, mean_std,
                                          ranks, spearman, summary_main)
 from sut_fairseq.recipes.train_log import best_valid, parse_train_log, training_hours
@@ -290,6 +290,12 @@ def test_split_grid_reports_compare_two_models_from_their_json(tmp_path, capsys)
     with pytest.raises(SystemExit):
         summary_main("doc", "data", lambda work, data: "r", ["t.md"], [str(tmp_path), "--compare", "gut", "ut"])
     assert "unrecognized arguments: --compare gut ut" in capsys.readouterr().err
+    # a split-grid task's command line compares from the report its summariser just wrote
+    (tmp_path / "table1.json").unlink()
+    report_main("doc", "listops", lambda work, data: write_json_atomic(os.path.join(work, "table1.json"), report)
+                or "written", "table1", [str(tmp_path), "--compare", "ut", "gut"])
+    out = capsys.readouterr().out
+    assert out.rstrip().splitlines()[-1] == "| test-iid | 47.0 ± 0.5 (n=2) | 50.0 ± 1.0 (n=2) | -3.0 | no |"
 
 
 def test_spearman_on_exact_examples():
