@@ -43,7 +43,7 @@ from typing import Dict, List
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import logic_recipe as recipe  # noqa: E402
 from sut_fairseq.recipes import load_results as load_all  # noqa: E402
-from sut_fairseq.recipes.summary import ahead_table, line_plot, markdown_table, mean_std, spearman  # noqa: E402
+from sut_fairseq.recipes.summary import compare_text, line_plot, markdown_table, mean_std, spearman  # noqa: E402
 from sut_fairseq.recipes.train_log import best_valid, training_hours  # noqa: E402
 
 TABLE_KEYS = [str(k) for k in recipe.REPORT_BUCKETS] + list(recipe.COMPOSITIONAL)
@@ -297,18 +297,12 @@ def summarize(work_dir: str, out_dir: str = None, setup: str = "seq2seq") -> str
 
 def compare_models(summary: Dict, a: str, b: str) -> str:
     """Model ``a`` against model ``b`` (names as in the grid: ``gut``, ``ut``, ...) on every
-    reported bucket both were scored on (``summary.ahead_table``); a model without results
+    reported bucket both were scored on (``summary.compare_text``); a model without results
     is refused, naming those with results."""
-    rows = summary["rows"]
-    for name in (a, b):
-        if name not in rows:
-            raise SystemExit(f"--compare {name}: no results of that model (models: {', '.join(rows)})")
-    cells = tuple({k: (c["accuracy"], c["sd"], c["n"]) for k, c in rows[name]["cells"].items() if c}
-                  for name in (a, b))
-    labels = (rows[a]["label"], rows[b]["label"])
-    return (f"{labels[0]} against {labels[1]}, accuracy (%) per number of operators, seed mean ± "
-            f"sample sd (seeds {rows[a]['seeds']} and {rows[b]['seeds']}):\n\n"
-            + ahead_table(labels, cells, TABLE_KEYS))
+    models = {name: (row["label"], row["seeds"],
+                     {k: (c["accuracy"], c["sd"], c["n"]) for k, c in row["cells"].items() if c})
+              for name, row in summary["rows"].items()}
+    return compare_text(models, a, b, TABLE_KEYS, "number of operators", "no results of that model")
 
 
 def main(argv=None):

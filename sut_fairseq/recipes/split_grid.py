@@ -485,18 +485,11 @@ def report_main(doc: str, task: str, summarize: Callable[[str, str], str], stem:
 
 def compare_models(report_json: str, a: str, b: str) -> str:
     """Model ``a`` against model ``b`` on every test split of a written report
-    (``WORK/STEM.json``): ``summary.ahead_table`` of their accuracies, with a line saying
-    what it compares; a model without runs is refused, naming those with runs."""
-    from .summary import ahead_table
+    (``WORK/STEM.json``): ``summary.compare_text`` of their accuracies; a model without
+    runs is refused, naming those with runs."""
+    from .summary import compare_text
 
     report = load_json(report_json)
-    models = report["models"]
-    for name in (a, b):
-        if name not in models:
-            raise SystemExit(f"--compare {name}: no runs of that model in the report "
-                             f"(models: {', '.join(models)})")
-    cells = tuple({s: (tuple(v) if v else None) for s, v in models[name]["accuracy"].items()} for name in (a, b))
-    labels = (models[a]["label"], models[b]["label"])
-    return (f"{labels[0]} against {labels[1]}, accuracy (%) per test split, seed mean ± sample sd "
-            f"(seeds {models[a]['seeds']} and {models[b]['seeds']}):\n\n"
-            + ahead_table(labels, cells, report["splits"]))
+    models = {name: (m["label"], m["seeds"], {s: (tuple(v) if v else None) for s, v in m["accuracy"].items()})
+              for name, m in report["models"].items()}
+    return compare_text(models, a, b, report["splits"], "test split", "no runs of that model in the report")

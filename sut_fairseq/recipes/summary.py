@@ -120,10 +120,26 @@ def ahead_table(labels: Tuple[str, str], cells: Tuple[Mapping[str, Optional[Mean
             verdict = "n/a (one seed)"
         else:
             verdict = "yes" if diff > max(x[1], y[1]) else "no"
+        # n shown in every cell (no n counts as "full")
         rows.append([column, format_mean_std(x, -1), format_mean_std(y, -1), f"{diff:+.1f}", verdict])
     if not rows:
         raise ValueError(f"{a} and {b} have no column in common")
     return markdown_table(["", a, b, f"{a} − {b}", f"{a} ahead beyond one sd"], rows)
+
+
+def compare_text(models: Mapping[str, Tuple[str, Sequence[int], Mapping[str, Optional[MeanStd]]]],
+                 a: str, b: str, columns: Sequence[str], unit: str, missing: str) -> str:
+    """``--compare A B`` of a task's report: ``models`` maps a model's name to its (label,
+    seeds, accuracy cells by column); a line saying what is compared (accuracy % per
+    ``unit``), then :func:`ahead_table`. A name without an entry is refused: ``--compare
+    NAME: MISSING (models: ...)``."""
+    for name in (a, b):
+        if name not in models:
+            raise SystemExit(f"--compare {name}: {missing} (models: {', '.join(models)})")
+    (label_a, seeds_a, cells_a), (label_b, seeds_b, cells_b) = models[a], models[b]
+    return (f"{label_a} against {label_b}, accuracy (%) per {unit}, seed mean ± sample sd "
+            f"(seeds {list(seeds_a)} and {list(seeds_b)}):\n\n"
+            + ahead_table((label_a, label_b), (cells_a, cells_b), columns))
 
 
 def format_mean_std(cell: Optional[MeanStd], full_n: int) -> str:
