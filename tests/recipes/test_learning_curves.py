@@ -21,16 +21,23 @@ LOG = """\
 """
 
 
-def test_points_count_wall_clock_from_the_first_start(tmp_path):
+def test_points_count_the_running_time_without_the_pause_before_a_resume(tmp_path):
     import learning_curves
 
     log = tmp_path / "train.log"
     log.write_text(LOG)
     points = learning_curves.parse_log(str(log))
+    # segment 1: 14:16:00 to its last line 14:21:30 (330 s); the pause to 14:30:00 is left
+    # out; segment 2: 60 s to the second validation
     assert [(p["updates"], p["seconds"], p["accuracy"]) for p in points] == [
-        (1000, 330.0, 77.756), (2000, 900.0, 80.16)]
+        (1000, 330.0, 77.756), (2000, 390.0, 80.16)]
     text = learning_curves.table({"A": points, "B": points[:1]})
-    assert "| 1,000 | 77.76 (6) | 77.76 (6) |" in text and "| 2,000 | 80.16 (15) | – |" in text
+    assert "| 1,000 | 77.76 (6) | 77.76 (6) |" in text and "| 2,000 | 80.16 (6) | – |" in text
+    # a line after the validation extends segment 1; an unstamped line does not
+    longer = LOG.replace("2026-11-23 14:30:00", "2026-11-23 14:25:00 | INFO | saved\nno stamp\n"
+                         "2026-11-23 14:30:00")
+    log.write_text(longer)
+    assert [p["seconds"] for p in learning_curves.parse_log(str(log))] == [330.0, 600.0]
 
 
 def test_script_writes_png_and_table_and_refuses_a_log_without_validation(tmp_path):
@@ -42,6 +49,10 @@ def test_script_writes_png_and_table_and_refuses_a_log_without_validation(tmp_pa
     assert done.returncode == 0, done.stderr
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "SUT (acc. %, minutes)" in table.read_text()
+    classify = run_in_process(SCRIPT, [f"GUT={log}", "--out", str(tmp_path / "c.png"), "--setup", "classify"])
+    assert classify.returncode == 0, classify.stderr
+    wrong = run_in_process(SCRIPT, [f"GUT={log}", "--out", str(tmp_path / "w.png"), "--setup", "pairs"])
+    assert wrong.returncode != 0 and "'pairs'" in wrong.stderr and "classify" in wrong.stderr
     empty = tmp_path / "empty.log"
     empty.write_text(LOG.splitlines()[0] + "\n")
     # the first call above is a real process (the script's entry point); the others run its
@@ -64,7 +75,7 @@ def test_saved_curves_round_trip_and_points_without_time_are_drawn_by_updates_on
     data = json.loads(saved.read_text())
     assert data["source"] == str(log)
     assert [(p["updates"], p["seconds"], p["accuracy"]) for p in data["points"]] == [
-        (1000, 330.0, 77.756), (2000, 900.0, 80.16)]
+        (1000, 330.0, 77.756), (2000, 390.0, 80.16)]
     untimed = tmp_path / "old.json"
     untimed.write_text(json.dumps({"label": "old", "source": "docs table", "points": [
         {"updates": 1000, "accuracy": 77.5, "seconds": None}]}))
