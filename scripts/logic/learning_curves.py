@@ -18,8 +18,9 @@ relation and ``</s>``, where 77.18 % is "always the majority relation ``#``"; in
 classify setup (``--setup classify``) the relation's accuracy, where the majority is
 54.35 %. The wall-clock time of a validation is the time the run had been running when it
 was logged: from each ``Start iterating over samples`` to the last line logged before the
-next one (a resumed run's pause is not counted), so it includes the validations
-themselves. Writes the PNG and, with ``--table``, a markdown table of every validation
+next one (a resumed run's pause is not counted; fairseq logs the same line at each
+epoch's start, where the segments then lose only the second or so between two log lines),
+so it includes the validations themselves. Writes the PNG and, with ``--table``, a markdown table of every validation
 (both atomically). Standard library + matplotlib.
 """
 import argparse
@@ -136,7 +137,7 @@ def plot(curves: Dict[str, List[Dict]], path: str, setup: str = "seq2seq") -> No
         timed = [p for p in points if p["seconds"] is not None]
         axes[1].plot([p["seconds"] / 3600 for p in timed], [p["accuracy"] for p in timed], "o-",
                      label=label)
-    for ax, xlabel in zip(axes, ("updates", "wall-clock hours (runs whose time is known)")):
+    for ax, xlabel in zip(axes, ("updates", "running hours (runs whose time is known)")):
         ax.axhline(MAJORITY_ACCURACY[setup], color="grey", ls=":", lw=1, label="majority relation")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("valid token accuracy (%)" if setup == "seq2seq" else "valid accuracy (%)")
