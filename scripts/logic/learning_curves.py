@@ -122,7 +122,7 @@ def table(curves: Dict[str, List[Dict]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(curves: Dict[str, List[Dict]], path: str, setup: str = "seq2seq") -> None:
+def plot(curves: Dict[str, List[Dict]], path: str, setup: str) -> None:
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)

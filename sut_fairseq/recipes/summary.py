@@ -120,7 +120,7 @@ def ahead_table(labels: Tuple[str, str], cells: Tuple[Mapping[str, Optional[Mean
             verdict = "n/a (one seed)"
         else:
             verdict = "yes" if diff > max(x[1], y[1]) else "no"
-        # n shown in every cell (no n counts as "full")
+        # full_n -1: every cell states its number of seeds
         rows.append([column, format_mean_std(x, -1), format_mean_std(y, -1), f"{diff:+.1f}", verdict])
     if not rows:
         raise ValueError(f"{a} and {b} have no column in common")
