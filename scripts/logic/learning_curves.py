@@ -20,8 +20,8 @@ classify setup (``--setup classify``) the relation's accuracy, where the majorit
 was logged: from each ``Start iterating over samples`` to the last line logged before the
 next one (a resumed run's pause is not counted; fairseq logs the same line at each
 epoch's start, where the segments then lose only the second or so between two log lines),
-so it includes the validations themselves. Writes the PNG and, with ``--table``, a markdown table of every validation
-(both atomically). Standard library + matplotlib.
+so it includes the validations themselves. Writes the PNG and, with ``--table``, a
+markdown table of every validation (both atomically). Standard library + matplotlib.
 """
 import argparse
 import datetime
