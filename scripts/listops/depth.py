@@ -81,9 +81,15 @@ def tree_depth(source: str) -> int:
 # --------------------------------------------------------------------------- the model
 
 def load_checkpoint(path: str, data_bin: str, threshold: Optional[float] = None):
-    """``(model, source dictionary)`` of a trained checkpoint, with its data directory
-    replaced by ``data_bin`` (where its dictionaries are) and its ``--user-dir`` by this
-    repository's plugin (a run trained from another checkout names that one)."""
+    """``(model, source dictionary)`` of a trained checkpoint: :func:`load_model_and_task`."""
+    model, task = load_model_and_task(path, data_bin, threshold)
+    return model, task.source_dictionary
+
+
+def load_model_and_task(path: str, data_bin: str, threshold: Optional[float] = None):
+    """``(model in eval mode, fairseq task)`` of a trained checkpoint, with its data
+    directory replaced by ``data_bin`` (where its dictionaries are) and its ``--user-dir``
+    by this repository's plugin (a run trained from another checkout names that one)."""
     from fairseq import checkpoint_utils
 
     import sut_fairseq  # noqa: F401  (registration, safe checkpoint loading)
@@ -96,7 +102,7 @@ def load_checkpoint(path: str, data_bin: str, threshold: Optional[float] = None)
     model = models[0].eval()
     if threshold is not None:
         model.set_halting_threshold(threshold)
-    return model, task.source_dictionary
+    return model, task
 
 
 def encode(dictionary, sources: Sequence[str]) -> list:
