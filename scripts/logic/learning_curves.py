@@ -17,9 +17,10 @@ subset: in the seq2seq setup (``--setup seq2seq``, the default) token accuracy o
 relation and ``</s>``, where 77.18 % is "always the majority relation ``#``"; in the
 classify setup (``--setup classify``) the relation's accuracy, where the majority is
 54.35 %. The wall-clock time of a validation is the time the run had been running when it
-was logged: from each ``Start iterating over samples`` to the last line logged before the
-next one (a resumed run's pause is not counted; fairseq logs the same line at each
-epoch's start, where the segments then lose only the second or so between two log lines),
+was logged: from each ``Start iterating over samples`` to the last progress line
+(``train_inner``, ``valid``, ``train``, checkpoint saves) before the next one (a resumed
+run's pause and start-up are not counted; fairseq logs the same line at each epoch's
+start, where the segments then lose only the second or so between two log lines),
 so it includes the validations themselves. Writes the PNG and, with ``--table``, a
 markdown table of every validation (both atomically). Standard library + matplotlib.
 """
@@ -36,6 +37,9 @@ import logic_recipe as recipe  # noqa: E402
 STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)")
 VALID = re.compile(r"\| valid on 'valid' subset \|.*")
 FIELD = re.compile(r"\| (\w+) ([-\d.]+)")
+#: Lines only a training that is iterating logs (progress, validation, epoch summary,
+#: checkpoint saves); a resumed process's start-up lines are not among them.
+PROGRESS = re.compile(r"^\S+ \S+ \| \w+ \| (train_inner|valid|train|fairseq\.checkpoint_utils) \|")
 #: validation accuracy of always answering the majority relation ``#`` (7,391 of the 13,599
 #: valid pairs): per setup, as fairseq's ``accuracy`` counts it (seq2seq: tokens, the
 #: relation and ``</s>``; classify: pairs)
@@ -45,8 +49,8 @@ MAJORITY_ACCURACY = {"seq2seq": 77.18, "classify": 54.35}
 def parse_log(path: str) -> List[Dict]:
     """Every validation of a log: ``{"updates", "seconds", "accuracy", "nll_loss"}``,
     ``seconds`` the running time before it: the segments from each ``Start iterating over
-    samples`` to the last stamped line before the next start summed, the gaps between them
-    (the run stopped, then resumed) left out."""
+    samples`` to its last progress line (``PROGRESS``) summed, the gaps between them (the
+    run stopped, then resumed, and the new process's start-up) left out."""
     if not os.path.isfile(path):
         raise SystemExit(f"error: no such log: {path}")
     start, last, before, points = None, None, 0.0, []
@@ -57,10 +61,11 @@ def parse_log(path: str) -> List[Dict]:
                 continue
             when = datetime.datetime.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")
             if "Start iterating over samples" in line:
-                if start is not None:  # a resume: close the segment at its last line
+                if start is not None:  # a resume: close the segment at its last progress line
                     before += (last - start).total_seconds()
-                start = when
-            last = when
+                start = last = when
+            elif PROGRESS.match(line):
+                last = when
             match = VALID.search(line)
             if match and start is not None:
                 fields = {k: float(v) for k, v in FIELD.findall(match.group(0))}

@@ -31,10 +31,17 @@ def test_points_count_the_running_time_without_the_pause_before_a_resume(tmp_pat
         (1000, 330.0, 77.756), (2000, 390.0, 80.16)]
     text = learning_curves.table({"A": points, "B": points[:1]})
     assert "| 1,000 | 77.76 (6) | 77.76 (6) |" in text and "| 2,000 | 80.16 (6) | – |" in text
-    # a line after the validation extends segment 1; an unstamped line does not
-    longer = LOG.replace("2026-11-23 14:30:00", "2026-11-23 14:25:00 | INFO | saved\nno stamp\n"
-                         "2026-11-23 14:30:00")
-    log.write_text(longer)
+    # a progress line after the validation extends segment 1; an unstamped line does not
+    saved = "2026-11-23 14:25:00 | INFO | fairseq.checkpoint_utils | Saved checkpoint c.pt\nno stamp\n"
+    log.write_text(LOG.replace("2026-11-23 14:30:00", saved + "2026-11-23 14:30:00"))
+    assert [p["seconds"] for p in learning_curves.parse_log(str(log))] == [330.0, 600.0]
+    # the resumed process's start-up lines (hours after the stop) do not
+    startup = ("2026-11-23 18:29:18 | INFO | fairseq.tasks.text_to_speech | Please install tensorboardX\n"
+               "2026-11-23 18:29:20 | INFO | fairseq_cli.train | begin dry-run validation on \"valid\" subset\n"
+               "2026-11-23 18:29:21 | INFO | fairseq.trainer | begin training epoch 2\n")
+    resumed = LOG.replace("2026-11-23 14:30:00", saved + startup + "2026-11-23 18:29:21").replace(
+        "2026-11-23 14:31:00", "2026-11-23 18:30:21")
+    log.write_text(resumed)
     assert [p["seconds"] for p in learning_curves.parse_log(str(log))] == [330.0, 600.0]
 
 
