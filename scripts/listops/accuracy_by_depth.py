@@ -41,6 +41,8 @@ from sut_fairseq.recipes.summary import ahead_table, format_mean_std, line_plot,
 
 #: Tree-depth groups (lowest, highest; None: no upper end) of the report.
 DEPTH_GROUPS: Tuple[Tuple[int, Optional[int]], ...] = ((1, 1), (2, 2), (3, 3), (4, 4), (5, 6), (7, 9), (10, None))
+#: The group every example is in (the whole split).
+ALL = "all"
 #: The longest training expression (tokens): the length groups are up to it and beyond.
 TRAIN_MAX_LENGTH = 100
 
@@ -70,6 +72,8 @@ def group_names() -> List[str]:
 
 def group_title(name: str) -> str:
     """A group's name as the report's rows show it (``"tree depth 5-6"``)."""
+    if name == ALL:
+        return ALL
     kind = "tree depth" if name[0].isdigit() else ("length" if name[0] in "<>" else "root operator")
     return f"{kind} {name}"
 
@@ -104,16 +108,16 @@ def predictions(model, task, sources: Sequence[str], batch_size: int = 64,
     return out
 
 
-def score_run(args, model_name: str, seed: int) -> Optional[Dict]:
-    """One run's per-example results (cached in its directory); None when it has no
-    checkpoint."""
+def score_run(args, model_name: str, seed: int, sources: Sequence[str],
+              references: Sequence[str]) -> Optional[Dict]:
+    """One run's per-example results on the split's ``sources`` against its
+    ``references`` (cached in its directory); None when it has no checkpoint."""
     run_dir = os.path.join(args.work_dir, model_name, f"seed{seed}")
     checkpoint = os.path.join(run_dir, "checkpoints", "checkpoint_best.pt")
     if not os.path.exists(checkpoint):
         print(f"{model_name} seed {seed}: no {checkpoint}, left out", flush=True)
         return None
     path = os.path.join(run_dir, f"accuracy-{args.split}.json")
-    sources, references = read_split(args.data_dir, args.split)
     if os.path.exists(path) and not args.force:
         cached = load_json(path)
         if cached.get("examples") == len(sources):
@@ -182,22 +186,18 @@ def majority_share(references: Sequence[str], groups: Sequence[Tuple[str, str]])
     return {name: (sum(c.values()), 100.0 * c.most_common(1)[0][1] / sum(c.values())) for name, c in labels.items()}
 
 
-def report(args, runs: Dict[str, List[Dict]]) -> Dict:
-    sources, references = read_split(args.data_dir, args.split)
-    groups = [example_groups(s) for s in sources]
+def report(args, runs: Dict[str, List[Dict]], sources: Sequence[str], references: Sequence[str]) -> Dict:
+    groups = [example_groups(s) + (ALL,) for s in sources]
     prior = majority_share(references, groups)
-    names = [n for n in group_names() if n in prior]
-    cells = {m: {n: mean_std([group_accuracy(r["per_example"], groups)[n] for r in rs]) for n in names}
-             for m, rs in runs.items()}
+    names = [n for n in group_names() if n in prior]  # the groups; the rows add ALL
+    per_run = {m: [group_accuracy(r["per_example"], groups) for r in rs] for m, rs in runs.items()}
+    cells = {m: {n: mean_std([accuracy[n] for accuracy in per_run[m]]) for n in names + [ALL]} for m in runs}
     labels = {m: recipe.CLASSIFY_TASK.grid.label(m) for m in runs}
     header = ["group", "examples", "majority label"] + [labels[m] for m in runs]
     rows = []
-    for n in names:
+    for n in names + [ALL]:
         rows.append([group_title(n), str(prior[n][0]), f"{prior[n][1]:.1f}"]
                     + [format_mean_std(cells[m][n], len(runs[m])) for m in runs])
-    whole = {m: mean_std([100.0 * r["correct"] / r["examples"] for r in rs]) for m, rs in runs.items()}
-    rows.append(["all", str(len(sources)), f"{100.0 * Counter(references).most_common(1)[0][1] / len(references):.1f}"]
-                + [format_mean_std(whole[m], len(runs[m])) for m in runs])
     seeds = ", ".join(f"{labels[m]} {[r['seed'] for r in rs]}" for m, rs in runs.items())
     text = (f"Accuracy (%) on {args.split} per tree depth and length, seed mean ± sample sd (seeds: {seeds}); "
             f"'majority label': the share of the group's most frequent label.\n\n"
@@ -222,7 +222,7 @@ def report(args, runs: Dict[str, List[Dict]]) -> Dict:
     write_text_atomic(prefix + ".md", text + "\n")
     summary = {"split": args.split, "groups": {n: {"examples": prior[n][0], "majority_label": prior[n][1]} for n in names},
                "accuracy": {m: {n: cells[m][n] for n in names} for m in runs},
-               "all": whole, "runs": {m: [{k: r[k] for k in ("seed", "correct", "examples", "check")} for r in rs]
+               "all": {m: cells[m][ALL] for m in runs}, "runs": {m: [{k: r[k] for k in ("seed", "correct", "examples", "check")} for r in rs]
                                       for m, rs in runs.items()}}
     write_json_atomic(prefix + ".json", summary)
     print(text)
@@ -250,14 +250,16 @@ def main(argv=None):
         raise SystemExit(f"error: work directory {args.work_dir} not found")
     import torch
     torch.set_num_threads(args.threads)
+    sources, references = read_split(args.data_dir, args.split)
     runs: Dict[str, List[Dict]] = {}
     for model_name in args.models:
-        scored = [r for r in (score_run(args, model_name, s) for s in args.seeds) if r is not None]
+        scored = [r for r in (score_run(args, model_name, s, sources, references) for s in args.seeds)
+                  if r is not None]
         if scored:
             runs[model_name] = scored
     if not runs:
         raise SystemExit(f"error: no checkpoint of {args.models} seeds {args.seeds} in {args.work_dir}")
-    return report(args, runs)
+    return report(args, runs, sources, references)
 
 
 if __name__ == "__main__":
