@@ -170,9 +170,13 @@ def _extern_kernel(node, phase: str) -> Optional[Generated]:
     kernel = node.node
     if isinstance(kernel, ir.MultiOutput):
         return None  # an output of another op: indexing on the host
-    # an op of several outputs (``MultiOutputLayout``) has no dtype or size of its own
-    single = not isinstance(getattr(kernel, "layout", None), ir.MultiOutputLayout)
-    dtype = kernel.get_dtype() if single else None
+    layout = getattr(kernel, "layout", None)
+    # an op of several outputs (``MultiOutputLayout``) has no dtype or size of its own; an
+    # op that only mutates its first input (``NoneLayout``: a scatter fallback) has that
+    # input's
+    single = not isinstance(layout, ir.MultiOutputLayout)
+    sized = kernel.inputs[0] if isinstance(layout, ir.NoneLayout) else kernel
+    dtype = sized.get_dtype() if single else None
     name = getattr(kernel, "python_kernel_name", None) or type(kernel).__name__
     op = getattr(kernel, "op_overload", None)
     if op is not None:
@@ -193,7 +197,7 @@ def _extern_kernel(node, phase: str) -> Optional[Generated]:
             a, b = _sizes(inputs[-2]), _sizes(inputs[-1])
             gemm = (a[0], a[1], b[2], a[2]) if short in ("bmm", "baddbmm") else (1, a[0], b[1], a[1])
         return Generated("gemm", short, 2.0 * math.prod(gemm), nbytes, dtype, phase, gemm=gemm)
-    numel = math.prod(_sizes(kernel)) if single else 0
+    numel = math.prod(_sizes(sized)) if single else 0
     return Generated("aten", short, float(numel), nbytes, dtype, phase, numel=numel)
 
 

@@ -67,6 +67,23 @@ def test_each_call_of_a_region_adds_its_kernels_again():
     assert [k.name for k in kernels[(0, "fwd")]] == [k.name for k in kernels[(1, "fwd")]]
 
 
+def test_an_op_that_only_mutates_its_input_is_sized_by_that_input():
+    """The halting rule's scatter_add of the remainders (``weights.scatter_add(2, last, r)``)
+    becomes a fill kernel and an extern ``scatter_reduce_`` that writes into its first input
+    and has no output of its own (inductor's ``NoneLayout``): one aten launch, with that
+    input's dtype and size."""
+    def remainders(w, last, r):
+        return w.scatter_add(2, last, r).sum(-1)
+
+    w = torch.randn(4, 5, 6, requires_grad=True)
+    last = torch.randint(0, 6, (4, 5, 1))
+    r = torch.randn(4, 5, 1, requires_grad=True)
+    kernels, mismatches = _generated(remainders, w, last, r)
+    assert mismatches == []
+    scatters = [k for k in kernels[(0, "fwd")] if k.kind == "aten"]
+    assert [(k.name, k.numel, k.dtype) for k in scatters] == [("scatter_reduce_", 120, torch.float32)]
+
+
 def test_attention_is_one_opaque_op_forward_and_backward():
     """The math a CPU would compile (two bmm and a softmax) is not generated: attention is
     the caller's fused kernel; the op itself computes SDPA and its gradients exactly."""
