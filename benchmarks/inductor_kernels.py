@@ -172,8 +172,8 @@ def _extern_kernel(node, phase: str) -> Optional[Generated]:
         return None  # an output of another op: indexing on the host
     layout = getattr(kernel, "layout", None)
     # an op of several outputs (``MultiOutputLayout``) has no dtype or size of its own; an
-    # op that only mutates its first input (``NoneLayout``: a scatter fallback) has that
-    # input's
+    # op that only mutates its first input (``NoneLayout``: the scatter-add of int64 that
+    # CUDA's lowering leaves to aten) has that input's
     single = not isinstance(layout, ir.MultiOutputLayout)
     sized = kernel.inputs[0] if isinstance(layout, ir.NoneLayout) else kernel
     dtype = sized.get_dtype() if single else None
@@ -309,7 +309,10 @@ def generating(tally: _Tally):
         current["phase"] = "bwd" if backward else "fwd"
         tally.wrapper_runs = -1
         try:
-            with icfg.patch(cpu_backend="triton", compile_threads=1, fx_graph_cache=False):
+            # cpp.fallback_scatter_reduce_sum: a CPU-only rule (a float scatter-add becomes
+            # an aten fallback when more than one thread is visible); CUDA lowers it itself
+            with icfg.patch({"cpu_backend": "triton", "compile_threads": 1,
+                             "fx_graph_cache": False, "cpp.fallback_scatter_reduce_sum": False}):
                 compile_fx_inner(gm, example_inputs, **kwargs)
         except Exception as error:  # noqa: BLE001  (Triton's missing CPU target, after codegen)
             if "compatible backends" not in str(error) and "active drivers" not in str(error):

@@ -67,21 +67,40 @@ def test_each_call_of_a_region_adds_its_kernels_again():
     assert [k.name for k in kernels[(0, "fwd")]] == [k.name for k in kernels[(1, "fwd")]]
 
 
-def test_an_op_that_only_mutates_its_input_is_sized_by_that_input():
-    """The halting rule's scatter_add of the remainders (``weights.scatter_add(2, last, r)``)
-    becomes a fill kernel and an extern ``scatter_reduce_`` that writes into its first input
-    and has no output of its own (inductor's ``NoneLayout``): one aten launch, with that
-    input's dtype and size."""
+def test_a_float_scatter_add_is_generated_as_on_cuda_whatever_the_cpu_threads():
+    """The halting rule's scatter-add of the remainders (``weights.scatter_add(2, last, r)``):
+    CUDA's lowering makes it inductor's own kernel; inductor's CPU rule would leave it to an
+    aten ``scatter_reduce_`` when more than one thread is visible (the model's launches
+    then moved with the machine's cores: 1,030 on one, 1,044 on two)."""
     def remainders(w, last, r):
         return w.scatter_add(2, last, r).sum(-1)
 
     w = torch.randn(4, 5, 6, requires_grad=True)
     last = torch.randint(0, 6, (4, 5, 1))
     r = torch.randn(4, 5, 1, requires_grad=True)
-    kernels, mismatches = _generated(remainders, w, last, r)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        kernels, mismatches = _generated(remainders, w, last, r)
+    finally:
+        torch.set_num_threads(threads)
+    assert mismatches == []
+    assert [k.kind for k in kernels[(0, "fwd")]] == ["inductor"] * len(kernels[(0, "fwd")])
+
+
+def test_an_op_that_only_mutates_its_input_is_sized_by_that_input():
+    """A scatter-add of int64 counts is an aten ``scatter_reduce_`` on CUDA too: an extern
+    op that writes into its first input and has no output of its own (inductor's
+    ``NoneLayout``): one aten launch, with that input's dtype and size."""
+    def counts(c, idx, ones):
+        return c.scatter_add(0, idx, ones) * 2
+
+    c = torch.zeros(8, dtype=torch.long)
+    idx = torch.randint(0, 8, (20,))
+    kernels, mismatches = _generated(counts, c, idx, torch.ones(20, dtype=torch.long))
     assert mismatches == []
     scatters = [k for k in kernels[(0, "fwd")] if k.kind == "aten"]
-    assert [(k.name, k.numel, k.dtype) for k in scatters] == [("scatter_reduce_", 120, torch.float32)]
+    assert [(k.name, k.numel, k.dtype) for k in scatters] == [("scatter_reduce_", 8, torch.int64)]
 
 
 def test_attention_is_one_opaque_op_forward_and_backward():
