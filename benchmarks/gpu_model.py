@@ -65,12 +65,15 @@ split of the regions' own kernels.
 **Device time**: per kernel max(FLOPs / (peak x efficiency), bytes / (bandwidth x
 efficiency), floor), with the bf16 dense peak and HBM bandwidth of ``DEVICES`` and the
 factors of ``FACTORS``, calibrated once (``--calibrate``) against the H200 profiles of
-``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error.
+``docs/results/gpu.md`` (``RECORDED``); every run prints the calibration error. The routed
+kernels' efficiencies can be refit on a GPU profile of today's kernels
+(``--measured-kernels LOG``: the ``== plugin kernels`` lines ``train_step.py --profile``
+prints on a GPU), the rest of the step still predicted.
 
     python benchmarks/gpu_model.py --arch sut_base [sut_base+flex] transformer_wmt_en_de [--compile-step]
         [--compile-loop] [--inductor] [--expert-gemm grouped_mm] [--weight-grads deferred]
         [--device H100] [--batch 128 --len 32]
-        [--top 12] [--calibrate]
+        [--top 12] [--calibrate] [--measured-kernels TRAIN_STEP_LOG]
 
 Ends with ``gpu model: ARCH launches N device_ms X misaligned_gemms M`` per architecture
 and ``gpu model: sut_base / transformer_wmt_en_de device time R``.
@@ -81,6 +84,7 @@ import dataclasses
 import itertools
 import math
 import os
+import re
 import sys
 from collections import Counter, defaultdict
 from dataclasses import dataclass
@@ -882,6 +886,82 @@ def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
     return Factors(floor, gemm, mis, routed_gemm, routed_wgrad, bandwidth)
 
 
+#: the routed Triton kernels whose efficiency a GPU profile of today's code measures
+#: (``--measured-kernels``): kernel -> the factor it sets
+MEASURED_FACTORS = {"_routed_gemm": "routed_gemm", "_routed_wgrad": "routed_wgrad"}
+#: ``train_step.py --profile``'s line of the plugin's Triton kernels on a GPU:
+#: ``== plugin kernels [compiled ]ARCH: NAME LAUNCHES MS; NAME LAUNCHES MS; ...``
+PLUGIN_KERNELS_ROW = re.compile(r"^== plugin kernels (.+?): (.*)$")
+
+
+def plugin_kernels_in(path: str) -> Dict[str, Dict[str, Tuple[int, float]]]:
+    """{profile key (``sut_base``, ``compiled sut_base``, ...): {kernel: (launches, device
+    ms)}} of the ``== plugin kernels`` lines of a ``train_step.py`` log (a key's last line)."""
+    out = {}
+    with open(path, errors="replace") as log:
+        for line in log:
+            m = PLUGIN_KERNELS_ROW.match(line.strip())
+            if m:
+                items = [item.split() for item in m.group(2).split(";") if item.strip()]
+                out[m.group(1)] = {name: (int(n), float(ms)) for name, n, ms in items}
+    return out
+
+
+def profile_for(profiles: Dict[str, dict], arch: str, form: str) -> Optional[str]:
+    """The key of ``arch``'s profile in ``profiles``: the one of the modelled form (eager
+    ``ARCH``, compiled ``compiled ARCH``, the compiled loop ``compiled ARCH+loop``), else
+    any of the same architecture (its routed launches are the same in every form), else
+    None."""
+    wanted = {"eager": arch, "step": f"compiled {arch}", "loop": f"compiled {arch}+loop"}[form]
+    if wanted in profiles:
+        return wanted
+    same = [key for key in profiles if key.replace("compiled ", "").split("+")[0] == arch]
+    return same[-1] if same else None
+
+
+def fitted_efficiency(kernels: List[Kernel], name: str, measured_ms: float, device: Device,
+                      factors: Factors) -> float:
+    """The efficiency of ``name``'s factor (``MEASURED_FACTORS``) at which the model's device
+    ms of the step's ``name`` launches equals ``measured_ms``: bisection (the time falls as
+    the efficiency rises); 1.0 where the launches are bound by their bytes or the floor
+    even at the peak."""
+    field = MEASURED_FACTORS[name]
+    ours = [k for k in kernels if k.kind == "triton" and k.name == name]
+
+    def ms(eff):
+        f = dataclasses.replace(factors, **{field: eff})
+        return sum(kernel_ms(k, device, f) for k in ours)
+
+    lo, hi = 1e-6, 1.0
+    if ms(hi) >= measured_ms:
+        return hi
+    for _ in range(60):
+        mid = (lo * hi) ** 0.5
+        lo, hi = (mid, hi) if ms(mid) > measured_ms else (lo, mid)
+    return hi
+
+
+def refit_factors(kernels: List[Kernel], measured: Dict[str, Tuple[int, float]], key: str,
+                  device: Device, factors: Factors) -> Factors:
+    """``factors`` with each routed kernel's efficiency refit to its measured (launches, ms)
+    of the profile ``key``; a kernel whose launches differ from the model's step keeps its
+    factor (the profile is of other code or another form), with a line saying so."""
+    for name, field in MEASURED_FACTORS.items():
+        if name not in measured:
+            continue
+        n, ms = measured[name]
+        modelled = sum(k.launches for k in kernels if k.kind == "triton" and k.name == name)
+        if n != modelled:
+            print(f"gpu model: measured {name}: {n} launches in the profile {key!r} against "
+                  f"{modelled} in the modelled step: {field} not refit")
+            continue
+        eff = fitted_efficiency(kernels, name, ms, device, factors)
+        print(f"gpu model: refit {field} {eff:.4g} (was {getattr(factors, field)}) from {name} "
+              f"{n} launches {ms:.3f} ms (profile {key!r})")
+        factors = dataclasses.replace(factors, **{field: eff})
+    return factors
+
+
 def print_step(arch: str, kernels: List[Kernel], device: Device, top: int) -> None:
     """Launches and device ms by kind, inside and outside the compiled regions (compiled
     steps), per recurrence step / layer, with ``--inductor`` inductor's kernels of the most
@@ -960,6 +1040,23 @@ def replaced_factors(factors: Factors, items: List[str], error) -> Factors:
     return dataclasses.replace(factors, **new)
 
 
+def measured_factors(args, steps, compiled) -> Factors:
+    """FACTORS refit on ``--measured-kernels``' profile of the first modelled architecture
+    that has routed kernels and a profile there; FACTORS as they are, with a line, if none."""
+    profiles = plugin_kernels_in(args.measured_kernels)
+    form = "loop" if args.compile_loop else "step" if compiled else "eager"
+    for arch in args.arch:
+        kernels = steps[(arch, compiled)]
+        if not any(k.kind == "triton" and k.name in MEASURED_FACTORS for k in kernels):
+            continue
+        key = profile_for(profiles, arch.split("+")[0], form)
+        if key is not None:
+            return refit_factors(kernels, profiles[key], key, DEVICES[args.device], FACTORS)
+    print(f"gpu model: no '== plugin kernels' line of a modelled architecture in "
+          f"{args.measured_kernels}: the calibrated factors stand")
+    return FACTORS
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--arch", nargs="+", default=["sut_base", "transformer_wmt_en_de"],
@@ -990,7 +1087,16 @@ def main(argv=None):
                              f"(names: {', '.join(Factors.__dataclass_fields__)}); repeatable")
     parser.add_argument("--calibrate", action="store_true",
                         help="fit FACTORS to RECORDED (runs the four recorded steps) and print them")
+    parser.add_argument("--measured-kernels", metavar="TRAIN_STEP_LOG",
+                        help="refit the routed kernels' efficiencies (routed_gemm, routed_wgrad) "
+                             "on the '== plugin kernels' lines of a GPU run of train_step.py "
+                             "--profile (today's kernels), then predict the step with them")
     args = parser.parse_args(argv)
+    if args.measured_kernels and args.calibrate:
+        parser.error("--measured-kernels refits today's kernels; --calibrate fits the recorded "
+                     "profiles: use one")
+    if args.measured_kernels and not os.path.isfile(args.measured_kernels):
+        parser.error(f"--measured-kernels {args.measured_kernels}: no such file")
     if args.compile_step and args.compile_loop:
         parser.error("--compile-step and --compile-loop exclude each other")
     if args.inductor and not (args.compile_step or args.compile_loop):
@@ -1023,15 +1129,19 @@ def main(argv=None):
         weight_grads.Stats.reset()
         with mock.patch.dict(os.environ, {"SUT_EXPERT_GEMM": args.expert_gemm,
                                           "SUT_WEIGHT_GRADS": args.weight_grads}):
-            steps[(arch, compiled)] = kernels = record_step(form, compiled, args.batch, args.len,
-                                                            args.vocab, dtype, args.inductor)
-        ms[arch] = total_ms(kernels, DEVICES[args.device])
+            steps[(arch, compiled)] = record_step(form, compiled, args.batch, args.len,
+                                                  args.vocab, dtype, args.inductor)
         if weight_grads.Stats.peak:  # counted where the backward runs eagerly
             print(f"== {arch}: deferred weight gradients held at most "
                   f"{weight_grads.Stats.peak / 2 ** 20:.1f} MiB of step output gradients")
+    if args.measured_kernels:
+        FACTORS = measured_factors(args, steps, compiled)
+    for arch in args.arch:
+        kernels = steps[(arch, compiled)]
+        ms[arch] = total_ms(kernels, DEVICES[args.device])
         print_step(arch, kernels, DEVICES[args.device], args.top)
     if (args.batch, args.len, args.vocab, dtype) == (128, 32, 32768, torch.bfloat16) \
-            and not args.compile_loop:
+            and not args.compile_loop and not args.measured_kernels:  # (recorded: the old kernels)
         print_calibration(steps)
     for arch in ms:
         if arch.split("+")[0] == "sut_base" and "transformer_wmt_en_de" in ms:

@@ -467,6 +467,18 @@ def device_ms(events) -> float:
                if e.device_type != DeviceType.CPU and not getattr(e, "is_user_annotation", False)) / 1e3
 
 
+def plugin_kernels_line(arch: str, events) -> str:
+    """``== plugin kernels ARCH: NAME LAUNCHES MS; ...``: the device time of the plugin's
+    Triton kernels (their names begin with ``_``: ``_routed_gemm``, ``_routed_wgrad``,
+    ``_route_rows``, ``_ce_forward`` ...; inductor's begin with ``triton_``, the libraries'
+    with their own), for ``benchmarks/gpu_model.py --measured-kernels``."""
+    from torch.autograd import DeviceType
+
+    ours = sorted((e.key, e.count, e.self_device_time_total / 1e3) for e in events
+                  if e.device_type != DeviceType.CPU and e.key.startswith("_"))
+    return f"== plugin kernels {arch}: " + "; ".join(f"{k} {n} {ms:.3f}" for k, n, ms in ours)
+
+
 def print_profile(arch: str, step, rows: int, cuda: bool) -> None:
     """Profile one call of ``arch``'s (warm) ``step``; print its wall time, kernel launches,
     aten calls, device busy time (GPU) and its ``rows`` most expensive operations; on a
@@ -486,6 +498,8 @@ def print_profile(arch: str, step, rows: int, cuda: bool) -> None:
           f"{ops} aten operator calls{busy}")
     print(events.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=rows),
           flush=True)
+    if cuda:
+        print(plugin_kernels_line(arch, events), flush=True)
     if cuda:
         by_shape, _ = profiled(step, cuda, shapes=True)
         print(f"== device time of {arch} by operator and input shapes")

@@ -28,6 +28,7 @@ generate train-loop train-graphs``, any of them): every step it names is require
 import itertools
 import os
 import re
+import shlex
 
 from gpu_common import UsageError, log_lines_of, step_env
 
@@ -238,13 +239,19 @@ MODEL_ARCHS = ("sut_base", "transformer_wmt_en_de")
 #: "== gpu model mode MODE" (the step's own marker) and gpu_model.py's closing lines
 MODEL_MODE_ROW = re.compile(r"^== gpu model mode (\S+)")
 MODEL_ROW = re.compile(r"^gpu model: (\S+) launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)")
+#: gpu_model.py --measured-kernels: a routed kernel's efficiency refit (or not) on a profile
+MODEL_REFIT_ROW = re.compile(r"^gpu model: (refit|measured) .*")
 
 
-def model_command(python, smoke):
+def model_command(python, smoke, measured_log=None):
     """One shell command running gpu_model.py in every mode of MODEL_MODES, each run after a
     marker line, for the node's GPU (H100 or H200, as ``torch.cuda.get_device_name`` says;
-    H200 without one); --smoke: a batch of 2 x 4 tokens."""
+    H200 without one); --smoke: a batch of 2 x 4 tokens. ``measured_log``: the stage log,
+    whose train steps' profiles (``== plugin kernels`` lines) refit the routed kernels'
+    efficiencies on today's kernels (``--measured-kernels``)."""
     sizes = " --batch 2 --len 4 --vocab 64" if smoke else ""
+    if measured_log:
+        sizes += f" --measured-kernels {shlex.quote(str(measured_log))}"
     device = (f'$({python} -c "import torch; name = torch.cuda.get_device_name() '
               f'if torch.cuda.is_available() else \'\'; print(\'H100\' if \'H100\' in name else \'H200\')")')
     runs = [f"echo '== gpu model mode {mode}' && {python} benchmarks/gpu_model.py --arch "
@@ -257,11 +264,14 @@ def parse_model(lines):
     """gpu_model.py's runs -> {mode: {arch: {launches, device_ms, misaligned_gemms}}} and
     the device line ``device`` (the first run's header)."""
     out, mode = {"device": next((l for l in lines if l.startswith("gpu model of one training step")), None),
-                 "modes": {}}, None
+                 "modes": {}, "refits": {}}, None
     for line in lines:
         m = MODEL_MODE_ROW.match(line)
         if m:
             mode = m.group(1)
+            continue
+        if MODEL_REFIT_ROW.match(line) and mode is not None:
+            out["refits"].setdefault(mode, []).append(line[len("gpu model: "):].strip())
             continue
         m = MODEL_ROW.match(line)
         if m and mode is not None:
@@ -289,6 +299,11 @@ def model_table(model, parsed):
             busy = measured.get("device_busy_ms")
             text.append(f"| {mode} | {arch} | {predicted['launches']} | {measured.get('launches', '')} | "
                         f"{predicted['device_ms']:.1f} | {'' if busy is None else f'{busy:.1f}'} |")
+    refits = model.get("refits", {})
+    if refits:
+        text += ["", "The routed kernels' efficiencies, refit on this call's profiles "
+                 "(`--measured-kernels`; the rest of the step predicted):", ""]
+        text += [f"* {mode}: {line}" for mode, lines in refits.items() for line in lines]
     return text
 
 
@@ -403,7 +418,8 @@ def stage_bench(stage, python):
                            *(SMOKE_TRAIN_LOOP_ARGS if stage.smoke else GPU_TRAIN_LOOP_ARGS)],
             "train-graphs": [python, "benchmarks/train_step.py",
                              *(SMOKE_TRAIN_GRAPHS_ARGS if stage.smoke else GPU_TRAIN_GRAPHS_ARGS)],
-            "model": ["bash", "-c", model_command(python, stage.smoke)]}
+            "model": ["bash", "-c", model_command(python, stage.smoke,
+                                                  None if stage.smoke else stage.log_path)]}
     checks = {"moe": moe_check, "train": train_check("train", True),
               "train-16k": train_check("train-16k", False), "generate": generate_check,
               "train-loop": train_check("train-loop", not stage.smoke, LOOP_MODELS),

@@ -299,3 +299,82 @@ def test_factor_option_replaces_one_factor_and_refuses_bad_ones():
     for bad in ("gemm=0", "gemm=-1", "gemm=fast", "gemm"):
         with pytest.raises(ValueError, match=f"--factor {bad}: the value must be a positive number"):
             gpu_model.replaced_factors(base, [bad], error)
+
+
+def test_a_measured_kernel_time_gives_back_the_efficiency_that_prices_it():
+    """fitted_efficiency on an exact example: two launches of 2^31 FLOPs each on a toy
+    device of 100 TFLOP/s priced at 0.3 of the peak, found again from their time; launches
+    at the floor even at the peak give 1.0."""
+    dev = gpu_model.Device("toy", bf16_tflops=100.0, hbm_tbs=1.0)
+    f = gpu_model.Factors(floor_us=5.0, bandwidth=0.5)
+    routed = [gpu_model.Kernel("triton", "_routed_gemm", 2, 2 * 2.0 * 1024 ** 3, 1e6),
+              gpu_model.Kernel("triton", "_routed_wgrad", 1, 2.0 * 1024 ** 3, 1e6)]
+    measured = 1e3 * 2 * 2.0 * 1024 ** 3 / (0.3 * 100e12)
+    assert gpu_model.fitted_efficiency(routed, "_routed_gemm", measured, dev, f) == pytest.approx(0.3, rel=1e-6)
+    assert gpu_model.fitted_efficiency(routed, "_routed_wgrad", 1e3 * 2.0 * 1024 ** 3 / (0.05 * 100e12),
+                                       dev, f) == pytest.approx(0.05, rel=1e-6)
+    tiny = [gpu_model.Kernel("triton", "_routed_gemm", 3, 1e3, 1e3)]
+    assert gpu_model.fitted_efficiency(tiny, "_routed_gemm", 3 * 5e-3, dev, f) == 1.0
+
+
+def test_train_steps_plugin_kernels_line_is_what_the_model_reads(tmp_path):
+    """train_step.py --profile's line of the plugin's Triton kernels (device events whose
+    names begin with '_'; not inductor's, the libraries', nor host events) parses back to
+    {profile key: {kernel: (launches, ms)}}, a key's last line kept."""
+    from types import SimpleNamespace
+
+    import train_step
+    from torch.autograd import DeviceType
+
+    def event(key, count, us, device=DeviceType.CUDA):
+        return SimpleNamespace(key=key, count=count, self_device_time_total=us, device_type=device)
+
+    events = [event("_routed_wgrad", 60, 4330.0), event("_routed_gemm", 120, 3134.0),
+              event("triton_poi_fused_add_0", 40, 900.0), event("sm90_xmma_gemm", 200, 1700.0),
+              event("_routed_gemm", 120, 50.0, DeviceType.CPU)]
+    line = train_step.plugin_kernels_line("compiled sut_base", events)
+    assert line == "== plugin kernels compiled sut_base: _routed_gemm 120 3.134; _routed_wgrad 60 4.330"
+    log = tmp_path / "bench.log"
+    log.write_text("+ python benchmarks/train_step.py ...\n"
+                   "== plugin kernels sut_base: _routed_gemm 120 9.000\n"
+                   f"{line}\n== plugin kernels sut_base: _routed_gemm 120 5.000; _ce_forward 1 0.140\n")
+    assert gpu_model.plugin_kernels_in(str(log)) == {
+        "sut_base": {"_routed_gemm": (120, 5.0), "_ce_forward": (1, 0.14)},
+        "compiled sut_base": {"_routed_gemm": (120, 3.134), "_routed_wgrad": (60, 4.33)}}
+    profiles = gpu_model.plugin_kernels_in(str(log))
+    assert gpu_model.profile_for(profiles, "sut_base", "step") == "compiled sut_base"
+    assert gpu_model.profile_for(profiles, "sut_base", "eager") == "sut_base"
+    assert gpu_model.profile_for(profiles, "sut_base", "loop") == "compiled sut_base"   # same launches
+    assert gpu_model.profile_for(profiles, "ut_base", "eager") is None
+
+
+def test_measured_kernels_refit_the_routed_factors_of_the_predicted_step(tmp_path, capsys):
+    """--measured-kernels: the step's _routed_gemm launches are priced at their measured
+    time (the by-kind row reads it), a kernel whose launches differ from the modelled
+    step's keeps its factor; a missing log is refused."""
+    kernels = gpu_model.record_step("sut_tiny", False, 4, 8, 200)
+    n_gemm = sum(k.launches for k in kernels if k.name == "_routed_gemm")
+    n_wgrad = sum(k.launches for k in kernels if k.name == "_routed_wgrad")
+    # three times the time the calibrated factor gives them (sut_tiny's launches sit at the
+    # floor: a far lower efficiency prices them so)
+    now = sum(gpu_model.kernel_ms(k, gpu_model.H200) for k in kernels if k.name == "_routed_gemm")
+    log = tmp_path / "bench.log"
+    log.write_text(f"== plugin kernels sut_tiny: _routed_gemm {n_gemm} {3 * now:.3f}; "
+                   f"_routed_wgrad {n_wgrad + 1} 1.000\n")
+    factors = gpu_model.FACTORS
+    try:
+        gpu_model.main(["--arch", "sut_tiny", "--batch", "4", "--len", "8", "--vocab", "200",
+                        "--measured-kernels", str(log)])
+    finally:
+        gpu_model.FACTORS = factors
+    out = capsys.readouterr().out
+    m = re.search(rf"^gpu model: refit routed_gemm ([\d.e-]+) \(was 0.235\) from _routed_gemm {n_gemm} "
+                  rf"launches {3 * now:.3f} ms \(profile 'sut_tiny'\)$", out, re.M)
+    assert m and float(m[1]) < 0.235, out
+    assert f"gpu model: measured _routed_wgrad: {n_wgrad + 1} launches in the profile 'sut_tiny' " \
+           f"against {n_wgrad} in the modelled step: routed_wgrad not refit" in out
+    row = re.search(rf"^  triton _routed_gemm +{n_gemm} +([\d.]+)$", out, re.M)
+    assert row and float(row[1]) == pytest.approx(3 * now, abs=0.006), out
+    with pytest.raises(SystemExit):
+        gpu_model.main(["--arch", "sut_tiny", "--measured-kernels", str(tmp_path / "none.log")])
+    assert "--measured-kernels" in capsys.readouterr().err

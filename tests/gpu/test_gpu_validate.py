@@ -554,6 +554,9 @@ def test_the_model_step_puts_its_prediction_beside_the_profiles():
     command = b.model_command("py", False)
     assert command.count("benchmarks/gpu_model.py --arch sut_base transformer_wmt_en_de --device $device") == 3
     assert "--compile-step" in command and "--compile-loop" in command and "--batch" not in command
+    assert "--measured-kernels" not in command   # without a log of the call's profiles
+    measured = b.model_command("py", False, "/out dir/bench.log")
+    assert measured.count("--measured-kernels '/out dir/bench.log'") == 3
     lines = ["== gpu model mode eager",
              "gpu model of one training step on H100 SXM: batch 128 x 32 = 4096 target tokens, bfloat16, eager",
              "gpu model: sut_base launches 3594 device_ms 29.8 misaligned_gemms 0",
@@ -562,6 +565,10 @@ def test_the_model_step_puts_its_prediction_beside_the_profiles():
              "gpu model: sut_base launches 1787 device_ms 18.9 misaligned_gemms 0",
              "gpu model: transformer_wmt_en_de launches 684 device_ms 9.1 misaligned_gemms 0",
              "== gpu model mode compile-loop",
+             "gpu model: refit routed_gemm 0.41 (was 0.235) from _routed_gemm 120 launches 1.788 ms "
+             "(profile 'compiled sut_base')",
+             "gpu model: measured _routed_wgrad: 10 launches in the profile 'compiled sut_base' "
+             "against 60 in the modelled step: routed_wgrad not refit",
              "gpu model: sut_base launches 1366 device_ms 16.7 misaligned_gemms 0",
              "gpu model: transformer_wmt_en_de launches 684 device_ms 9.1 misaligned_gemms 0"]
     model = b.parse_model(lines)
@@ -578,6 +585,9 @@ def test_the_model_step_puts_its_prediction_beside_the_profiles():
     assert "| compile-step | sut_base | 1787 | 3558 | 18.9 | 34.2 |" in table
     assert "| eager | transformer_wmt_en_de | 1120 |  | 11.3 |  |" in table   # not profiled here
     assert "| compile-loop | sut_base | 1366 |  | 16.7 |  |" in table       # no train-loop step
+    assert model["refits"] == {"compile-loop": [lines[8][len("gpu model: "):], lines[9][len("gpu model: "):]]}
+    assert ("* compile-loop: refit routed_gemm 0.41 (was 0.235) from _routed_gemm 120 launches "
+            "1.788 ms (profile 'compiled sut_base')") in table
 
 
 @pytest.mark.slow  # about 35 s: gpu_model.py three times on the smoke sizes
