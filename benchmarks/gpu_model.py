@@ -944,12 +944,15 @@ def fitted_efficiency(kernels: List[Kernel], name: str, measured_ms: float, devi
 def refit_factors(kernels: List[Kernel], measured: Dict[str, Tuple[int, float]], key: str,
                   device: Device, factors: Factors) -> Factors:
     """``factors`` with each routed kernel's efficiency refit to its measured (launches, ms)
-    of the profile ``key``; a kernel whose launches differ from the model's step keeps its
-    factor (the profile is of other code or another form), with a line saying so."""
+    of the profile ``key`` (summed over the names ``NAME`` and ``NAME_<n>``, as a compiled
+    graph may number a kernel it launches); a kernel whose launches differ from the model's
+    step keeps its factor (the profile is of other code or another form), with a line
+    saying so."""
     for name, field in MEASURED_FACTORS.items():
-        if name not in measured:
+        found = [v for k, v in measured.items() if re.fullmatch(rf"{name}(_\d+)?", k)]
+        if not found:
             continue
-        n, ms = measured[name]
+        n, ms = sum(v[0] for v in found), sum(v[1] for v in found)
         modelled = sum(k.launches for k in kernels if k.kind == "triton" and k.name == name)
         if n != modelled:
             print(f"gpu model: measured {name}: {n} launches in the profile {key!r} against "

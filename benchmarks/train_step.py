@@ -500,7 +500,6 @@ def print_profile(arch: str, step, rows: int, cuda: bool) -> None:
           flush=True)
     if cuda:
         print(plugin_kernels_line(arch, events), flush=True)
-    if cuda:
         by_shape, _ = profiled(step, cuda, shapes=True)
         print(f"== device time of {arch} by operator and input shapes")
         print(by_shape.table(sort_by="device_time_total", row_limit=rows, max_name_column_width=40,

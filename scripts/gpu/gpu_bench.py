@@ -239,8 +239,9 @@ MODEL_ARCHS = ("sut_base", "transformer_wmt_en_de")
 #: "== gpu model mode MODE" (the step's own marker) and gpu_model.py's closing lines
 MODEL_MODE_ROW = re.compile(r"^== gpu model mode (\S+)")
 MODEL_ROW = re.compile(r"^gpu model: (\S+) launches (\d+) device_ms ([\d.]+) misaligned_gemms (\d+)")
-#: gpu_model.py --measured-kernels: a routed kernel's efficiency refit (or not) on a profile
-MODEL_REFIT_ROW = re.compile(r"^gpu model: (refit|measured) .*")
+#: gpu_model.py --measured-kernels: a routed kernel's efficiency refit (or not) on a
+#: profile, or no profile to refit on
+MODEL_REFIT_ROW = re.compile(r"^gpu model: (refit|measured|no) .*")
 
 
 def model_command(python, smoke, measured_log=None):
@@ -261,8 +262,9 @@ def model_command(python, smoke, measured_log=None):
 
 
 def parse_model(lines):
-    """gpu_model.py's runs -> {mode: {arch: {launches, device_ms, misaligned_gemms}}} and
-    the device line ``device`` (the first run's header)."""
+    """gpu_model.py's runs -> {"modes": {mode: {arch: {launches, device_ms,
+    misaligned_gemms}}}, "refits": {mode: [its --measured-kernels lines]}, "device": the
+    first run's header}."""
     out, mode = {"device": next((l for l in lines if l.startswith("gpu model of one training step")), None),
                  "modes": {}, "refits": {}}, None
     for line in lines:
