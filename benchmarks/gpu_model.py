@@ -143,6 +143,10 @@ class Factors:
 
 #: calibrated by ``--calibrate`` (see docs/gpu-step.md, "A model of the GPU step on the CPU")
 FACTORS = Factors()
+#: the routed Triton kernels and the factor that prices each (refit on a GPU profile of
+#: today's code by ``--measured-kernels``); the plugin's other Triton kernels take
+#: ``routed_wgrad``'s
+ROUTED_FACTORS = {"_routed_gemm": "routed_gemm", "_routed_wgrad": "routed_wgrad"}
 
 #: the H200 profiles (bf16, 128 x 32 = 4,096 target tokens; docs/results/gpu.md, fourth
 #: lease, call 2; device ms = the profiles' "Self CUDA time total") of checkout 4073c4e:
@@ -227,7 +231,7 @@ def kernel_ms(k: Kernel, device: Device, factors: Optional[Factors] = None) -> f
     if k.launches == 0:
         return 0.0
     factors = factors or FACTORS
-    routed = factors.routed_gemm if k.name == "_routed_gemm" else factors.routed_wgrad
+    routed = getattr(factors, ROUTED_FACTORS.get(k.name, "routed_wgrad"))
     gemm = factors.grouped_mm if k.name == "_grouped_mm" else factors.gemm
     eff = {"gemm": factors.misaligned_gemm if k.misaligned() else gemm,
            "attention": factors.gemm, "triton": routed}.get(k.kind)
@@ -886,9 +890,6 @@ def calibrate(steps: Dict[Tuple[str, bool], List[Kernel]]) -> Factors:
     return Factors(floor, gemm, mis, routed_gemm, routed_wgrad, bandwidth)
 
 
-#: the routed Triton kernels whose efficiency a GPU profile of today's code measures
-#: (``--measured-kernels``): kernel -> the factor it sets
-MEASURED_FACTORS = {"_routed_gemm": "routed_gemm", "_routed_wgrad": "routed_wgrad"}
 #: ``train_step.py --profile``'s line of the plugin's Triton kernels on a GPU:
 #: ``== plugin kernels [compiled ]ARCH: NAME LAUNCHES MS; NAME LAUNCHES MS; ...``
 PLUGIN_KERNELS_ROW = re.compile(r"^== plugin kernels (.+?): (.*)$")
@@ -921,11 +922,11 @@ def profile_for(profiles: Dict[str, dict], arch: str, form: str) -> Optional[str
 
 def fitted_efficiency(kernels: List[Kernel], name: str, measured_ms: float, device: Device,
                       factors: Factors) -> float:
-    """The efficiency of ``name``'s factor (``MEASURED_FACTORS``) at which the model's device
+    """The efficiency of ``name``'s factor (``ROUTED_FACTORS``) at which the model's device
     ms of the step's ``name`` launches equals ``measured_ms``: bisection (the time falls as
     the efficiency rises); 1.0 where the launches are bound by their bytes or the floor
     even at the peak."""
-    field = MEASURED_FACTORS[name]
+    field = ROUTED_FACTORS[name]
     ours = [k for k in kernels if k.kind == "triton" and k.name == name]
 
     def ms(eff):
@@ -948,7 +949,7 @@ def refit_factors(kernels: List[Kernel], measured: Dict[str, Tuple[int, float]],
     graph may number a kernel it launches); a kernel whose launches differ from the model's
     step keeps its factor (the profile is of other code or another form), with a line
     saying so."""
-    for name, field in MEASURED_FACTORS.items():
+    for name, field in ROUTED_FACTORS.items():
         found = [v for k, v in measured.items() if re.fullmatch(rf"{name}(_\d+)?", k)]
         if not found:
             continue
@@ -1050,7 +1051,7 @@ def measured_factors(args, steps, compiled) -> Factors:
     form = "loop" if args.compile_loop else "step" if compiled else "eager"
     for arch in args.arch:
         kernels = steps[(arch, compiled)]
-        if not any(k.kind == "triton" and k.name in MEASURED_FACTORS for k in kernels):
+        if not any(k.kind == "triton" and k.name in ROUTED_FACTORS for k in kernels):
             continue
         key = profile_for(profiles, arch.split("+")[0], form)
         if key is not None:

@@ -301,7 +301,7 @@ def model_table(model, parsed):
             busy = measured.get("device_busy_ms")
             text.append(f"| {mode} | {arch} | {predicted['launches']} | {measured.get('launches', '')} | "
                         f"{predicted['device_ms']:.1f} | {'' if busy is None else f'{busy:.1f}'} |")
-    refits = model.get("refits", {})
+    refits = model["refits"]
     if refits:
         text += ["", "The routed kernels' efficiencies, refit on this call's profiles "
                  "(`--measured-kernels`; the rest of the step predicted):", ""]
