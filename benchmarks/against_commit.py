@@ -1,0 +1,139 @@
+"""Run one benchmark on an earlier commit and on the working tree, in turns, on this machine.
+
+A CPU's speed moves from day to day and from machine to machine (the WMT-sized training
+step ran at 0.48x to 0.86x the transformer on different days' machines), so "no
+regression" is a comparison made in one session: the same benchmark, the earlier code and
+today's, alternately, each ratio it prints collected per side.
+
+    python benchmarks/against_commit.py COMMIT [--rounds 2] [--match REGEX] \\
+        -- benchmarks/train_step.py --threads 2
+
+The earlier commit is checked out in a temporary ``git worktree`` (removed at the end);
+each run is ``python SCRIPT ARGS`` with the tree as its working directory and first on
+``PYTHONPATH``, so that the benchmark imports that tree's ``sut_fairseq`` (the installed
+package is this checkout's, in editable mode). Within a round the sides swap order every
+round (earlier first in odd rounds), so a drift of the machine's speed during the runs
+weighs on both. Every output line that matches ``--match`` (default: the ratio lines,
+``... tokens/s: X``) is printed as it comes, prefixed by side and round; the end is one
+line per matched line's label::
+
+    against COMMIT: LABEL: earlier A1 A2 (mean A), today T1 T2 (mean T), today / earlier R
+
+A run that fails stops the comparison with its exit status and the last lines of its
+output.
+"""
+import argparse
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from collections import defaultdict
+from typing import Dict, List, Optional, Tuple
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+#: the number a matched line reports: the first one that follows a ": "
+VALUE = re.compile(r":\s*(-?\d+(?:\.\d+)?)")
+
+
+def git(*args: str, cwd: str = ROOT) -> str:
+    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
+    if out.returncode:
+        raise SystemExit(f"against_commit: git {' '.join(args)} failed: {out.stderr.strip()}")
+    return out.stdout.strip()
+
+
+def label_and_value(line: str) -> Optional[Tuple[str, float]]:
+    """('sut_base / transformer tokens/s', 0.72) of 'sut_base / transformer tokens/s: 0.72 (goal
+    >= 0.6; at ...: 0.43)': the text before the first ': ' that a number follows, and that
+    number; None where no number follows a ': ' (the line is printed, not summarised)."""
+    first = VALUE.search(line)
+    if first is None:
+        return None
+    return line[: first.start()].strip(), float(first.group(1))
+
+
+def run_side(tree: str, command: List[str], match: re.Pattern, prefix: str) -> List[str]:
+    """``python COMMAND`` in ``tree`` with the tree first on PYTHONPATH; the matched lines."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
+    print(f"+ (cd {tree} && python {' '.join(command)})", flush=True)
+    out = subprocess.run([sys.executable, *command], cwd=tree, env=env, capture_output=True, text=True)
+    if out.returncode:
+        tail = (out.stdout + out.stderr)[-3000:]
+        raise SystemExit(f"against_commit: {prefix}: the benchmark exited with {out.returncode}:\n{tail}")
+    lines = [line for line in out.stdout.splitlines() if match.search(line)]
+    for line in lines:
+        print(f"{prefix}: {line}", flush=True)
+    return lines
+
+
+def summary(commit: str, values: Dict[str, Dict[str, List[float]]]) -> List[str]:
+    """One line per label: both sides' values, their means and today / earlier."""
+    rows = []
+    for label, sides in values.items():
+        earlier, today = sides.get("earlier", []), sides.get("today", [])
+        if not earlier or not today:
+            continue
+        a, t = statistics.mean(earlier), statistics.mean(today)
+        ratio = f"{t / a:.3f}" if a else "n/a"
+        fmt = " ".join
+        rows.append(f"against {commit}: {label}: earlier {fmt(f'{v:g}' for v in earlier)} (mean {a:.3f}), "
+                    f"today {fmt(f'{v:g}' for v in today)} (mean {t:.3f}), today / earlier {ratio}")
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("commit", help="the earlier commit (any name git knows)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default 2)")
+    parser.add_argument("--match", default=r"tokens/s: \d",
+                        help="regular expression of the output lines to collect (default: the ratios)")
+    parser.usage = "%(prog)s COMMIT [--rounds N] [--match REGEX] -- SCRIPT [ARGS]"
+    argv = list(sys.argv[1:] if argv is None else argv)
+    split = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:split])
+    command = argv[split + 1:]  # the benchmark, a path relative to the repository, and its arguments
+    if not command:
+        parser.error("no benchmark given: add -- SCRIPT [ARGS], e.g. -- benchmarks/train_step.py --threads 2")
+    if args.rounds < 1:
+        parser.error(f"--rounds {args.rounds}: at least 1")
+    try:
+        match = re.compile(args.match)
+    except re.error as err:
+        parser.error(f"--match {args.match!r} is not a regular expression: {err}")
+    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.commit}^{{commit}}"],
+                           cwd=ROOT, capture_output=True, text=True)
+    sha = found.stdout.strip()
+    if found.returncode or not sha:
+        parser.error(f"{args.commit!r} is not a commit of {ROOT}")
+    if not os.path.exists(os.path.join(ROOT, command[0])):
+        parser.error(f"{command[0]!r}: no such file in {ROOT}")
+    print(f"against_commit: {args.commit} ({sha[:12]}) and the working tree, {args.rounds} round(s) of "
+          f"python {' '.join(command)}", flush=True)
+    parent = tempfile.mkdtemp(prefix="against-commit-")
+    tree = os.path.join(parent, "earlier")
+    git("worktree", "add", "--detach", tree, sha)
+    values: Dict[str, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
+    try:
+        if not os.path.exists(os.path.join(tree, command[0])):
+            raise SystemExit(f"against_commit: {command[0]!r} does not exist at {args.commit}")
+        for r in range(1, args.rounds + 1):
+            sides = [("earlier", tree), ("today", ROOT)]
+            for side, where in (sides if r % 2 else sides[::-1]):
+                for line in run_side(where, command, match, f"{side} {r}"):
+                    found = label_and_value(line)
+                    if found is not None:
+                        values[found[0]][side].append(found[1])
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, capture_output=True)
+        shutil.rmtree(parent, ignore_errors=True)
+    for row in summary(args.commit, values):
+        print(row)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
