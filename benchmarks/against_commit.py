@@ -13,9 +13,9 @@ each run is ``python SCRIPT ARGS`` with the tree as its working directory and fi
 ``PYTHONPATH``, so that the benchmark imports that tree's ``sut_fairseq`` (the installed
 package is this checkout's, in editable mode). Within a round the sides swap order every
 round (earlier first in odd rounds), so a drift of the machine's speed during the runs
-weighs on both. Every output line that matches ``--match`` (default: the ratio lines,
-``... tokens/s: X``) is printed as it comes, prefixed by side and round; the end is one
-line per matched line's label::
+weighs on both. Each run's output is printed as it comes, prefixed by side and round; the
+lines that match ``--match`` (default: the ratio lines, ``... tokens/s: X``) are collected,
+and the end is one line per collected line's label (the text before its number)::
 
     against COMMIT: LABEL: earlier A1 A2 (mean A), today T1 T2 (mean T), today / earlier R
 
@@ -56,18 +56,26 @@ def label_and_value(line: str) -> Optional[Tuple[str, float]]:
 
 
 def run_side(tree: str, command: List[str], match: re.Pattern, prefix: str) -> List[str]:
-    """``python COMMAND`` in ``tree`` with the tree first on PYTHONPATH; the matched lines."""
+    """``python COMMAND`` in ``tree`` with the tree first on PYTHONPATH; its standard output
+    printed line by line as it comes (prefixed), the lines ``match`` selects returned."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     print(f"+ (cd {tree} && python {' '.join(command)})", flush=True)
-    out = subprocess.run([sys.executable, *command], cwd=tree, env=env, capture_output=True, text=True)
-    if out.returncode:
-        tail = (out.stdout + out.stderr)[-3000:]
-        raise SystemExit(f"against_commit: {prefix}: the benchmark exited with {out.returncode}:\n{tail}")
-    lines = [line for line in out.stdout.splitlines() if match.search(line)]
-    for line in lines:
-        print(f"{prefix}: {line}", flush=True)
-    return lines
+    selected, printed = [], []
+    with tempfile.TemporaryFile(mode="w+") as err:
+        proc = subprocess.Popen([sys.executable, *command], cwd=tree, env=env, stdout=subprocess.PIPE,
+                                stderr=err, text=True)
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            printed.append(line)
+            print(f"{prefix}: {line}", flush=True)
+            if match.search(line):
+                selected.append(line)
+        if proc.wait():
+            err.seek(0)
+            tail = ("\n".join(printed) + "\n" + err.read())[-3000:]
+            raise SystemExit(f"against_commit: {prefix}: the benchmark exited with {proc.returncode}:\n{tail}")
+    return selected
 
 
 def summary(commit: str, values: Dict[str, Dict[str, List[float]]]) -> List[str]:

@@ -55,7 +55,8 @@ def test_each_side_runs_its_own_code_in_alternating_order(repo):
     assert sides == [("earlier", "1", "1.0"), ("today", "1", "3.0"),
                      ("today", "2", "3.0"), ("earlier", "2", "1.0"),
                      ("earlier", "3", "1.0"), ("today", "3", "3.0")], out.stdout
-    assert "noise" not in out.stdout  # only the lines --match selects
+    assert out.stdout.count("noise line 1.5") == 6  # every line shown, only the ratio summarised
+    assert "against HEAD~1: noise" not in out.stdout
     assert re.search(r"^against HEAD~1: model / baseline tokens/s: earlier 1 1 1 \(mean 1\.000\), "
                      r"today 3 3 3 \(mean 3\.000\), today / earlier 3\.000$", out.stdout, re.M), out.stdout
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True)
@@ -67,6 +68,7 @@ def test_match_selects_other_lines(repo):
     assert out.returncode == 0, out.stderr
     assert "against HEAD" not in out.stdout  # a line with no ": NUMBER" is shown, not summarised
     assert "earlier 1: noise line 1.5" in out.stdout and "today 1: noise line 1.5" in out.stdout
+    assert "against HEAD: model" not in out.stdout  # not selected by --match
 
 
 @pytest.mark.parametrize("args, message", [
