@@ -26,6 +26,7 @@ import argparse
 import os
 import re
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -65,12 +66,16 @@ def run_side(tree: str, command: List[str], match: re.Pattern, prefix: str) -> L
     with tempfile.TemporaryFile(mode="w+") as err:
         proc = subprocess.Popen([sys.executable, *command], cwd=tree, env=env, stdout=subprocess.PIPE,
                                 stderr=err, text=True)
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            printed.append(line)
-            print(f"{prefix}: {line}", flush=True)
-            if match.search(line):
-                selected.append(line)
+        try:
+            for line in proc.stdout:
+                line = line.rstrip("\n")
+                printed.append(line)
+                print(f"{prefix}: {line}", flush=True)
+                if match.search(line):
+                    selected.append(line)
+        finally:  # interrupted (Ctrl-C, SIGTERM): the benchmark stops too
+            if proc.poll() is None and sys.exc_info()[0] is not None:
+                proc.terminate()
         if proc.wait():
             err.seek(0)
             tail = ("\n".join(printed) + "\n" + err.read())[-3000:]
@@ -121,6 +126,8 @@ def main(argv=None) -> int:
         parser.error(f"{command[0]!r}: no such file in {ROOT}")
     print(f"against_commit: {args.commit} ({sha[:12]}) and the working tree, {args.rounds} round(s) of "
           f"python {' '.join(command)}", flush=True)
+    # SIGTERM as an exception, so that the worktree is removed and the run stopped
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parent = tempfile.mkdtemp(prefix="against-commit-")
     tree = os.path.join(parent, "earlier")
     git("worktree", "add", "--detach", tree, sha)

@@ -3,18 +3,23 @@ in turns, each side importing its own code, in a small git repository made for t
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 GIT_ENV = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@example.com",
            "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@example.com"}
-BENCH = """import sys
+BENCH = """import os, sys, time
 import pkg
 if "--fail" in sys.argv:
     sys.exit("broken on purpose")
+if "--slow" in sys.argv:
+    print(f"pid: {os.getpid()}", flush=True)
+    time.sleep(120)
 print("noise line 1.5")
 print(f"model / baseline tokens/s: {pkg.VALUE} (goal >= 0.5; at peak: 9.9)")
 """
@@ -87,5 +92,28 @@ def test_a_failing_benchmark_stops_with_its_output(repo):
     out = run(repo, "HEAD", "--", "benchmarks/fake.py", "--fail")
     assert out.returncode != 0
     assert "earlier 1: the benchmark exited with 1" in out.stderr and "broken on purpose" in out.stderr
+    worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True)
+    assert len(worktrees.stdout.strip().splitlines()) == 1, worktrees.stdout
+
+
+def test_a_terminated_comparison_stops_its_benchmark_and_removes_the_worktree(repo):
+    tool = subprocess.Popen([sys.executable, str(repo / "benchmarks" / "against_commit.py"), "HEAD",
+                             "--", "benchmarks/fake.py", "--slow"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    for line in tool.stdout:  # the benchmark has started when it prints its pid
+        if line.startswith("earlier 1: pid: "):
+            pid = int(line.split()[-1])
+            break
+    tool.terminate()
+    assert tool.wait(timeout=60) == 128 + signal.SIGTERM
+    for _ in range(100):  # the benchmark was told to stop too
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("the benchmark outlived the comparison")
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True)
     assert len(worktrees.stdout.strip().splitlines()) == 1, worktrees.stdout
