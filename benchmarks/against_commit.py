@@ -11,9 +11,9 @@ today's, alternately, each ratio it prints collected per side.
 The earlier commit is checked out in a temporary ``git worktree`` (removed at the end);
 each run is ``python SCRIPT ARGS`` with the tree as its working directory and first on
 ``PYTHONPATH``, so that the benchmark imports that tree's ``sut_fairseq`` (the installed
-package is this checkout's, in editable mode). Within a round the sides swap order every
-round (earlier first in odd rounds), so a drift of the machine's speed during the runs
-weighs on both. Each run's output is printed as it comes, prefixed by side and round; the
+package is this checkout's, in editable mode). The two sides swap order every round
+(the earlier commit first in odd rounds), so a drift of the machine's speed during the
+runs weighs on both. Each run's output is printed as it comes, prefixed by side and round; the
 lines that match ``--match`` (default: the ratio lines, ``... tokens/s: X``) are collected,
 and the end is one line per collected line's label (the text before its number)::
 
