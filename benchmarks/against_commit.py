@@ -15,7 +15,9 @@ package is this checkout's, in editable mode). The two sides swap order every ro
 (the earlier commit first in odd rounds), so a drift of the machine's speed during the
 runs weighs on both. Each run's output is printed as it comes, prefixed by side and round; the
 lines that match ``--match`` (default: the ratio lines, ``... tokens/s: X``) are collected,
-and the end is one line per collected line's label (the text before its number)::
+and the end is one line per collected line's label (the text before its number; with a
+group in ``--match``, e.g. ``"(\\d+) ms/step"`` for each model's time, the group is the
+number)::
 
     against COMMIT: LABEL: earlier A1 A2 (mean A), today T1 T2 (mean T), today / earlier R
 
@@ -46,10 +48,19 @@ def git(*args: str, cwd: str = ROOT) -> str:
     return out.stdout.strip()
 
 
-def label_and_value(line: str) -> Optional[Tuple[str, float]]:
-    """('sut_base / transformer tokens/s', 0.72) of 'sut_base / transformer tokens/s: 0.72 (goal
-    >= 0.6; at ...: 0.43)': the text before the first ': ' that a number follows, and that
-    number; None where no number follows a ': ' (the line is printed, not summarised)."""
+def label_and_value(line: str, match: re.Pattern) -> Optional[Tuple[str, float]]:
+    """(label, value) of a selected line. Where ``match`` has a group, the value is its first
+    group's number and the label the line before it ('sut_base   17115 ms/step' with
+    ``(\\d+) ms/step``: ('sut_base', 17115.0)); else the first number that follows a ': '
+    and the text before that ('sut_base / transformer tokens/s: 0.72 (goal >= 0.6; at ...:
+    0.43)': ('sut_base / transformer tokens/s', 0.72)). None where there is no number (the
+    line is printed, not summarised)."""
+    if match.groups:
+        found = match.search(line)
+        try:
+            return line[: found.start(1)].strip().rstrip(":").rstrip(), float(found.group(1))
+        except (TypeError, ValueError):  # the group did not take part, or is not a number
+            return None
     first = VALUE.search(line)
     if first is None:
         return None
@@ -103,7 +114,8 @@ def main(argv=None) -> int:
     parser.add_argument("commit", help="the earlier commit (any name git knows)")
     parser.add_argument("--rounds", type=int, default=2, help="runs of each side (default 2)")
     parser.add_argument("--match", default=r"tokens/s: \d",
-                        help="regular expression of the output lines to collect (default: the ratios)")
+                        help="regular expression of the output lines to collect (default: the ratios); "
+                             "its first group, if any, is the number to compare")
     parser.usage = "%(prog)s COMMIT [--rounds N] [--match REGEX] -- SCRIPT [ARGS]"
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
@@ -139,7 +151,7 @@ def main(argv=None) -> int:
             sides = [("earlier", tree), ("today", ROOT)]
             for side, where in (sides if r % 2 else sides[::-1]):
                 for line in run_side(where, command, match, f"{side} {r}"):
-                    found = label_and_value(line)
+                    found = label_and_value(line, match)
                     if found is not None:
                         values[found[0]][side].append(found[1])
     finally:

@@ -21,6 +21,7 @@ if "--slow" in sys.argv:
     print(f"pid: {os.getpid()}", flush=True)
     time.sleep(120)
 print("noise line 1.5")
+print(f"model {int(pkg.VALUE * 10)} ms/step")
 print(f"model / baseline tokens/s: {pkg.VALUE} (goal >= 0.5; at peak: 9.9)")
 """
 
@@ -117,3 +118,14 @@ def test_a_terminated_comparison_stops_its_benchmark_and_removes_the_worktree(re
         raise AssertionError("the benchmark outlived the comparison")
     worktrees = subprocess.run(["git", "worktree", "list"], cwd=repo, capture_output=True, text=True)
     assert len(worktrees.stdout.strip().splitlines()) == 1, worktrees.stdout
+
+
+def test_a_group_in_match_is_the_number_compared(repo):
+    """``--match`` with a group: the group's number, labelled by the text before it (a line
+    whose group is not a number is shown, not summarised)."""
+    out = run(repo, "HEAD~1", "--rounds", "1", "--match", r"(\d+) ms/step|noise line (x)?", "--",
+              "benchmarks/fake.py")
+    assert out.returncode == 0, out.stderr
+    assert re.search(r"^against HEAD~1: model: earlier 10 \(mean 10\.000\), "
+                     r"today 30 \(mean 30\.000\), today / earlier 3\.000$", out.stdout, re.M), out.stdout
+    assert "against HEAD~1: noise" not in out.stdout and "tokens/s: earlier" not in out.stdout
