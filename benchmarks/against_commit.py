@@ -41,22 +41,20 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
 VALUE = re.compile(r":\s*(-?\d+(?:\.\d+)?)")
 
 
-def git(*args: str, cwd: str = ROOT) -> str:
-    out = subprocess.run(["git", *args], cwd=cwd, capture_output=True, text=True)
-    if out.returncode:
-        raise SystemExit(f"against_commit: git {' '.join(args)} failed: {out.stderr.strip()}")
-    return out.stdout.strip()
+def git(*args: str) -> subprocess.CompletedProcess:
+    """``git ARGS`` in this repository, its output captured."""
+    return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True)
 
 
-def label_and_value(line: str, match: re.Pattern) -> Optional[Tuple[str, float]]:
-    """(label, value) of a selected line. Where ``match`` has a group, the value is its first
-    group's number and the label the line before it ('sut_base   17115 ms/step' with
-    ``(\\d+) ms/step``: ('sut_base', 17115.0)); else the first number that follows a ': '
-    and the text before that ('sut_base / transformer tokens/s: 0.72 (goal >= 0.6; at ...:
-    0.43)': ('sut_base / transformer tokens/s', 0.72)). None where there is no number (the
-    line is printed, not summarised)."""
-    if match.groups:
-        found = match.search(line)
+def label_and_value(found: re.Match) -> Optional[Tuple[str, float]]:
+    """(label, value) of a line that ``--match`` selected (``found``, its match). Where the
+    pattern has a group, the value is its first group's number and the label the line
+    before it ('sut_base   17115 ms/step' with ``(\\d+) ms/step``: ('sut_base', 17115.0));
+    else the first number that follows a ': ' and the text before that ('sut_base /
+    transformer tokens/s: 0.72 (goal >= 0.6; at ...: 0.43)': ('sut_base / transformer
+    tokens/s', 0.72)). None where there is no number (the line is printed, not summarised)."""
+    line = found.string
+    if found.re.groups:
         try:
             return line[: found.start(1)].strip().rstrip(":").rstrip(), float(found.group(1))
         except (TypeError, ValueError):  # the group did not take part, or is not a number
@@ -67,9 +65,9 @@ def label_and_value(line: str, match: re.Pattern) -> Optional[Tuple[str, float]]
     return line[: first.start()].strip(), float(first.group(1))
 
 
-def run_side(tree: str, command: List[str], match: re.Pattern, prefix: str) -> List[str]:
+def run_side(tree: str, command: List[str], match: re.Pattern, prefix: str) -> List[re.Match]:
     """``python COMMAND`` in ``tree`` with the tree first on PYTHONPATH; its standard output
-    printed line by line as it comes (prefixed), the lines ``match`` selects returned."""
+    printed line by line as it comes (prefixed); the matches of the lines ``match`` selects."""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(
         [tree] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]))
     print(f"+ (cd {tree} && python {' '.join(command)})", flush=True)
@@ -82,8 +80,9 @@ def run_side(tree: str, command: List[str], match: re.Pattern, prefix: str) -> L
                 line = line.rstrip("\n")
                 printed.append(line)
                 print(f"{prefix}: {line}", flush=True)
-                if match.search(line):
-                    selected.append(line)
+                found = match.search(line)
+                if found:
+                    selected.append(found)
         finally:  # interrupted (Ctrl-C, SIGTERM): the benchmark stops too
             if proc.poll() is None and sys.exc_info()[0] is not None:
                 proc.terminate()
@@ -103,9 +102,8 @@ def summary(commit: str, values: Dict[str, Dict[str, List[float]]]) -> List[str]
             continue
         a, t = statistics.mean(earlier), statistics.mean(today)
         ratio = f"{t / a:.3f}" if a else "n/a"
-        fmt = " ".join
-        rows.append(f"against {commit}: {label}: earlier {fmt(f'{v:g}' for v in earlier)} (mean {a:.3f}), "
-                    f"today {fmt(f'{v:g}' for v in today)} (mean {t:.3f}), today / earlier {ratio}")
+        rows.append(f"against {commit}: {label}: earlier {' '.join(f'{v:g}' for v in earlier)} (mean {a:.3f}), "
+                    f"today {' '.join(f'{v:g}' for v in today)} (mean {t:.3f}), today / earlier {ratio}")
     return rows
 
 
@@ -129,8 +127,7 @@ def main(argv=None) -> int:
         match = re.compile(args.match)
     except re.error as err:
         parser.error(f"--match {args.match!r} is not a regular expression: {err}")
-    found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.commit}^{{commit}}"],
-                           cwd=ROOT, capture_output=True, text=True)
+    found = git("rev-parse", "--verify", "--quiet", f"{args.commit}^{{commit}}")
     sha = found.stdout.strip()
     if found.returncode or not sha:
         parser.error(f"{args.commit!r} is not a commit of {ROOT}")
@@ -142,7 +139,9 @@ def main(argv=None) -> int:
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     parent = tempfile.mkdtemp(prefix="against-commit-")
     tree = os.path.join(parent, "earlier")
-    git("worktree", "add", "--detach", tree, sha)
+    added = git("worktree", "add", "--detach", tree, sha)
+    if added.returncode:
+        raise SystemExit(f"against_commit: git worktree add failed: {added.stderr.strip()}")
     values: Dict[str, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
     try:
         if not os.path.exists(os.path.join(tree, command[0])):
@@ -150,12 +149,12 @@ def main(argv=None) -> int:
         for r in range(1, args.rounds + 1):
             sides = [("earlier", tree), ("today", ROOT)]
             for side, where in (sides if r % 2 else sides[::-1]):
-                for line in run_side(where, command, match, f"{side} {r}"):
-                    found = label_and_value(line, match)
+                for selected in run_side(where, command, match, f"{side} {r}"):
+                    found = label_and_value(selected)
                     if found is not None:
                         values[found[0]][side].append(found[1])
     finally:
-        subprocess.run(["git", "worktree", "remove", "--force", tree], cwd=ROOT, capture_output=True)
+        git("worktree", "remove", "--force", tree)
         shutil.rmtree(parent, ignore_errors=True)
     for row in summary(args.commit, values):
         print(row)
