@@ -136,6 +136,8 @@ def specialize(kernel, args: dict, config: triton.Config) -> ASTSource:
                 signature[name] = "i32" if -2**31 <= value < 2**31 else "i64"
                 if value % 16 == 0:
                     attrs[(i,)] = [["tt.divisibility", 16]]
+        elif isinstance(value, float):  # the runtime passes a Python float as fp32
+            signature[name] = "fp32"
         else:
             raise TypeError(f"{name}: unexpected argument {value!r}")
     return ASTSource(fn=kernel, signature=signature, constexprs=constexprs, attrs=attrs)
@@ -262,24 +264,31 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
 
 def route_launches(dtype: str, E: int, k: int, N: int = 4096, D: int = 512) -> List[Tuple[str, object, dict]]:
     """``(name, kernel, args)`` of a router's forward (rows, sort) and backward launches on
-    "meta" tensors of ``dtype``, as the routers make them: the hidden layer (N, D) and the
-    last layer's weight (E, D), k picks."""
+    "meta" tensors of ``dtype``, as the routers make them: the hidden layer's
+    pre-activation (N, D) (``pre_tanh``) with the gating dropout's mask (training) and
+    without (``-nokeep``: evaluation, or no gating dropout), the last layer's weight (E, D),
+    k picks."""
     meta = dict(device="meta")
-    hidden = torch.empty(N, D, dtype=DTYPES[dtype][0], **meta)
-    weight = torch.empty(E, D, dtype=hidden.dtype, **meta)
+    u = torch.empty(N, D, dtype=DTYPES[dtype][0], **meta)
+    weight = torch.empty(E, D, dtype=u.dtype, **meta)
     active = torch.empty(N, dtype=torch.bool, **meta)
     running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = DTYPES[dtype][1]  # the products' input precision
+    names = []
     try:
         with record_launches() as launches:
-            _, expert_idxs, *_ = routing_triton.route_top_k(hidden, weight, active, k, hidden.dtype, running)
-            routing_triton.route_top_k_backward(hidden, weight, active, expert_idxs,
-                                                torch.empty(N, k, **meta), torch.empty(2 * E + 2, **meta))
+            for keep, suffix in ((torch.empty(N, D, dtype=torch.bool, **meta), ""), (None, "-nokeep")):
+                _, expert_idxs, *_ = routing_triton.route_top_k(u, weight, active, k, u.dtype, running,
+                                                                keep, 1.25, True)
+                routing_triton.route_top_k_backward(u, weight, active, expert_idxs,
+                                                    torch.empty(N, k, **meta),
+                                                    torch.empty(2 * E + 2, **meta), keep, 1.25, True)
+                names += [f"rows{suffix}", "sort" if not suffix else None, f"bwd{suffix}"]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
     return [(f"route.{n}.E{E}k{k}", kernel, args)
-            for n, (kernel, args) in zip(("rows", "sort", "bwd"), launches)]
+            for n, (kernel, args) in zip(names, launches) if n is not None]
 
 
 def _operand_dtypes(dtypes):

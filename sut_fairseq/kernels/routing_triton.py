@@ -23,6 +23,13 @@ For router logits z (N, E) fp32, active rows a (N,) bool and k picks, with the l
   gates' and the statistics' (``ops/route_op.py`` has the formula), the softmax
   recomputed from the logits.
 
+With ``PRE_TANH`` the input X is the pre-activation of the router's hidden layer and the
+kernels form the layer as they load it, h = a · tanh(X) ⊙ keep / (1 - p) (keep: the
+gating dropout's mask, (N, D) bool, or none; a: the row is active), so that no kernel of
+its own reads and writes it; the backward also writes h (for the last layer's weight
+gradient, a product outside) and returns X's gradient dX = a · (dz W) ⊙ keep / (1 - p) ⊙
+(1 - tanh(X)^2).
+
 CUDA tensors launch the compiled kernels; CPU tensors run them in Triton's interpreter
 (tests; ``TRITON_INTERPRET=1`` before ``triton`` is imported).
 """
@@ -43,9 +50,10 @@ BLOCKS_PER_ITER = 64   # block counts read per iteration by the sort
 BLOCK_D = 64           # columns of the router's hidden layer per product (logits, dX); fp32: 16
 
 
-def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, D, stride_xn,
-                stride_we, K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr,
-                BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, KEEP, N, E, D, stride_xn,
+                stride_we, stride_kn, keep_scale, K: tl.constexpr, K_POW2: tl.constexpr,
+                BINS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                HAS_WEIGHT: tl.constexpr, PRE_TANH: tl.constexpr, HAS_KEEP: tl.constexpr,
                 INPUT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -53,8 +61,10 @@ def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, D,
     picks = tl.arange(0, K_POW2)
     in_rows = rows < N
     is_expert = cols[None, :] < E
-    p = _softmax(_logits(X, WEIGHT, rows, cols, in_rows, E, D, stride_xn, stride_we, BLOCK_N, BINS,
-                         BLOCK_D, HAS_WEIGHT, INPUT_PRECISION), is_expert)
+    active = (tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows
+    p = _softmax(_logits(X, WEIGHT, KEEP, rows, cols, active if PRE_TANH else in_rows, E, D,
+                         stride_xn, stride_we, stride_kn, keep_scale, BLOCK_N, BINS, BLOCK_D,
+                         HAS_WEIGHT, PRE_TANH, HAS_KEEP, INPUT_PRECISION), is_expert)
     # k argmax passes; a pick is set to -2 and the padding columns are -1 (p >= 0)
     s = tl.where(is_expert, p, -1.0)
     idx = tl.zeros([BLOCK_N, K_POW2], tl.int32)
@@ -65,7 +75,6 @@ def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, D,
         idx = tl.where(picks[None, :] == j, i[:, None], idx)
         top = tl.where(picks[None, :] == j, v[:, None], top)
         s = tl.where(cols[None, :] == i[:, None], -2.0, s)
-    active = (tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows
     a = active.to(tl.float32)
     gates = tl.where(active[:, None], top / tl.maximum(tl.sum(top, 1), EPS)[:, None], 0.0)
     experts = tl.where(active[:, None], idx, E)
@@ -85,26 +94,62 @@ def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, N, E, D,
     tl.store(PARTIALS + pid * BINS + cols, part)
 
 
-def _logits_rows(X, WEIGHT, rows, cols, in_rows, E, D, stride_xn, stride_we,
-                 BLOCK_N: tl.constexpr, BINS: tl.constexpr, BLOCK_D: tl.constexpr,
-                 HAS_WEIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+def _tanh_fp32(x):
+    """tanh of fp32 x: (1 - e) / (1 + e) with e = exp(-2|x|), its sign restored; below
+    |x| = 1/8 the series x - x^3/3 + 2x^5/15 - 17x^7/315 (no cancellation in 1 - e there).
+    Triton's interpreter has no libdevice tanh; relative error about 1e-7 in fp32."""
+    ax = tl.abs(x)
+    e = tl.exp(-2.0 * ax)
+    far = (1.0 - e) / (1.0 + e)
+    x2 = x * x
+    near = ax * (1.0 + x2 * (-1.0 / 3.0 + x2 * (2.0 / 15.0 - x2 * (17.0 / 315.0))))
+    t = tl.where(ax < 0.125, near, far)
+    return tl.where(x < 0, -t, t)
+
+
+def _hidden_rows(X, KEEP, rows, d, live, D, stride_xn, stride_kn, keep_scale,
+                 HAS_KEEP: tl.constexpr):
+    """The router's hidden layer on a (BLOCK_N, BLOCK_D) tile from its pre-activation X:
+    (h, tanh(X)) in fp32, h = tanh(X) ⊙ keep · keep_scale, 0 on rows not ``live`` (and t)."""
+    ok = live[:, None] & (d[None, :] < D)
+    t = _tanh(tl.load(X + rows[:, None].to(tl.int64) * stride_xn + d[None, :], mask=ok,
+                      other=0.0).to(tl.float32))
+    h = t
+    if HAS_KEEP:
+        keep = tl.load(KEEP + rows[:, None].to(tl.int64) * stride_kn + d[None, :], mask=ok,
+                       other=0) != 0
+        h = tl.where(keep, t * keep_scale, 0.0)
+    return h, t
+
+
+def _logits_rows(X, WEIGHT, KEEP, rows, cols, live, E, D, stride_xn, stride_we, stride_kn,
+                 keep_scale, BLOCK_N: tl.constexpr, BINS: tl.constexpr, BLOCK_D: tl.constexpr,
+                 HAS_WEIGHT: tl.constexpr, PRE_TANH: tl.constexpr, HAS_KEEP: tl.constexpr,
+                 INPUT_PRECISION: tl.constexpr):
     """The rows' logits (BLOCK_N, BINS) in fp32, rounded to X's dtype as a product in that
     dtype would be: X itself (N, E) without a weight, else X (N, D) W^T with W (E, D),
-    accumulated in fp32 over blocks of BLOCK_D columns (0 past N and E)."""
+    accumulated in fp32 over blocks of BLOCK_D columns (0 past N and E); with ``PRE_TANH``
+    the hidden layer h of X (``_hidden_tile``, rounded to X's dtype) W^T. ``live``: the
+    rows read (the others' logits 0)."""
     if HAS_WEIGHT:
         acc = tl.zeros([BLOCK_N, BINS], tl.float32)
         ds = tl.arange(0, BLOCK_D)
         for d0 in range(0, D, BLOCK_D):
             d = d0 + ds
-            x = tl.load(X + rows[:, None].to(tl.int64) * stride_xn + d[None, :],
-                        mask=in_rows[:, None] & (d[None, :] < D), other=0.0)
+            if PRE_TANH:
+                h, _ = _hidden_tile(X, KEEP, rows, d, live, D, stride_xn, stride_kn, keep_scale,
+                                    HAS_KEEP)
+                x = h.to(X.dtype.element_ty)
+            else:
+                x = tl.load(X + rows[:, None].to(tl.int64) * stride_xn + d[None, :],
+                            mask=live[:, None] & (d[None, :] < D), other=0.0)
             w = tl.load(WEIGHT + cols[:, None] * stride_we + d[None, :],
                         mask=(cols[:, None] < E) & (d[None, :] < D), other=0.0)
             acc = tl.dot(x, tl.trans(w.to(x.dtype)), acc, input_precision=INPUT_PRECISION)
         return acc.to(X.dtype.element_ty).to(tl.float32)
     else:
         return tl.load(X + rows[:, None].to(tl.int64) * stride_xn + cols[None, :],
-                       mask=in_rows[:, None] & (cols[None, :] < E), other=0.0).to(tl.float32)
+                       mask=live[:, None] & (cols[None, :] < E), other=0.0).to(tl.float32)
 
 
 def _softmax_rows(z, is_expert):
@@ -162,19 +207,23 @@ def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, RUNNING, SORTED_EXPERT, SORTED_SLO
         tl.store(SUMS + E + bins, sums, mask=lasts)
 
 
-def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, N, E, D, stride_xn,
-                    stride_we, stride_dn, stride_dxn, K: tl.constexpr, K_POW2: tl.constexpr,
-                    BINS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-                    HAS_WEIGHT: tl.constexpr, INPUT_PRECISION: tl.constexpr):
+def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, KEEP, H, N, E, D,
+                    stride_xn, stride_we, stride_dn, stride_dxn, stride_kn, stride_hn, keep_scale,
+                    K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr,
+                    BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WEIGHT: tl.constexpr,
+                    PRE_TANH: tl.constexpr, HAS_KEEP: tl.constexpr, INPUT_PRECISION: tl.constexpr):
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.arange(0, BINS)
     picks = tl.arange(0, K_POW2)
     in_rows = rows < N
     is_expert = cols[None, :] < E
-    p = _softmax(_logits(X, WEIGHT, rows, cols, in_rows, E, D, stride_xn, stride_we, BLOCK_N, BINS,
-                         BLOCK_D, HAS_WEIGHT, INPUT_PRECISION), is_expert)
-    a = ((tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows).to(tl.float32)
+    active = (tl.load(ACTIVE + rows, mask=in_rows, other=0) != 0) & in_rows
+    live = active if PRE_TANH else in_rows
+    p = _softmax(_logits(X, WEIGHT, KEEP, rows, cols, live, E, D, stride_xn, stride_we, stride_kn,
+                         keep_scale, BLOCK_N, BINS, BLOCK_D, HAS_WEIGHT, PRE_TANH, HAS_KEEP,
+                         INPUT_PRECISION), is_expert)
+    a = active.to(tl.float32)
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
     experts = tl.load(EXPERT_IDX + slots, mask=slot_ok, other=-1)  # E where inactive
@@ -204,17 +253,32 @@ def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, N
         ds = tl.arange(0, BLOCK_D)
         for d0 in range(0, D, BLOCK_D):
             d = d0 + ds
+            ok = in_rows[:, None] & (d[None, :] < D)
             w = tl.load(WEIGHT + cols[:, None] * stride_we + d[None, :],
                         mask=(cols[:, None] < E) & (d[None, :] < D), other=0.0)
             dx = tl.dot(dz, w.to(dz.dtype), input_precision=INPUT_PRECISION)
+            if PRE_TANH:  # through the hidden layer: dX = dh ⊙ keep · scale ⊙ (1 - t^2)
+                h, t = _hidden_tile(X, KEEP, rows, d, live, D, stride_xn, stride_kn, keep_scale,
+                                    HAS_KEEP)
+                tl.store(H + rows[:, None].to(tl.int64) * stride_hn + d[None, :],
+                         h.to(H.dtype.element_ty), mask=ok)
+                dh = dx.to(DX.dtype.element_ty).to(tl.float32)  # rounded as autograd's dh
+                slope = 1.0 - t * t
+                if HAS_KEEP:
+                    keep = tl.load(KEEP + rows[:, None].to(tl.int64) * stride_kn + d[None, :],
+                                   mask=ok, other=0) != 0
+                    slope = tl.where(keep, slope * keep_scale, 0.0)
+                dx = tl.where(live[:, None], dh * slope, 0.0)
             tl.store(DX + rows[:, None].to(tl.int64) * stride_dxn + d[None, :],
-                     dx.to(DX.dtype.element_ty), mask=in_rows[:, None] & (d[None, :] < D))
+                     dx.to(DX.dtype.element_ty), mask=ok)
 
 
 # Plain JITFunctions whatever TRITON_INTERPRET says (ahead-of-time builds need them); the
 # kernels' helper is one where they are compiled, and plain Python in the interpreter (which
 # runs the kernels as Python and cannot call a JITFunction).
 _softmax = _softmax_rows if launch.interpreting() else JITFunction(_softmax_rows)
+_tanh = _tanh_fp32 if launch.interpreting() else JITFunction(_tanh_fp32)
+_hidden_tile = _hidden_rows if launch.interpreting() else JITFunction(_hidden_rows)
 _logits = _logits_rows if launch.interpreting() else JITFunction(_logits_rows)
 route_rows_kernel = JITFunction(_route_rows)
 route_sort_kernel = JITFunction(_route_sort)
@@ -245,19 +309,34 @@ def _input_precision(dtype: torch.dtype) -> str:
     return "tf32"
 
 
-def _logits_args(x: torch.Tensor, weight: Optional[torch.Tensor]) -> dict:
+def _logits_args(x: torch.Tensor, weight: Optional[torch.Tensor], keep: Optional[torch.Tensor],
+                 keep_scale: float, pre_tanh: bool) -> dict:
     """The kernels' arguments for the logits: x (N, E) themselves, or x (N, D) and the
-    router's last layer weight (E, D), multiplied in the kernel."""
+    router's last layer weight (E, D), multiplied in the kernel; with ``pre_tanh`` x is
+    the hidden layer's pre-activation and keep (N, D) bool or None its dropout mask."""
     block_d = BLOCK_D if x.element_size() < 4 else 16  # fp32 tiles: no register spills on sm_80
-    return dict(X=x, WEIGHT=x if weight is None else weight, D=x.size(1), stride_xn=x.stride(0),
-                stride_we=0 if weight is None else weight.stride(0), BLOCK_D=block_d,
-                HAS_WEIGHT=weight is not None, INPUT_PRECISION=_input_precision(x.dtype))
+    if pre_tanh and weight is None:
+        raise ValueError("pre_tanh: x is a hidden layer's pre-activation, which needs the "
+                         "router's last layer (weight)")
+    if keep is not None and (not pre_tanh or keep.shape != x.shape or keep.dtype != torch.bool):
+        raise ValueError(f"keep must be a bool mask of x's shape {tuple(x.shape)} with "
+                         f"pre_tanh; got {keep.dtype} {tuple(keep.shape)}, pre_tanh={pre_tanh}")
+    return dict(X=x, WEIGHT=x if weight is None else weight, KEEP=x if keep is None else keep,
+                D=x.size(1), stride_xn=x.stride(0),
+                stride_we=0 if weight is None else weight.stride(0),
+                stride_kn=0 if keep is None else keep.stride(0), keep_scale=float(keep_scale),
+                BLOCK_D=block_d, HAS_WEIGHT=weight is not None, PRE_TANH=pre_tanh,
+                HAS_KEEP=keep is not None, INPUT_PRECISION=_input_precision(x.dtype))
 
 
 def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.Tensor, k: int,
-                gate_dtype: torch.dtype = torch.float32, running: Optional[torch.Tensor] = None):
+                gate_dtype: torch.dtype = torch.float32, running: Optional[torch.Tensor] = None,
+                keep: Optional[torch.Tensor] = None, keep_scale: float = 1.0,
+                pre_tanh: bool = False):
     """logits z = x (N, E) (``weight`` None), or z = x W^T from x (N, D) and the router's
-    last layer W (E, D) (one product per block of rows, rounded to x's dtype); contiguous
+    last layer W (E, D) (one product per block of rows, rounded to x's dtype); with
+    ``pre_tanh`` z = h W^T from the hidden layer h = a tanh(x) ⊙ keep · keep_scale
+    (module docstring); contiguous
     rows, any float dtype; active (N,) bool, 1 <= k <= E -> gates (N, k) in ``gate_dtype``
     (computed in fp32), expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k; and the
@@ -265,6 +344,7 @@ def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.T
     N = x.size(0)
     E = x.size(1) if weight is None else weight.size(0)
     device = x.device
+    logits_args = _logits_args(x, weight, keep, keep_scale, pre_tanh)
     shape = _shape(N, E, k, device)
     blocks = triton.cdiv(N, shape["BLOCK_N"])
     expert_idxs = torch.empty(N, k, dtype=torch.long, device=device)
@@ -279,7 +359,7 @@ def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.T
         return gates, expert_idxs, sorted_expert, sorted_slot, offsets.zero_(), sums
     _launch(route_rows_kernel, blocks, dict(
         ACTIVE=active, EXPERT_IDX=expert_idxs, GATES=gates, COUNTS=counts, PARTIALS=partials,
-        N=N, E=E, **_logits_args(x, weight), **shape), device)
+        N=N, E=E, **logits_args, **shape), device)
     _launch(route_sort_kernel, blocks, dict(
         EXPERT_IDX=expert_idxs, COUNTS=counts, PARTIALS=partials,
         RUNNING=running.contiguous() if running is not None else sums, SORTED_EXPERT=sorted_expert,
@@ -289,20 +369,26 @@ def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.T
 
 
 def route_top_k_backward(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.Tensor,
-                         expert_idxs: torch.Tensor, grad_gates: torch.Tensor, grad_sums: torch.Tensor):
+                         expert_idxs: torch.Tensor, grad_gates: torch.Tensor, grad_sums: torch.Tensor,
+                         keep: Optional[torch.Tensor] = None, keep_scale: float = 1.0,
+                         pre_tanh: bool = False):
     """The logits' gradient dz (N, E) in x's dtype, from the gates' (N, k, any float dtype)
     and the statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the logits and
     softmax recomputed from x (and W); with a weight also x's gradient dz W (N, D), in the
-    same launch (None without)."""
+    same launch (None without); with ``pre_tanh`` x's gradient through the hidden layer and
+    the hidden layer h (N, D) itself, for W's gradient dz^T h (else None): (dz, dx, h)."""
     N = x.size(0)
     E = x.size(1) if weight is None else weight.size(0)
+    logits_args = _logits_args(x, weight, keep, keep_scale, pre_tanh)
     shape = _shape(N, E, expert_idxs.size(1), x.device)
     grad = torch.empty(N, E, dtype=x.dtype, device=x.device)
     grad_x = None if weight is None else torch.empty_like(x, memory_format=torch.contiguous_format)
+    hidden = torch.empty_like(x, memory_format=torch.contiguous_format) if pre_tanh else None
     if N:
         _launch(route_backward_kernel, triton.cdiv(N, shape["BLOCK_N"]), dict(
             ACTIVE=active, EXPERT_IDX=expert_idxs, DGATES=grad_gates, DSUMS=grad_sums,
-            DLOGITS=grad, DX=grad if grad_x is None else grad_x, N=N, E=E,
+            DLOGITS=grad, DX=grad if grad_x is None else grad_x,
+            H=grad if hidden is None else hidden, N=N, E=E,
             stride_dn=grad.stride(0), stride_dxn=0 if grad_x is None else grad_x.stride(0),
-            **_logits_args(x, weight), **shape), x.device)
-    return grad, grad_x
+            stride_hn=0 if hidden is None else hidden.stride(0), **logits_args, **shape), x.device)
+    return grad, grad_x, hidden

@@ -99,10 +99,13 @@ class Router(nn.Module):
             return make_routing(idx, active.to(x.dtype).unsqueeze(1), 1)
         # data-independent shapes: inactive rows skip the hidden layer (sut::masked_linear),
         # go to the no-op expert E with gate 0 and are left out of the statistics
-        if self._one_op(x):  # CUDA: the logits, the choice, its sorted layout and statistics in two kernels
-            running = None if self.stats is None else self.stats.sums
-            gates, *layout, sums = torch.ops.sut.route_top_k(self._hidden(x, active), self.fc2.weight,
-                                                             active, self.top_k, x.dtype, running)
+        if self._one_op(x):  # CUDA: the hidden layer, the logits, the choice, its sorted layout
+            running = None if self.stats is None else self.stats.sums  # and statistics in two kernels
+            # the op forms dropout(tanh(u)) itself on the active rows: u of every row, one GEMM
+            u = self.fc1(x)
+            keep, scale = self._keep_mask(u)
+            gates, *layout, sums = torch.ops.sut.route_top_k(u, self.fc2.weight, active, self.top_k,
+                                                             x.dtype, running, keep, scale, True)
             if self.stats is not None:
                 self.stats.sums = sums  # the running sums with this call's added
             return Routing(layout[0], gates, *layout[1:], E)
@@ -117,6 +120,18 @@ class Router(nn.Module):
         ops run Triton (CUDA tensors, or ``SUT_KERNELS=triton``), unless some picks are
         sampled."""
         return kernel_backend(x) == "triton" and (self.sample_topk == 0 or not self.training)
+
+    def _keep_mask(self, u: torch.Tensor):
+        """The gating dropout's mask for ``sut::route_top_k`` (``pre_tanh``): (keep (n,
+        hidden) bool, 1 / (1 - p)), or (None, 1.0) in evaluation and at p = 0. The draw is
+        Bernoulli(1 - p) per element (a uniform draw >= p), the mask kept in place of the
+        scaled values."""
+        p = self.dropout.p
+        if not self.training or p == 0.0:
+            return None, 1.0
+        if p == 1.0:
+            return torch.zeros_like(u, dtype=torch.bool), 0.0
+        return torch.rand_like(u, dtype=torch.float32) >= p, 1.0 / (1.0 - p)
 
     def _hidden(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (n, d) -> dropout(tanh(W1 x)) (n, hidden), in the compute dtype; rows outside

@@ -5,7 +5,15 @@ gradient in one) where the PyTorch ops are about 20 kernels forward; PyTorch els
 The logits are its input x (N, E), or z = x W^T from the router's hidden layer x (N, D)
 and its last layer W (E, D) (no bias), which the kernels multiply themselves: then the
 op's gradient launch also gives x's gradient dz W, and W's gradient dz^T x is one product
-outside the op (where a compiled loop sums it over steps in its GEMMs).
+outside the op (where a compiled loop sums it over steps in its GEMMs). With ``pre_tanh``
+x is the hidden layer's pre-activation u = W1 x' + b1 and the op forms the layer itself,
+
+    h = a · tanh(u) ⊙ keep / (1 - p)        (N, D), in u's dtype; keep: the gating dropout's mask
+
+(``router_hidden``; without a mask h = a · tanh(u)), so that no kernel of its own reads
+and writes it (the routers' tanh and dropout were two passes over (N, D) per call, forward
+and backward); its gradient is then u's, dh ⊙ keep / (1 - p) ⊙ (1 - tanh(u)^2) on active
+rows, and W's is dz^T h with h from the gradient's launch.
 
 For logits z (N, E), active rows a (N,) and k picks (the gates returned in ``gate_dtype``,
 the compute dtype of the expert layers, the rest in fp32 at least):
@@ -69,11 +77,25 @@ def router_logits(x: Tensor, weight: Optional[Tensor]) -> Tensor:
     return x if weight is None else F.linear(x, weight.to(x.dtype))
 
 
+def router_hidden(u: Tensor, active: Tensor, keep: Optional[Tensor], keep_scale: float) -> Tensor:
+    """The routers' hidden layer from its pre-activation u (N, D): h = a · tanh(u) ⊙ keep ·
+    keep_scale (N, D) in u's dtype, a the active rows (N,) bool, keep (N, D) bool or None."""
+    h = torch.tanh(u)
+    if keep is not None:
+        h = h * keep * keep_scale
+    return torch.where(active.unsqueeze(1), h, 0.0)
+
+
 def route_top_k_reference(x: Tensor, weight: Optional[Tensor], active: Tensor, k: int,
-                          gate_dtype: torch.dtype = torch.float32, running: Optional[Tensor] = None):
+                          gate_dtype: torch.dtype = torch.float32, running: Optional[Tensor] = None,
+                          keep: Optional[Tensor] = None, keep_scale: float = 1.0,
+                          pre_tanh: bool = False):
     """The op's outputs from PyTorch operations, differentiable by autograd (module
-    docstring; z = ``router_logits(x, weight)``): gates (N, k), expert_idxs (N, k),
-    sorted_expert_idxs (M,), sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
+    docstring; z = ``router_logits(x, weight)``, of ``router_hidden(x, ...)`` with
+    ``pre_tanh``): gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
+    sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
+    if pre_tanh:
+        x = router_hidden(x, active, keep, keep_scale)
     logits = router_logits(x, weight)
     E = logits.size(1)
     probs = logits.to(torch.promote_types(logits.dtype, torch.float32)).softmax(1)
@@ -90,10 +112,14 @@ def route_top_k_reference(x: Tensor, weight: Optional[Tensor], active: Tensor, k
 
 
 def route_top_k_backward_reference(x: Tensor, weight: Optional[Tensor], active: Tensor,
-                                   expert_idxs: Tensor, grad_gates: Tensor,
-                                   grad_sums: Tensor) -> Tuple[Tensor, Tensor]:
+                                   expert_idxs: Tensor, grad_gates: Tensor, grad_sums: Tensor,
+                                   keep: Optional[Tensor] = None, keep_scale: float = 1.0,
+                                   pre_tanh: bool = False) -> Tuple[Tensor, Tensor, Tensor]:
     """(∂/∂z (N, E) in x's dtype by the formula of the module docstring, ∂/∂x = ∂/∂z W
-    (N, D), or an empty tensor without a weight)."""
+    (N, D), or an empty tensor without a weight, and the hidden layer h (N, D) with
+    ``pre_tanh`` (∂/∂x then through it), else an empty tensor)."""
+    if pre_tanh:
+        u, x = x, router_hidden(x, active, keep, keep_scale)
     logits = router_logits(x, weight)
     E = logits.size(1)
     probs = logits.to(grad_sums.dtype).softmax(1)
@@ -105,23 +131,36 @@ def route_top_k_backward_reference(x: Tensor, weight: Optional[Tensor], active: 
     grad = a * (grad_sums[:E] + grad_sums[2 * E] * (torch.log(probs + EPS) + probs / (probs + EPS)))
     grad = grad.scatter_add(1, picks, (g - (g * top).sum(1, keepdim=True) / total) / total)
     dz = (probs * (grad - (grad * probs).sum(1, keepdim=True))).to(x.dtype)
-    return dz, (x.new_empty(0) if weight is None else dz @ weight.to(x.dtype))
+    if weight is None:
+        return dz, x.new_empty(0), x.new_empty(0)
+    dx = dz @ weight.to(x.dtype)
+    if not pre_tanh:
+        return dz, dx, x.new_empty(0)
+    wide = torch.promote_types(u.dtype, torch.float32)  # as the kernel: fp32 at least
+    slope = 1 - torch.tanh(u.to(wide)) ** 2  # dh ⊙ keep · scale ⊙ (1 - tanh(u)^2), active rows
+    if keep is not None:
+        slope = slope * keep * keep_scale
+    du = torch.where(active.unsqueeze(1), dx.to(wide) * slope, 0.0).to(u.dtype)
+    return dz, du, x
 
 
 @torch.library.custom_op("sut::route_top_k", mutates_args=())
 def route_top_k_op(x: Tensor, weight: Optional[Tensor], active: Tensor, k: int,
-                   gate_dtype: torch.dtype, running: Optional[Tensor]
+                   gate_dtype: torch.dtype, running: Optional[Tensor],
+                   keep: Optional[Tensor] = None, keep_scale: float = 1.0, pre_tanh: bool = False
                    ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
     if kernel_backend(x) == "triton":
         from ..kernels.routing_triton import route_top_k
 
         return route_top_k(x.contiguous(), None if weight is None else weight.contiguous(),
-                           active.contiguous(), k, gate_dtype, running)
-    return route_top_k_reference(x, weight, active, k, gate_dtype, running)
+                           active.contiguous(), k, gate_dtype, running,
+                           None if keep is None else keep.contiguous(), keep_scale, pre_tanh)
+    return route_top_k_reference(x, weight, active, k, gate_dtype, running, keep, keep_scale,
+                                 pre_tanh)
 
 
 @route_top_k_op.register_fake
-def _(x, weight, active, k, gate_dtype, running):
+def _(x, weight, active, k, gate_dtype, running, keep=None, keep_scale=1.0, pre_tanh=False):
     N = x.size(0)
     E = x.size(1) if weight is None else weight.size(0)
     index = dict(dtype=torch.long)
@@ -133,38 +172,48 @@ def _(x, weight, active, k, gate_dtype, running):
 
 @torch.library.custom_op("sut::route_top_k_backward", mutates_args=())
 def route_top_k_backward_op(x: Tensor, weight: Optional[Tensor], active: Tensor, expert_idxs: Tensor,
-                            grad_gates: Tensor, grad_sums: Tensor) -> Tuple[Tensor, Tensor]:
+                            grad_gates: Tensor, grad_sums: Tensor, keep: Optional[Tensor] = None,
+                            keep_scale: float = 1.0, pre_tanh: bool = False
+                            ) -> Tuple[Tensor, Tensor, Tensor]:
+    """(dz (N, E), dx (N, D) or empty without a weight, h (N, D) with ``pre_tanh`` or empty)."""
     if kernel_backend(x) == "triton":
         from ..kernels.routing_triton import route_top_k_backward
 
-        dz, dx = route_top_k_backward(x.contiguous(), None if weight is None else weight.contiguous(),
-                                      active.contiguous(), expert_idxs, grad_gates.contiguous(),
-                                      grad_sums.contiguous())
-        return dz, (x.new_empty(0) if dx is None else dx)
-    return route_top_k_backward_reference(x, weight, active, expert_idxs, grad_gates, grad_sums)
+        dz, dx, h = route_top_k_backward(
+            x.contiguous(), None if weight is None else weight.contiguous(), active.contiguous(),
+            expert_idxs, grad_gates.contiguous(), grad_sums.contiguous(),
+            None if keep is None else keep.contiguous(), keep_scale, pre_tanh)
+        return dz, (x.new_empty(0) if dx is None else dx), (x.new_empty(0) if h is None else h)
+    return route_top_k_backward_reference(x, weight, active, expert_idxs, grad_gates, grad_sums,
+                                          keep, keep_scale, pre_tanh)
 
 
 @route_top_k_backward_op.register_fake
-def _(x, weight, active, expert_idxs, grad_gates, grad_sums):
+def _(x, weight, active, expert_idxs, grad_gates, grad_sums, keep=None, keep_scale=1.0,
+      pre_tanh=False):
     E = x.size(1) if weight is None else weight.size(0)
-    return x.new_empty(x.size(0), E), (x.new_empty(0) if weight is None else torch.empty_like(x))
+    return (x.new_empty(x.size(0), E), (x.new_empty(0) if weight is None else torch.empty_like(x)),
+            torch.empty_like(x) if pre_tanh else x.new_empty(0))
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, active, _, _, running = inputs
-    ctx.save_for_backward(x, weight, active, output[1])
+    x, weight, active, _, _, running, keep, keep_scale, pre_tanh = inputs
+    ctx.save_for_backward(x, weight, active, output[1], keep)
     ctx.has_running = running is not None
+    ctx.hidden = (keep_scale, pre_tanh)
 
 
 def _backward(ctx, grad_gates, *grads):
     # autograd hands over zeros (not None) for an output the loss did not use
-    x, weight, active, expert_idxs = ctx.saved_tensors
+    x, weight, active, expert_idxs, keep = ctx.saved_tensors
     grad_sums = grads[-1]
-    dz, dx = torch.ops.sut.route_top_k_backward(x, weight, active, expert_idxs, grad_gates, grad_sums)
-    # with a weight, its gradient dW = dz^T x (E, D): a product the compiler sees (and sums
-    # over steps); without one, x are the logits
-    grad_x, grad_w = (dz, None) if weight is None else (dx, dz.t().mm(x).to(weight.dtype))
-    return grad_x, grad_w, None, None, None, grad_sums if ctx.has_running else None
+    dz, dx, h = torch.ops.sut.route_top_k_backward(x, weight, active, expert_idxs, grad_gates,
+                                                   grad_sums, keep, *ctx.hidden)
+    # with a weight, its gradient dW = dz^T x (E, D), or dz^T h through the hidden layer: a
+    # product the compiler sees (and sums over steps); without one, x are the logits
+    hidden = h if ctx.hidden[1] else x
+    grad_x, grad_w = (dz, None) if weight is None else (dx, dz.t().mm(hidden).to(weight.dtype))
+    return grad_x, grad_w, None, None, None, grad_sums if ctx.has_running else None, None, None, None
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)

@@ -128,9 +128,9 @@ def test_a_vanishing_probability_keeps_the_statistics_finite():
 def test_backward_op_returns_the_logits_dtype():
     logits, active, g = _case(N=5, E=4, dtype=torch.bfloat16)
     experts = route_top_k_reference(logits, None, active, 2)[1]
-    grad, no_x = torch.ops.sut.route_top_k_backward(logits, None, active, experts,
-                                                    torch.randn(5, 2, generator=g), torch.randn(10, generator=g))
-    assert grad.dtype == torch.bfloat16 and grad.shape == (5, 4) and no_x.numel() == 0
+    grad, no_x, no_h = torch.ops.sut.route_top_k_backward(
+        logits, None, active, experts, torch.randn(5, 2, generator=g), torch.randn(10, generator=g))
+    assert grad.dtype == torch.bfloat16 and grad.shape == (5, 4) and no_x.numel() == no_h.numel() == 0
 
 
 def test_bf16_logits_give_gates_in_the_asked_dtype_and_a_bf16_gradient():
@@ -157,6 +157,66 @@ def test_router_takes_the_op_where_the_routed_ops_run_triton(monkeypatch):
     assert router._one_op(x)
     sampling = Router(8, 4, 2, 16, sample_topk=1)
     assert not sampling._one_op(x) and sampling.eval()._one_op(x)
+
+
+@pytest.mark.parametrize("with_keep", [False, True])
+def test_the_hidden_layer_form_equals_autograd_through_tanh_and_dropout(with_keep):
+    """``pre_tanh``: the op fed the hidden layer's pre-activation u equals the op fed h =
+    tanh(u) ⊙ keep / (1 - p) zeroed on inactive rows (written out here), outputs and the
+    gradients of u and W against autograd through those operations; inactive rows' u
+    (even a NaN) change nothing."""
+    g = torch.Generator().manual_seed(3)
+    N, D, E = 9, 6, 5
+    u0 = torch.randn(N, D, generator=g, dtype=torch.float64) * 2
+    active = torch.rand(N, generator=g) > 0.3
+    u0[~active] = float("nan")
+    w0 = torch.randn(E, D, generator=g, dtype=torch.float64)
+    keep = torch.rand(N, D, generator=g) >= 0.25 if with_keep else None
+    scale = 1 / 0.75 if with_keep else 1.0
+    wg = torch.randn(N, 2, generator=g, dtype=torch.float64)
+    ws = torch.randn(2 * E + 2, generator=g, dtype=torch.float64)
+    outs = []
+    for fused in (True, False):
+        u, w = u0.clone().requires_grad_(), w0.clone().requires_grad_()
+        if fused:
+            gates, *layout, sums = torch.ops.sut.route_top_k(u, w, active, 2, u.dtype, None, keep,
+                                                             scale, True)
+        else:
+            h = torch.tanh(u) * (keep if with_keep else 1) * scale
+            h = torch.where(active.unsqueeze(1), h, 0.0)
+            gates, *layout, sums = route_top_k_reference(h, w, active, 2, u.dtype)
+        ((gates * wg).sum() + (sums * ws).sum()).backward()
+        outs.append((gates, layout, sums, u.grad, w.grad))
+    (g1, l1, s1, du1, dw1), (g0, l0, s0, du0, dw0) = outs
+    torch.testing.assert_close(g1, g0, rtol=1e-12, atol=1e-13)
+    assert all(torch.equal(a, b) for a, b in zip(l1, l0))
+    torch.testing.assert_close(s1, s0, rtol=1e-12, atol=1e-12)
+    du0 = torch.where(active.unsqueeze(1), du0, 0.0)  # autograd's NaN x 0 on inactive rows
+    torch.testing.assert_close(du1, du0, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(dw1, dw0, rtol=1e-10, atol=1e-12)
+    assert torch.isfinite(du1).all() and du1[active].abs().sum() > 0
+
+
+def test_pre_tanh_needs_the_last_layer_and_a_mask_of_its_shape():
+    from sut_fairseq.kernels.routing_triton import _logits_args
+
+    u = torch.randn(4, 6)
+    with pytest.raises(ValueError, match="needs the router's last layer"):
+        _logits_args(u, None, None, 1.0, True)
+    with pytest.raises(ValueError, match=r"keep must be a bool mask of x's shape \(4, 6\)"):
+        _logits_args(u, torch.randn(3, 6), torch.ones(4, 5, dtype=torch.bool), 2.0, True)
+
+
+def test_a_training_router_on_the_op_draws_the_gating_dropout_mask():
+    """The op's branch in training: a keep mask of the hidden layer's shape with about
+    1 - p kept and the scale 1 / (1 - p); none in evaluation or at p = 0."""
+    torch.manual_seed(0)
+    router = Router(8, 4, 2, 64, gating_dropout=0.25).train()
+    keep, scale = router._keep_mask(torch.zeros(500, 64))
+    assert keep.dtype == torch.bool and keep.shape == (500, 64) and scale == pytest.approx(1 / 0.75)
+    assert abs(keep.float().mean().item() - 0.75) < 0.01
+    assert router.eval()._keep_mask(torch.zeros(3, 64)) == (None, 1.0)
+    assert Router(8, 4, 2, 64).train()._keep_mask(torch.zeros(3, 64)) == (None, 1.0)
 
 
 def test_traced_by_aot_autograd_as_eager():
@@ -228,14 +288,15 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
 
     calls = []
 
-    def forward(logits, weight, active, k, gate_dtype, running):
-        calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype))
+    def forward(logits, weight, active, k, gate_dtype, running, keep, keep_scale, pre_tanh):
+        calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype, keep, pre_tanh))
         return route_top_k_reference(logits, weight, active, k, gate_dtype, running)
 
-    def backward(logits, weight, active, expert_idxs, grad_gates, grad_sums):
+    def backward(logits, weight, active, expert_idxs, grad_gates, grad_sums, keep, keep_scale,
+                 pre_tanh):
         calls.append(tuple(t.is_contiguous() for t in (logits, active, grad_gates, grad_sums)))
-        dz, dx = route_top_k_backward_reference(logits, weight, active, expert_idxs, grad_gates, grad_sums)
-        return dz, (None if weight is None else dx)
+        dz, dx, _ = route_top_k_backward_reference(logits, weight, active, expert_idxs, grad_gates, grad_sums)
+        return dz, (None if weight is None else dx), None
 
     logits, active, g = _case(N=8, E=5, dtype=torch.float32)
     w = torch.randn(8, 2, generator=g)
@@ -249,7 +310,7 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
         gates, *layout, sums = torch.ops.sut.route_top_k(z, None, active, 2, torch.float64, running)
         ((gates * w).sum() + sums[:5].pow(2).sum() + sums[10]).backward()
         out[backend] = (gates, layout, sums, z.grad, running.grad)
-    assert calls == [(True, True, torch.float64), (True, True, True, True)]
+    assert calls == [(True, True, torch.float64, None, False), (True, True, True, True)]
     (g1, l1, s1, d1, r1), (g0, l0, s0, d0, r0) = out["triton"], out["reference"]
     torch.testing.assert_close(r1, r0)
     assert g1.dtype == torch.float64

@@ -158,14 +158,16 @@ def _check_routers(arch, dtypes):
     results = aot.compile_all(aot.route_jobs(dtypes, archs=(arch,)))
     table = aot.format_table(results)
     assert {(r.launch, r.dtype) for r in results} == {
-        (f"route.{p}.E{E}k{k}", d) for p in ("rows", "sort", "bwd") for E, k in aot.ROUTERS
+        (f"route.{p}.E{E}k{k}", d) for p in ("rows", "sort", "bwd", "rows-nokeep", "bwd-nokeep")
+        for E, k in aot.ROUTERS
         for d in dtypes}, table
     assert all(r.ok for r in results), table
 
 
 @pytest.mark.parametrize("arch", ARCHS)
 def test_router_kernels_build_without_spills(arch):
-    """The routers' kernels (``routing_triton.py``: rows, sort, backward) for ``sut_base``'s
+    """The routers' kernels (``routing_triton.py``: rows, sort, backward; the hidden layer
+    formed in them, with and without the gating dropout's mask) for ``sut_base``'s
     and ``sut_big``'s routers (E 24 / 48, k 4) on bf16 logits: built (the interpreter does
     not check what the compiler refuses, e.g. a global that is not a constexpr), no spills,
     shared memory within the limit; ``-m slow`` adds fp32 (TF32 and IEEE products)."""

@@ -58,9 +58,9 @@ def test_backward_kernel_equals_the_reference(N, E, k, inactive, dtype):
     expert_idxs = route_top_k_reference(logits, None, active, k)[1]
     g = torch.Generator().manual_seed(5)
     grad_gates, grad_sums = torch.randn(N, k, generator=g), torch.randn(2 * E + 2, generator=g)
-    got, no_x = route_top_k_backward(logits, None, active, expert_idxs, grad_gates, grad_sums)
+    got, no_x, no_h = route_top_k_backward(logits, None, active, expert_idxs, grad_gates, grad_sums)
     want = route_top_k_backward_reference(logits, None, active, expert_idxs, grad_gates, grad_sums)[0]
-    assert no_x is None
+    assert no_x is None and no_h is None
     assert got.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-3)
     torch.testing.assert_close(got.float(), want.float(), **tol)
@@ -95,12 +95,55 @@ def test_kernels_multiply_by_the_routers_last_layer(N, D, E, k, dtype):
         else:
             assert torch.equal(a, b), (name, a, b)
     grad_gates, grad_sums = torch.randn(N, k, generator=g), torch.randn(2 * E + 2, generator=g)
-    dz, dx = route_top_k_backward(x, weight, active, got[1], grad_gates, grad_sums)
-    want_dz, want_dx = route_top_k_backward_reference(x, weight, active, got[1], grad_gates, grad_sums)
-    assert dz.dtype == dx.dtype == dtype and dx.shape == (N, D)
+    dz, dx, no_h = route_top_k_backward(x, weight, active, got[1], grad_gates, grad_sums)
+    want_dz, want_dx, _ = route_top_k_backward_reference(x, weight, active, got[1], grad_gates, grad_sums)
+    assert dz.dtype == dx.dtype == dtype and dx.shape == (N, D) and no_h is None
     torch.testing.assert_close(dz.float(), want_dz.float(), **tol)
     torch.testing.assert_close(dx.float(), want_dx.float(), **tol)
     assert dx[~active].abs().sum() == 0 and dx[active].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("with_keep", [False, True])
+@pytest.mark.parametrize("N, D, E, k", [(13, 70, 5, 2), (9, 16, 24, 4)])
+def test_kernels_form_the_hidden_layer(N, D, E, k, with_keep, dtype):
+    """``pre_tanh``: the kernels read the hidden layer's pre-activation u (N, D) and form h
+    = a tanh(u) ⊙ keep / (1 - p) as they load it (ragged D = 64 + 6; pre-activations
+    up to |u| ~ 6, some below the series' 1/8): every output as the reference's, the
+    gradient launch's dz, u's gradient and h itself."""
+    from sut_fairseq.kernels.routing_triton import route_top_k, route_top_k_backward
+    from sut_fairseq.ops.route_op import route_top_k_backward_reference, route_top_k_reference
+
+    g = torch.Generator().manual_seed(N + D + with_keep)
+    u = (2 * torch.randn(N, D, generator=g)).to(dtype)
+    u[0, :8] = torch.linspace(-0.2, 0.2, 8).to(dtype)
+    weight = (torch.randn(E, D, generator=g) * 2 / D ** 0.5).to(dtype)
+    active = torch.rand(N, generator=g) > 0.3
+    active[0] = True
+    keep = torch.rand(N, D, generator=g) >= 0.25 if with_keep else None
+    scale = 1 / 0.75 if with_keep else 1.0
+    running = torch.randn(2 * E + 2, generator=g)
+    got = route_top_k(u, weight, active, k, dtype, running, keep, scale, True)
+    want = route_top_k_reference(u, weight, active, k, dtype, running, keep, scale, True)
+    tol = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=2e-2, atol=1e-2)
+    for name, a, b in zip(["gates", "expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs",
+                           "expert_offsets", "sums"], got, want):
+        assert a.dtype == b.dtype and a.shape == b.shape, name
+        if a.is_floating_point():
+            torch.testing.assert_close(a.float(), b.float(), **tol, msg=name)
+        elif dtype == torch.float32:  # bf16: a rounding may swap two near-equal picks
+            assert torch.equal(a, b), (name, a, b)
+    grad_gates, grad_sums = torch.randn(N, k, generator=g), torch.randn(2 * E + 2, generator=g)
+    dz, du, h = route_top_k_backward(u, weight, active, want[1], grad_gates, grad_sums, keep,
+                                     scale, True)
+    want_dz, want_du, want_h = route_top_k_backward_reference(
+        u, weight, active, want[1], grad_gates, grad_sums, keep, scale, True)
+    assert dz.dtype == du.dtype == h.dtype == dtype and du.shape == h.shape == (N, D)
+    for a, b in ((dz, want_dz), (du, want_du), (h, want_h)):
+        torch.testing.assert_close(a.float(), b.float(), **tol)
+    assert du[~active].abs().sum() == 0 and h[~active].abs().sum() == 0 and du[active].abs().sum() > 0
+    if with_keep:  # dropped elements: no hidden value, no gradient
+        assert h[~keep].abs().sum() == 0 and du[~keep].abs().sum() == 0
 
 
 def test_ties_pick_the_lowest_index():
@@ -137,6 +180,39 @@ def test_router_on_the_op_equals_its_pytorch_path(monkeypatch):
     torch.testing.assert_close(r1.gates, r0.gates, rtol=1e-6, atol=1e-7)
     for field in ("sum_probs", "sum_neg_entropy", "count", "assignments"):
         torch.testing.assert_close(getattr(s1, field), getattr(s0, field), rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(dp1, dp0):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_router_with_gating_dropout_on_the_op_equals_its_pytorch_path(monkeypatch):
+    """Gating dropout 0.3 in training, one mask for both paths (the PyTorch path's dropout
+    replaced by that mask): on the kernels (which form tanh and the dropout of the hidden
+    layer themselves) the same Routing, statistics and gradients as the PyTorch path."""
+    from sut_fairseq.modules.router import Router, RouterStats
+
+    torch.manual_seed(0)
+    router = Router(8, 6, 2, 16, gating_dropout=0.3).train()
+    x0 = torch.randn(11, 8)
+    active = torch.rand(11, generator=torch.Generator().manual_seed(3)) > 0.25
+    keep = torch.rand(11, 16, generator=torch.Generator().manual_seed(5)) >= 0.3
+    monkeypatch.setattr(Router, "_keep_mask", lambda self, u: (keep, 1 / 0.7))
+    monkeypatch.setattr(router.dropout, "forward", lambda h: h * keep / 0.7)
+    out = {}
+    for backend in ("reference", "triton"):
+        monkeypatch.setenv("SUT_KERNELS", backend)
+        router.zero_grad()
+        router.stats = RouterStats(6)
+        x = x0.clone().requires_grad_()
+        routing = router(x, active)
+        loss = (routing.gates * torch.arange(1.0, 3.0)).sum() + router.stats.sum_probs.pow(2).sum()
+        loss.backward()
+        out[backend] = (routing, router.stats.sum_probs, x.grad, [p.grad.clone() for p in router.parameters()])
+    (r0, s0, dx0, dp0), (r1, s1, dx1, dp1) = out["reference"], out["triton"]
+    for field in ("expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
+        assert torch.equal(getattr(r0, field), getattr(r1, field)), field
+    torch.testing.assert_close(r1.gates, r0.gates, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(s1, s0, rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6)
     for a, b in zip(dp1, dp0):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
