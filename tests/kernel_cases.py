@@ -63,13 +63,14 @@ def assert_match(got, want, tol):
         assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
 
 
-def three_steps(fn, use: str, seed=0):
+def three_steps(fn, use: str, seed=0, activation: str = ""):
     """One parameter (W, b) shared by three recurrence steps of ``use`` over N = 11 tokens,
     k = 2 of E = 4 experts: ragged loads with an empty expert and two halted tokens, other
     loads, then every slot halted; each step its own rows and gates; steps 2 and 3 read
     step 1's output (so that autograd runs step 1's backward last, as in the recurrence),
-    and ``weight_grads.ROLE`` says which step runs. Returns [Σ_l <dy_l, y_l>, dW, db,
-    [dx_l], [dgates_l]] for that loss."""
+    and ``weight_grads.ROLE`` says which step runs; with ``activation`` the map reads its
+    input as act(x) ⊙ keep / 0.7, a mask of its own per step. Returns [Σ_l <dy_l, y_l>, dW,
+    db, [dx_l], [dgates_l]] for that loss."""
     from sut_fairseq.ops import weight_grads
     from sut_fairseq.ops.routing import make_routing
 
@@ -90,10 +91,12 @@ def three_steps(fn, use: str, seed=0):
         routing = make_routing(idx, gates.detach(), E)
         x = torch.randn(N if rows == "token" else N * k, IN_DIM, generator=g).requires_grad_()
         x_in = x if first is None else x + 0.0 * first  # step l > 1 reads step 1's output
+        act = dict(activation=activation, keep=torch.rand(x.shape, generator=g) >= 0.3,
+                   keep_scale=1 / 0.7) if activation else {}
         weight_grads.ROLE.step = step
         try:
             y = fn(x_in, w, b, routing, gates=gates if use in GATED else None,
-                   fan_out=k if rows == "token" else 1, tag=tag, **kwargs)
+                   fan_out=k if rows == "token" else 1, tag=tag, **kwargs, **act)
         finally:
             weight_grads.ROLE.step = None
         first = y.sum() if first is None else first

@@ -52,7 +52,8 @@ _TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 # name -> (rows of x: "token" (N), "slot" or "sorted" (M), keyword arguments, has bias)
 USES = {
     "ffd_up": ("token", dict(grouped_out=True), True),
-    "ffd_down": ("sorted", dict(grouped_in=True, gated=True), True),
+    # the input gradient times GELU's slope and the activation dropout's mask (training)
+    "ffd_down": ("sorted", dict(grouped_in=True, gated=True, activation="gelu"), True),
     "momha_q": ("token", dict(), True),
     "momha_out": ("slot", dict(gated=True), False),
 }
@@ -97,18 +98,22 @@ def _shipped_launches(dtype, E, d, D, k, N):
     for use, (rows, kwargs, has_bias) in USES.items():
         kwargs = dict(kwargs)
         gated = kwargs.pop("gated", False)
+        activation = kwargs.pop("activation", "")
         x = torch.empty(N if rows == "token" else M, d, dtype=dtype, **meta)
         w = torch.empty(E, d, D, dtype=dtype, **meta)
         b = torch.empty(E, D, dtype=dtype, **meta) if has_bias else None
         gates = torch.empty(N, k, dtype=torch.float32, **meta) if gated else None
         fan_out = k if rows == "token" else 1
         layout = (routing, fan_out, kwargs.get("grouped_in", False), kwargs.get("grouped_out", False))
+        keep = torch.empty(x.shape, dtype=torch.bool, **meta) if activation else None
         with record_launches() as launches:  # the op's backend, forward and backward
             y = rlf.triton_forward(x, w, b, gates, *layout)
             # the gated output's gradient as the op reads it: one row per token, k slots each
             dout = y.new_empty(gates.size(0), y.size(1)) if gated else torch.empty_like(y)
             rlf.triton_backward(dout, x, w, b, gates, *layout, dout_fan=k if gated else 1,
-                                needs=(True, True, has_bias, gated))
+                                needs=(True, True, has_bias, gated), activation=activation,
+                                pre=torch.empty_like(x) if activation else None, keep=keep,
+                                keep_scale=1.25)
         names = ["fwd", "dx", "dw"]
         assert len(launches) == 3, launches
         out += [(f"{use}.{n}", kernel, args) for n, (kernel, args) in zip(names, launches)]
@@ -243,7 +248,7 @@ def all_jobs(dtypes=("fp16",), archs=ARCHS, launch_filter=None):
         for name, kernel, args in shipped_launches(dtype):
             if launch_filter is not None and not launch_filter(name):
                 continue
-            for config in gg.shipped_configs(kernel, args["INPUT_PRECISION"]):
+            for config in gg.shipped_configs(kernel, args["INPUT_PRECISION"], bool(args.get("ACT"))):
                 for arch in archs:
                     jobs.append((name, dtype, kernel, args, config, arch))
     return jobs

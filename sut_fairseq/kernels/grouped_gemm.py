@@ -27,6 +27,13 @@ Kernels:
   and ``db[e] = sum_{m in e} g_m * DY[row_dy(m)]``; one (BLOCK_K, BLOCK_N) tile of one
   expert's weight per program, looping over that expert's rows (bounds read on device).
 
+Input activation's gradient (``ACT``: 1 GELU, 2 ReLU; 0 none), for MoE-FFD's down
+projection, whose input x = act(u) ⊙ keep · keep_scale is made from the up projection's
+pre-activations u (``HAS_KEEP``: the activation dropout's mask; the scale 1 / (1 - p)):
+the input gradient multiplies its result by ``act'(u) ⊙ keep · keep_scale`` as it stores
+it, so that it returns u's gradient and no kernel of its own reads x's gradient back
+(the activation's backward was a pass over the (M, D) rows of its own).
+
 Neither kernel needs a host-side count: grids come from the static upper bound M, and a
 program whose row tile lies past the last expert's rows (at/after
 ``expert_offsets[E - 1]``) computes nothing: it writes zeros on the no-op rows of the
@@ -45,9 +52,35 @@ import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
 
+from . import launch
+
+#: ``ACT`` codes of the input activation whose gradient the kernel applies (docstring)
+ACTIVATIONS = {"": 0, "gelu": 1, "relu": 2}
+
+
+def _slope_tile(PRE, KEEP, rows, cols, mask, stride_pm, stride_pk, stride_km, keep_scale,
+                ACT: tl.constexpr, HAS_KEEP: tl.constexpr):
+    """act'(u) ⊙ keep · keep_scale (fp32, 0 outside ``mask``) on the tile (rows, cols) of
+    the pre-activations PRE and the mask KEEP: GELU's Φ(u) + u φ(u) (erf form, fairseq's
+    ``gelu``), ReLU's [u > 0]."""
+    u = tl.load(PRE + rows[:, None] * stride_pm + cols[None, :] * stride_pk, mask=mask,
+                other=0.0).to(tl.float32)
+    if ACT == 1:
+        slope = (0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476))
+                 + u * 0.3989422804014327 * tl.exp(-0.5 * u * u))
+    else:
+        slope = (u > 0).to(tl.float32)
+    if HAS_KEEP:
+        keep = tl.load(KEEP + rows[:, None] * stride_km + cols[None, :], mask=mask, other=0) != 0
+        slope = tl.where(keep, slope * keep_scale, 0.0)
+    return slope
+
+
+_slope = launch.helper(_slope_tile)
+
 
 def _routed_gemm(
-    X, W, B, Y, G, AUX, DG,
+    X, W, B, Y, G, AUX, DG, PRE, KEEP,
     sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
     M, K, N, E,
     stride_xm, stride_xk,
@@ -55,10 +88,11 @@ def _routed_gemm(
     stride_be, stride_bn,
     stride_ym, stride_yn,
     stride_am, stride_ak,
-    stride_dg, DG_ROWS,
+    stride_dg, DG_ROWS, stride_pm, stride_pk, stride_km, keep_scale,
     X_GROUPED: tl.constexpr, X_FAN: tl.constexpr, Y_GROUPED: tl.constexpr,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     HAS_DG: tl.constexpr, A_GROUPED: tl.constexpr, A_FAN: tl.constexpr, DG_BIAS: tl.constexpr,
+    ACT: tl.constexpr, HAS_KEEP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -66,8 +100,9 @@ def _routed_gemm(
     G: (M,) gates by slot; AUX: rows of width N (HAS_DG); DG: (DG_ROWS, M) fp32 with
     DG_ROWS >= cdiv(N, BLOCK_N). ``DG_BIAS`` (with HAS_DG, no HAS_BIAS): B is (E, K) and
     column tile 0 adds ``X[row_x(m)] . B[e_m]`` to its partial (the gate gradient's bias
-    term, accumulated in the K loop). Every row of Y and every entry of DG is written:
-    the tiles past the last expert's write zeros on the no-op rows,
+    term, accumulated in the K loop). ``ACT`` (an input gradient; PRE: u in Y's rows, KEEP
+    bool in them too): Y gets the result times act'(u) ⊙ keep · keep_scale. Every row of
+    Y and every entry of DG is written: the tiles past the last expert's write zeros on the no-op rows,
     and DG's rows past cdiv(N, BLOCK_N) are zeros, so the caller allocates them empty.
     Grid: (cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N) programs."""
     pid = tl.program_id(0)
@@ -142,6 +177,10 @@ def _routed_gemm(
             y_row = rm
         else:
             y_row = slot
+        if ACT != 0:  # u's gradient: x's rounded as stored, times act'(u) ⊙ keep · scale
+            acc = acc.to(Y.dtype.element_ty).to(tl.float32) * _slope(
+                PRE, KEEP, y_row, rn, out_mask, stride_pm, stride_pk, stride_km, keep_scale,
+                ACT, HAS_KEEP)
         tl.store(Y + y_row[:, None] * stride_ym + rn[None, :] * stride_yn,
                  acc.to(Y.dtype.element_ty), mask=out_mask)
     else:
@@ -276,10 +315,17 @@ CONFIGS = {
 }
 
 
-def shipped_configs(kernel, input_precision: str):
+#: configurations left out of launches with an input activation's gradient (``ACT``): the
+#: epilogue's extra tiles spill there (8 bytes on sm_90, tests/kernels/test_kernels_aot.py)
+SPILL_WITH_ACTIVATION = {id(GEMM_CONFIGS_IEEE[1])}
+
+
+def shipped_configs(kernel, input_precision: str, activation: bool = False):
     """The configurations ``kernel`` is autotuned over for ``INPUT_PRECISION``
-    ("tf32": tensor cores, used for fp16/bf16 too; "ieee": fp32 on FMA units)."""
-    return CONFIGS[kernel][input_precision]
+    ("tf32": tensor cores, used for fp16/bf16 too; "ieee": fp32 on FMA units), for a
+    launch with an input activation's gradient (``activation``: ``ACT`` != 0) or without."""
+    configs = CONFIGS[kernel][input_precision]
+    return [c for c in configs if id(c) not in SPILL_WITH_ACTIVATION] if activation else configs
 
 
 # Small blocks for the CPU interpreter: tiles straddle experts and dims, as on a GPU.
@@ -290,14 +336,16 @@ INTERPRET_CONFIGS = {
 
 def _prune_by_precision(kernel):
     def prune(configs, named_args, **kwargs):
-        wanted = shipped_configs(kernel, {**named_args, **kwargs}["INPUT_PRECISION"])
+        args = {**named_args, **kwargs}
+        wanted = shipped_configs(kernel, args["INPUT_PRECISION"], bool(args.get("ACT", 0)))
         return [c for c in configs if any(c is w for w in wanted)]
 
     return {"early_config_prune": prune}
 
 
 _KEYS = {
-    routed_gemm_kernel: ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "INPUT_PRECISION"],
+    routed_gemm_kernel: ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "ACT",
+                         "HAS_KEEP", "INPUT_PRECISION"],
     routed_wgrad_kernel: ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "INPUT_PRECISION"],
 }
 # Arguments the autotuner would zero before its trial runs: none. The gemm's gate-gradient

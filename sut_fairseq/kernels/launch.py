@@ -7,11 +7,16 @@ interpreter that runs them on CPU tensors.
 * ``interpreted(kernel)``: the kernel as Triton's interpreter runs it (tests on CPU
   tensors); it needs ``TRITON_INTERPRET=1`` set before ``triton`` was imported
   (``testing.py``), and says so otherwise.
+* ``helper(fn)``: a function the kernels call: a ``JITFunction`` where they are compiled;
+  in the interpreter one that runs ``fn`` as plain Python when called (the interpreter
+  runs the kernels as Python) and still hashes as a ``JITFunction`` (a kernel's cache key,
+  taken e.g. when it keys a dict, covers the helpers it calls).
 """
 import functools
 
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
+from triton.runtime.jit import JITFunction
 
 recorder = None
 
@@ -19,6 +24,18 @@ recorder = None
 def interpreting() -> bool:
     """Whether Triton runs ``@jit`` code (its own library included) in its interpreter."""
     return isinstance(tl.sum, InterpretedFunction)
+
+
+class _PlainHelper(JITFunction):
+    """A kernel helper in the interpreter: called, it runs as plain Python."""
+
+    def __call__(self, *args, **kwargs):
+        return self.fn(*args, **kwargs)
+
+
+def helper(fn):
+    """``fn`` as a function the kernels call (module docstring)."""
+    return _PlainHelper(fn) if interpreting() else JITFunction(fn)
 
 
 def interpreted(kernel):

@@ -22,6 +22,9 @@ Passes (no device-to-host synchronisation in any of them):
 * outputs are allocated uninitialised: the kernel writes every row, the no-op rows' zeros
   by the row tiles past the last expert's.
 * weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
+* input activation (``activation``, MoE-FFD's down projection): x = act(u) ⊙ keep · s was
+  made from the up projection's pre-activations u; the input-gradient kernel multiplies
+  its rows by act'(u) ⊙ keep · s as it stores them and returns u's gradient.
 
 Mixed precision: the op hands over the inputs, weights and bias in the compute dtype (the
 autocast dtype under autocast, as ``nn.Linear``) and the kernels run with autocast off; products
@@ -67,14 +70,17 @@ def _launch(kernel, grid_fn, args: dict, device: torch.device) -> None:
 
 
 def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates, routing,
-                aux=None, aux_grouped=False, aux_fan=1, dg=None, dg_bias=None):
+                aux=None, aux_grouped=False, aux_fan=1, dg=None, dg_bias=None, activation="",
+                pre=None, keep=None, keep_scale=1.0):
     """Launch ``routed_gemm_kernel``: ``y[row_y(m)] = g (x[row_x(m)] @ W_e(^T) + b_e)``.
 
     x: rows of width K; w: (E, K, N), or (E, N, K) read transposed when ``w_transposed``;
     y: rows of width N, written whole (no-op rows 0; may come uninitialised); gates: (M,)
     or None; aux/dg: gate-gradient partials (``dg`` (T, M) fp32, T >= cdiv(N, min
     BLOCK_N), written whole), see the kernel docstring; ``dg_bias`` (E, K): adds
-    ``x[row_x(m)] . dg_bias[e_m]`` to the partials (the gate gradient's bias term).
+    ``x[row_x(m)] . dg_bias[e_m]`` to the partials (the gate gradient's bias term);
+    ``activation`` ("gelu", "relu"; "" none): y's rows times act'(pre) ⊙ keep ·
+    keep_scale (``pre`` in y's rows, ``keep`` bool in them or None).
     """
     E = routing.num_experts
     M = routing.num_slots
@@ -108,6 +114,10 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
         DG_BIAS=has_dg and dg_bias is not None,
         INPUT_PRECISION=_input_precision(x.dtype),
         E_POW2=triton.next_power_of_2(max(E, 2)),
+        PRE=pre if activation else y, KEEP=keep if keep is not None else y,
+        stride_pm=pre.stride(0) if activation else 0, stride_pk=pre.stride(1) if activation else 0,
+        stride_km=keep.stride(0) if keep is not None else 0, keep_scale=float(keep_scale),
+        ACT=gg.ACTIVATIONS[activation], HAS_KEEP=keep is not None,
     )
 
     def grid(meta):
@@ -178,7 +188,8 @@ def triton_forward(x, weight, bias, gates, routing, fan_out: int, grouped_in: bo
 
 
 def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
-                    grouped_out: bool, dout_fan: int, needs):
+                    grouped_out: bool, dout_fan: int, needs, activation: str = "", pre=None,
+                    keep=None, keep_scale: float = 1.0):
     """The gradients of ``triton_forward`` asked for by ``needs`` = (x, weight, bias, gates),
     None for the others (module docstring: the input gradient and the gate gradient in one
     kernel, the weight and bias gradients in another): the input gradient's rows (x's with
@@ -214,7 +225,8 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
             # the kernel's K loop; 0 for a no-op slot)
             routed_gemm(dout, dy_grouped, dy_fan, weight, True, None, dx_rows, grouped_in,
                         gates_flat, routing, aux=x, aux_grouped=grouped_in, aux_fan=fan_out,
-                        dg=partial, dg_bias=bias if need_g else None)
+                        dg=partial, dg_bias=bias if need_g else None, activation=activation,
+                        pre=pre, keep=keep, keep_scale=keep_scale)
             dx = dx_rows if need_x else None
             dg = partial
         if need_w or (need_b and bias is not None):

@@ -63,6 +63,17 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * mask.mul_(scale)
 
 
+def keep_mask(x: torch.Tensor, p: float, training: bool):
+    """A dropout mask for a kernel that applies it itself: (keep, x's shape, bool, 1 / (1 -
+    p)), each element kept with probability 1 - p (a uniform draw >= p, one kernel on a
+    GPU); (None, 1.0) in evaluation and at p = 0 (the identity)."""
+    if not training or p == 0.0:
+        return None, 1.0
+    if p >= 1.0:
+        return torch.zeros_like(x, dtype=torch.bool), 0.0
+    return torch.rand_like(x, dtype=torch.float32) >= p, 1.0 / (1.0 - p)
+
+
 class Dropout(nn.Module):
     """Drop-in for ``nn.Dropout(p)`` (same ``p`` attribute and semantics)."""
 

@@ -3,7 +3,10 @@
 ``y(h) = Σ_{e in top-k} g_e · (W2_e · act(W1_e h + b1_e) + b2_e)``: the up projection
 ``up`` (W1, b1: E maps d -> D) and the down projection ``down`` (W2, b2: E maps D -> d) are
 ``ExpertLinear``s. With E = k = 1 it is the dense FFN of a Transformer layer, and runs as
-one: no router, the active rows through ``ExpertLinear.dense``.
+one: no router, the active rows through ``ExpertLinear.dense``. On the Triton kernels (CUDA)
+a GELU or ReLU and the activation dropout are formed inside the down projection's kernels
+as they read the up projection's output (``routed_linear``'s input activation): no pass of
+their own over the (N k, D) rows, forward or backward.
 """
 import torch
 import torch.nn as nn
@@ -11,7 +14,7 @@ from fairseq import utils
 
 from ..compiler import tracing
 from ..ops.routed_linear import kernel_backend
-from .dropout import Dropout
+from .dropout import Dropout, keep_mask
 from .expert_linear import ExpertLinear, rename_parameters
 from .router import Router
 
@@ -28,6 +31,8 @@ class MoEFeedForward(nn.Module):
         self.router = router  # registered after the experts: see MixtureOfMultiHeadAttention
         self.activation_fn = utils.get_activation_fn(activation_fn)
         self.activation_dropout = Dropout(activation_dropout)
+        #: the activations the kernels form themselves (fairseq's "gelu" is the erf form)
+        self.kernel_activation = activation_fn if activation_fn in ("gelu", "relu") else ""
 
     def forward(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """x: (..., d); active: (...) bool. Returns (..., d), zero on inactive rows."""
@@ -39,7 +44,13 @@ class MoEFeedForward(nn.Module):
             return self.down.dense(h, active).reshape(shape)
         routing = self.router(x, active.reshape(-1))
         h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
-        if kernel_backend(h) == "reference" and not tracing():
+        backend = kernel_backend(h)
+        if backend == "triton" and self.kernel_activation:  # act and dropout in the kernels
+            keep, scale = keep_mask(h, self.activation_dropout.p, self.training)
+            return self.down(h, routing, fan_out=1, grouped_in=True, gates=routing.gates,
+                             activation=self.kernel_activation, keep=keep,
+                             keep_scale=scale).reshape(shape)
+        if backend == "reference" and not tracing():
             # (M, D) sorted, the no-op slots last: the reference down projection reads only
             # the routed rows, so only they need the activation (a host read, free on CPU)
             h = h[: int(routing.expert_offsets[-1])]

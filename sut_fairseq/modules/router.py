@@ -19,7 +19,7 @@ from ..ops.masked_linear_op import masked_linear
 from ..ops.reference_linear import kernel_backend
 from ..ops.route_op import EPS, routing_sums, top_k_by_argmax
 from ..ops.short_softmax import softmax_lastdim
-from .dropout import Dropout
+from .dropout import Dropout, keep_mask
 
 
 class RouterStats:
@@ -123,15 +123,8 @@ class Router(nn.Module):
 
     def _keep_mask(self, u: torch.Tensor):
         """The gating dropout's mask for ``sut::route_top_k`` (``pre_tanh``): (keep (n,
-        hidden) bool, 1 / (1 - p)), or (None, 1.0) in evaluation and at p = 0. The draw is
-        Bernoulli(1 - p) per element (a uniform draw >= p), the mask kept in place of the
-        scaled values."""
-        p = self.dropout.p
-        if not self.training or p == 0.0:
-            return None, 1.0
-        if p == 1.0:
-            return torch.zeros_like(u, dtype=torch.bool), 0.0
-        return torch.rand_like(u, dtype=torch.float32) >= p, 1.0 / (1.0 - p)
+        hidden) bool, 1 / (1 - p)), or (None, 1.0) in evaluation and at p = 0."""
+        return keep_mask(u, self.dropout.p, self.training)
 
     def _hidden(self, x: torch.Tensor, active: Optional[torch.Tensor] = None) -> torch.Tensor:
         """x: (n, d) -> dropout(tanh(W1 x)) (n, hidden), in the compute dtype; rows outside

@@ -20,6 +20,16 @@ needs ``TRITON_INTERPRET=1``). Under ``SUT_EXPERT_GEMM=grouped_mm`` the ``triton
 products are PyTorch's grouped GEMM instead (``grouped_linear.py``, the ``grouped`` path: no
 custom op, differentiable operations that a compiled step traces and fuses).
 
+Input activation (``activation`` "gelu" or "relu", MoE-FFD's down projection): the caller
+hands over the up projection's pre-activations u and ``routed_linear`` maps
+
+    x = act(u) ⊙ keep / (1 - p)             (keep: the activation dropout's mask, or none)
+
+x made as one elementwise pass (``activated``: what inductor fuses with the mask's draw),
+outside the autograd graph; the op gets x and u and returns u's gradient itself,
+du = dx ⊙ act'(u) ⊙ keep / (1 - p), which the kernels apply as they store dx: the
+activation's backward was a pass over the (M, D) rows of its own.
+
 Where the sums over a token's slots happen depends on the backend (``sums_outside``):
 
 * ``reference``: inside the ops, as ``index_add_`` into token rows (the cheapest form on a
@@ -67,6 +77,23 @@ def row_layout(routing: Routing, fan_out: int, grouped_in: bool, grouped_out: bo
     return src, dst, row_gates, ends
 
 
+def activated(u: Tensor, activation: str, keep: Optional[Tensor], keep_scale: float):
+    """(act(u) ⊙ keep · keep_scale in u's dtype, act'(u) ⊙ keep · keep_scale in fp32 at
+    least) of u (rows, in); act: "gelu" (u Φ(u), erf form: fairseq's ``gelu``) or "relu";
+    keep: (rows, in) bool or None."""
+    wide = u.to(torch.promote_types(u.dtype, torch.float32))
+    if activation == "gelu":
+        cdf = 0.5 * (1 + torch.erf(wide * 0.5 ** 0.5))
+        value, slope = wide * cdf, cdf + wide * torch.exp(-0.5 * wide * wide) * (2 * torch.pi) ** -0.5
+    elif activation == "relu":
+        value, slope = wide.clamp_min(0), (wide > 0).to(wide.dtype)
+    else:
+        raise ValueError(f"activation must be 'gelu', 'relu' or '' (none); got {activation!r}")
+    if keep is not None:
+        value, slope = value * keep * keep_scale, slope * keep * keep_scale
+    return value.to(u.dtype), slope
+
+
 def sum_rows(rows: Tensor, fan: int, num_rows: int) -> Tensor:
     """(M, W) slot rows -> (num_rows, W): row r sums slots r*fan .. r*fan+fan-1 (zero rows
     past M // fan)."""
@@ -81,8 +108,12 @@ def sum_rows(rows: Tensor, fan: int, num_rows: int) -> Tensor:
 def routed_linear_op(x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
                      expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
                      expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool,
-                     backend: str, defer: int = -1) -> Tensor:
-    """``defer``: ``weight_grads.defer_code`` (-1: the weight gradient of this call alone)."""
+                     backend: str, defer: int = -1, pre: Optional[Tensor] = None,
+                     activation: str = "", keep: Optional[Tensor] = None,
+                     keep_scale: float = 1.0) -> Tensor:
+    """``defer``: ``weight_grads.defer_code`` (-1: the weight gradient of this call alone);
+    ``pre``, ``activation``, ``keep``, ``keep_scale``: x = act(pre) ⊙ keep · keep_scale,
+    the input gradient pre's (module docstring; the forward reads x only)."""
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
     return _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
@@ -104,7 +135,8 @@ def _forward(x, weight, bias, gates, routing: Routing, fan_out: int, grouped_in:
 
 @routed_linear_op.register_fake
 def _(x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-      expert_offsets, fan_out, grouped_in, grouped_out, backend, defer=-1):
+      expert_offsets, fan_out, grouped_in, grouped_out, backend, defer=-1, pre=None,
+      activation="", keep=None, keep_scale=1.0):
     if gates is None:
         return x.new_empty(sorted_scattered_idxs.size(0), weight.size(2))
     slots = gates.shape if sums_outside(backend) else gates.shape[:1]
@@ -116,12 +148,14 @@ def routed_linear_backward_op(
         grad: Tensor, x: Tensor, weight: Tensor, bias: Optional[Tensor], gates: Optional[Tensor],
         expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
         expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
-        need_x: bool, need_w: bool, need_b: bool, need_g: bool
+        need_x: bool, need_w: bool, need_b: bool, need_g: bool, pre: Optional[Tensor] = None,
+        activation: str = "", keep: Optional[Tensor] = None, keep_scale: float = 1.0
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """grad: the output's gradient, (M, out) rows or one row per token (N, out) read by
     its k slots. Returns (dx, dW, db, dg), empty tensors for those not asked
     for; where the sums are outside (module docstring) dx is x's shape with ``grouped_in``,
-    else (M, in) slot rows, and dg (T, M) fp32 partial sums (T = ``max_column_tiles``)."""
+    else (M, in) slot rows, and dg (T, M) fp32 partial sums (T = ``max_column_tiles``);
+    with ``activation`` (x = act(pre) ⊙ keep · keep_scale, grouped) dx is pre's gradient."""
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
     needs = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
@@ -130,11 +164,13 @@ def routed_linear_backward_op(
         from ..kernels.routed_linear_triton import triton_backward
 
         grads = triton_backward(grad, x, weight, bias, gates, routing, fan_out, grouped_in,
-                                grouped_out, dout_fan, needs)
+                                grouped_out, dout_fan, needs, activation, pre, keep, keep_scale)
     else:
         src, dst, row_gates, ends = row_layout(routing, fan_out, grouped_in, grouped_out, gates,
                                                dout_fan)
         *grads, grad_g = reference_backward(grad, x, weight, bias, row_gates, src, dst, ends, needs)
+        if activation and grads[0] is not None:  # du = dx ⊙ act'(u) ⊙ keep · scale
+            grads[0] = (grads[0] * activated(pre, activation, keep, keep_scale)[1]).to(x.dtype)
         if grad_g is not None:  # per active sorted row -> per slot (N, k)
             grad_g = gates.new_zeros(gates.numel()).index_copy(
                 0, sorted_scattered_idxs[: ends[-1]], grad_g).view_as(gates)
@@ -144,7 +180,8 @@ def routed_linear_backward_op(
 
 @routed_linear_backward_op.register_fake
 def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
-      expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g):
+      expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g,
+      pre=None, activation="", keep=None, keep_scale=1.0):
     outside = sums_outside(backend)
     M = sorted_scattered_idxs.size(0)
     dx = dg = x.new_empty(0)
@@ -163,19 +200,30 @@ def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scat
     return dx, dw, db, dg
 
 
+#: the op's trailing arguments' defaults: defer, pre, activation, keep, keep_scale
+_DEFAULTS = (-1, None, "", None, 1.0)
+
+
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:8])  # x, W, b, gates and the routing's four tensors
+    inputs = tuple(inputs) + _DEFAULTS[len(inputs) - 12:]
+    # x, W, b, gates, the routing's four tensors; u and the mask of an input activation
+    ctx.save_for_backward(*inputs[:8], inputs[13], inputs[15])
     ctx.layout = inputs[8:12]  # fan_out, grouped_in, grouped_out, backend
-    ctx.bucket, ctx.flushes = weight_grads.attach(inputs[12] if len(inputs) > 12 else -1)
+    ctx.activation = (inputs[14], inputs[16])  # activation, keep_scale
+    ctx.bucket, ctx.flushes = weight_grads.attach(inputs[12])
 
 
 def _backward(ctx, grad):
     """The op's gradient: ``sut::routed_linear_backward``, then the sums it leaves outside
     (module docstring) in the traced graph; with a bucket (``weight_grads``) the weight and
     bias gradients of every step at step 1's."""
-    x, weight, bias, gates, expert_idxs, _, sorted_scattered_idxs, _ = ctx.saved_tensors
+    *saved, pre, keep = ctx.saved_tensors
+    x, weight, bias, gates, expert_idxs, _, sorted_scattered_idxs, _ = saved
     fan_out, grouped_in, grouped_out, backend = ctx.layout
+    activation, keep_scale = ctx.activation
     needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
+    if activation:  # the input gradient is pre's (x is a detached act(pre))
+        needs = (ctx.needs_input_grad[13],) + needs[1:]
     # rows of the output's gradient: slot rows (M, out), or one row per token (N, out) that
     # its k slots read: the summed output's, or with the sum outside the gradient of that
     # sum, which arrives broadcast over the slots (stride 0)
@@ -186,8 +234,8 @@ def _backward(ctx, grad):
     step_needs = (needs[0], False, False, needs[3]) if deferred else needs
     dx = dw = db = dg = None
     if any(step_needs):
-        dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *ctx.saved_tensors,
-                                                              *ctx.layout, *step_needs)
+        dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *saved, *ctx.layout, *step_needs,
+                                                              pre, activation, keep, keep_scale)
     if deferred:
         weight_grads.add(ctx.bucket, weight_grads.Entry(
             grad, x, gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
@@ -198,8 +246,10 @@ def _backward(ctx, grad):
             dx = sum_rows(dx, fan_out, x.size(0))
         if needs[3]:
             dg = dg.sum(0).view_as(gates).to(gates.dtype)
-    return tuple(g if need and g is not None else None
-                 for g, need in zip((dx, dw, db, dg), needs)) + (None,) * 9
+    grads = tuple(g if need and g is not None else None for g, need in zip((dx, dw, db, dg), needs))
+    if activation:  # dx is pre's
+        return (None,) + grads[1:] + (None,) * 9 + (grads[0], None, None, None)
+    return grads + (None,) * 13
 
 
 routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
@@ -208,7 +258,8 @@ routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
 def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,
                   fan_out: int, grouped_in: bool = False, grouped_out: bool = False,
                   gates: Optional[Tensor] = None, backend: Optional[str] = None,
-                  tag: int = -1) -> Tensor:
+                  tag: int = -1, activation: str = "", keep: Optional[Tensor] = None,
+                  keep_scale: float = 1.0) -> Tensor:
     """Apply expert ``e``'s linear map to every slot routed to ``e`` (``sut::routed_linear``).
 
     x (N, in), (M, in) or sorted (M, in); weight (E, in, out); bias (E, out) or None;
@@ -219,7 +270,10 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     differentiable operations, no custom op); None for ``kernel_backend(x)``, whose
     ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``; ``tag``: the
     parameter's ``weight_grads`` tag (-1: none; under ``SUT_WEIGHT_GRADS=deferred`` the
-    op's weight gradient is made at the recurrence's step 1). Returns (M, out), or (N, out)
+    op's weight gradient is made at the recurrence's step 1); ``activation`` ("gelu",
+    "relu"; "" none) with ``keep`` (x's shape, bool, or None) and ``keep_scale``, grouped x
+    only: x holds pre-activations u and the map reads act(u) ⊙ keep · keep_scale (module
+    docstring). Returns (M, out), or (N, out)
     with gates, in the compute dtype: autocast's, else the promoted dtype of x and weight
     (as ``nn.Linear``; the gates keep theirs).
     """
@@ -228,6 +282,13 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     if weight.dim() != 3 or weight.size(0) != routing.num_experts:
         raise ValueError(f"weight must be (E={routing.num_experts}, in, out); "
                          f"got {tuple(weight.shape)}")
+    if activation:
+        if activation not in ("gelu", "relu") or not grouped_in:
+            raise ValueError(f"an input activation is 'gelu' or 'relu' on grouped rows "
+                             f"(grouped_in=True); got {activation!r}, grouped_in={grouped_in}")
+        if keep is not None and (keep.dtype != torch.bool or keep.shape != x.shape):
+            raise ValueError(f"keep must be a bool mask of x's shape {tuple(x.shape)}; got "
+                             f"{keep.dtype} {tuple(keep.shape)}")
     if backend is None:
         backend = kernel_backend(x)
         backend = "grouped" if backend == "triton" and expert_gemm() == "grouped_mm" else backend
@@ -238,16 +299,22 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
+    pre, custom = None, as_custom_op(x, weight, bias, gates)
+    if activation:  # x = act(u) ⊙ keep · scale: differentiable, or u's gradient by the op
+        pre = x
+        x = activated(pre.detach() if custom and backend != "grouped" else pre, activation, keep,
+                      keep_scale)[0]
     if backend == "grouped":
         return grouped_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out,
                                      gates)
-    if not as_custom_op(x, weight, bias, gates):  # eager, no gradient (decoding)
+    if not custom:  # eager, no gradient (decoding)
         y = _forward(x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out, backend)
     else:
         y = torch.ops.sut.routed_linear(
             x, weight, bias, gates, routing.expert_idxs, routing.sorted_expert_idxs,
             routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, grouped_in,
-            grouped_out, backend, weight_grads.defer_code(tag, weight))
+            grouped_out, backend, weight_grads.defer_code(tag, weight), pre, activation, keep,
+            keep_scale)
     if gates is not None and sums_outside(backend):
         y = y.sum(1)  # Σ_j g_j y_j over each token's k slots
     return y

@@ -285,8 +285,8 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
         return x_.new_zeros(N * K, OUT)  # gate-weighted slot rows
 
     def backward(dout, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out,
-                 dout_fan, needs):
-        seen["backward"] = (routing_, needs, tuple(dout.shape), dout_fan)
+                 dout_fan, needs, activation, pre, keep, keep_scale):
+        seen["backward"] = (routing_, needs, tuple(dout.shape), dout_fan, activation, pre, keep)
         return x.new_ones(N * K, IN), weight.new_ones(E, IN, OUT), None, None  # dx per slot
 
     monkeypatch.setattr(kernels, "triton_forward", forward)
@@ -296,13 +296,14 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
     y = routed_linear(x, weight, None, routing, K, False, False, gate_in)
     y.sum().backward()
     assert seen["forward"][1:] == (K, False, False)
+    assert seen["backward"][4:] == ("", None, None)
     for got in (seen["forward"][0], seen["backward"][0]):
         assert got.num_experts == E
         for name in ("expert_idxs", "sorted_expert_idxs", "sorted_scattered_idxs", "expert_offsets"):
             assert torch.equal(getattr(got, name), getattr(routing, name)), name
         assert torch.equal(got.gates, gate_in)
     assert seen["backward"][1] == (True, True, False, False)
-    assert seen["backward"][2:] == ((N, OUT), K)  # the sum's gradient: one row per token, K slots
+    assert seen["backward"][2:4] == ((N, OUT), K)  # the sum's gradient: one row per token, K slots
     # the K slots' input gradients of a token summed outside the backend
     assert torch.equal(x.grad, torch.full((N, IN), float(K))) and torch.equal(weight.grad, torch.ones(E, IN, OUT))
 
@@ -434,7 +435,8 @@ def _triton_stand_ins(kernels, seen):
         return y
 
     def backward(dout, x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out,
-                 dout_fan, needs):
+                 dout_fan, needs, activation, pre, keep, keep_scale):
+        assert not activation
         seen.append((tuple(dout.shape), dout_fan))
         M, T = routing.num_slots, kernels.max_column_tiles(weight.size(1), x.dtype, x.device)
         dx, dw, db = torch.zeros(M, x.size(1)), torch.zeros_like(weight), torch.zeros_like(bias)

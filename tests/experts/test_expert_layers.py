@@ -384,11 +384,11 @@ def test_halted_positions_are_sent_to_no_expert(monkeypatch):
     rows = []
 
     def counting(x, weight, bias, routing, fan_out, grouped_in=False, grouped_out=False, gates=None,
-                 tag=-1):
+                 tag=-1, **activation):
         rows.append((routing.expert_offsets[-1].item(), (routing.expert_idxs < routing.num_experts).sum().item()))
         from sut_fairseq.ops.routed_linear import reference_routed_linear
         return reference_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates,
-                                       tag=tag)
+                                       tag=tag, **activation)
 
     monkeypatch.setattr(expert_linear, "routed_linear", counting)
     model = make_model(halting_threshold=0.6, decoder_layers=3, encoder_layers=3)

@@ -276,6 +276,55 @@ def test_deferred_weight_gradients_of_three_steps_equal_the_reference_per_step(u
         assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
 
 
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("with_keep", [False, True], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("routing_name", ["ragged", "multi_tile", "all_halted"])
+def test_input_activation_matches_reference(routing_name, with_keep, activation):
+    """MoE-FFD's down projection reading the up projection's pre-activations u (sorted
+    rows) as act(u) ⊙ keep / (1 - p) inside the kernels: the output, u's gradient (the
+    input gradient's epilogue), W's and b's (the weight gradient reading act(u)) and the
+    gates' (the gate gradient's x = act(u)) equal the reference's; a dropped element of u
+    gets no gradient."""
+    x, w, b, routing, kwargs, gates, g = _problem(routing_name, "ffd_down")
+    keep = torch.rand(x.shape, generator=g) >= 0.3 if with_keep else None
+    kwargs = dict(kwargs, activation=activation, keep=keep, keep_scale=1 / 0.7 if with_keep else 1.0)
+    got = _run(_triton, x, w, b, routing, kwargs, gates)
+    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+    assert_match(got, want, 2e-5)
+    if with_keep:
+        assert not got[1][~keep].any()
+    if routing_name == "ragged":
+        assert got[1].abs().sum() > 0 and got[4].abs().sum() > 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_input_activation_half_matches_reference(dtype):
+    x, w, b, routing, kwargs, gates, g = _problem("multi_tile", "ffd_down", dtype=dtype)
+    kwargs = dict(kwargs, activation="gelu", keep=torch.rand(x.shape, generator=g) >= 0.2,
+                  keep_scale=1.25)
+    got = _run(_triton, x, w, b, routing, kwargs, gates)
+    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+    assert got[0].dtype == dtype
+    assert_match(got, want, 4e-3 if dtype == torch.float16 else 3e-2)
+
+
+def test_deferred_weight_gradients_with_the_input_activation(monkeypatch):
+    """Deferred over three steps, each with its own dropout mask: each step returns u's
+    gradient, step 1's one weight-gradient launch reads every step's act(u) ⊙ keep · s,
+    as the per-step reference does."""
+    from sut_fairseq.ops import weight_grads
+
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
+    want = three_steps(reference_routed_linear, "ffd_down", activation="gelu")
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    weight_grads.Stats.reset()
+    got = three_steps(_triton, "ffd_down", activation="gelu")
+    assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0  # it deferred
+    assert_match(got[:3] + [None, None], want[:3] + [None, None], 2e-5)
+    for g, w in zip(got[3] + got[4], want[3] + want[4]):
+        assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
+
+
 def test_rejects_bad_shapes():
     from sut_fairseq.kernels import triton_routed_linear
 
@@ -286,6 +335,12 @@ def test_rejects_bad_shapes():
         triton_routed_linear(x, w[:2], b, routing, **kwargs)
     with pytest.raises(ValueError):
         triton_routed_linear(x, w, b, routing, grouped_out=True, gates=routing.gates, fan_out=routing.k)
+    x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_down")
+    with pytest.raises(ValueError, match="an input activation is 'gelu' or 'relu'"):
+        triton_routed_linear(x, w, b, routing, activation="swish", **kwargs)
+    with pytest.raises(ValueError, match=r"keep must be a bool mask of x's shape"):
+        triton_routed_linear(x, w, b, routing, activation="gelu",
+                             keep=torch.ones(x.size(0), 3, dtype=torch.bool), **kwargs)
 
 
 if not IN_PROCESS:
