@@ -91,8 +91,13 @@ def three_steps(fn, use: str, seed=0, activation: str = ""):
         routing = make_routing(idx, gates.detach(), E)
         x = torch.randn(N if rows == "token" else N * k, IN_DIM, generator=g).requires_grad_()
         x_in = x if first is None else x + 0.0 * first  # step l > 1 reads step 1's output
-        act = dict(activation=activation, keep=torch.rand(x.shape, generator=g) >= 0.3,
-                   keep_scale=1 / 0.7) if activation else {}
+        act = {}
+        if activation:  # the map's input act(x) ⊙ keep / 0.7, x's gradient by the op
+            from sut_fairseq.ops.routed_linear import activated
+
+            act = dict(activation=activation, pre=x_in, keep=torch.rand(x.shape, generator=g) >= 0.3,
+                       keep_scale=1 / 0.7)
+            x_in = activated(x_in.detach(), activation, act["keep"], act["keep_scale"])[0]
         weight_grads.ROLE.step = step
         try:
             y = fn(x_in, w, b, routing, gates=gates if use in GATED else None,

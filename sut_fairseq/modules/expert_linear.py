@@ -42,14 +42,15 @@ class ExpertLinear(nn.Module):
 
     def forward(self, x: torch.Tensor, routing: Routing, fan_out: int, grouped_in: bool = False,
                 grouped_out: bool = False, gates: Optional[torch.Tensor] = None,
-                activation: str = "", keep: Optional[torch.Tensor] = None,
-                keep_scale: float = 1.0) -> torch.Tensor:
+                activation: str = "", pre: Optional[torch.Tensor] = None,
+                keep: Optional[torch.Tensor] = None, keep_scale: float = 1.0) -> torch.Tensor:
         """x and the result in the layouts of ``routed_linear`` (token, slot or sorted rows;
         (M, out), or (N, out) summed over each token's slots with ``gates`` (N, k)); with
-        ``activation`` x holds pre-activations u, mapped as act(u) ⊙ keep · keep_scale."""
+        ``activation``, x = act(pre) ⊙ keep · keep_scale and the gradient goes to ``pre``."""
         bias = None if self.shared_bias else self.bias
         y = routed_linear(x, self.weight, bias, routing, fan_out, grouped_in, grouped_out, gates,
-                          tag=self.tag, activation=activation, keep=keep, keep_scale=keep_scale)
+                          tag=self.tag, activation=activation, pre=pre, keep=keep,
+                          keep_scale=keep_scale)
         return y + self.bias if self.shared_bias else y
 
     def dense(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:

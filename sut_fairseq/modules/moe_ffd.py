@@ -4,9 +4,9 @@
 ``up`` (W1, b1: E maps d -> D) and the down projection ``down`` (W2, b2: E maps D -> d) are
 ``ExpertLinear``s. With E = k = 1 it is the dense FFN of a Transformer layer, and runs as
 one: no router, the active rows through ``ExpertLinear.dense``. On the Triton kernels (CUDA)
-a GELU or ReLU and the activation dropout are formed inside the down projection's kernels
-as they read the up projection's output (``routed_linear``'s input activation): no pass of
-their own over the (N k, D) rows, forward or backward.
+the gradient of a GELU or ReLU and of the activation dropout is applied by the down
+projection's input-gradient kernel (``routed_linear``'s input activation): no pass of its
+own over the (N k, D) rows in the backward.
 """
 import torch
 import torch.nn as nn
@@ -14,7 +14,7 @@ from fairseq import utils
 
 from ..compiler import tracing
 from ..ops.routed_linear import kernel_backend
-from .dropout import Dropout, keep_mask
+from .dropout import Dropout, activation_dropout
 from .expert_linear import ExpertLinear, rename_parameters
 from .router import Router
 
@@ -45,10 +45,11 @@ class MoEFeedForward(nn.Module):
         routing = self.router(x, active.reshape(-1))
         h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
         backend = kernel_backend(h)
-        if backend == "triton" and self.kernel_activation:  # act and dropout in the kernels
-            keep, scale = keep_mask(h, self.activation_dropout.p, self.training)
-            return self.down(h, routing, fan_out=1, grouped_in=True, gates=routing.gates,
-                             activation=self.kernel_activation, keep=keep,
+        if backend == "triton" and self.kernel_activation:  # the activation's gradient in the kernel
+            x, keep, scale = activation_dropout(h, self.kernel_activation,
+                                                self.activation_dropout.p, self.training)
+            return self.down(x, routing, fan_out=1, grouped_in=True, gates=routing.gates,
+                             activation=self.kernel_activation, pre=h, keep=keep,
                              keep_scale=scale).reshape(shape)
         if backend == "reference" and not tracing():
             # (M, D) sorted, the no-op slots last: the reference down projection reads only

@@ -21,14 +21,14 @@ products are PyTorch's grouped GEMM instead (``grouped_linear.py``, the ``groupe
 custom op, differentiable operations that a compiled step traces and fuses).
 
 Input activation (``activation`` "gelu" or "relu", MoE-FFD's down projection): the caller
-hands over the up projection's pre-activations u and ``routed_linear`` maps
+hands over the up projection's pre-activations u (``pre``) beside the input it made from
+them without a gradient,
 
     x = act(u) ⊙ keep / (1 - p)             (keep: the activation dropout's mask, or none)
 
-x made as one elementwise pass (``activated``: what inductor fuses with the mask's draw),
-outside the autograd graph; the op gets x and u and returns u's gradient itself,
-du = dx ⊙ act'(u) ⊙ keep / (1 - p), which the kernels apply as they store dx: the
-activation's backward was a pass over the (M, D) rows of its own.
+(one pass forward: ``activation_dropout`` in ``modules/dropout.py``), and the op returns
+u's gradient itself, du = dx ⊙ act'(u) ⊙ keep / (1 - p), which the kernels apply as they
+store dx: the activation's backward was a pass over the (M, D) rows of its own.
 
 Where the sums over a token's slots happen depends on the backend (``sums_outside``):
 
@@ -258,8 +258,8 @@ routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
 def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,
                   fan_out: int, grouped_in: bool = False, grouped_out: bool = False,
                   gates: Optional[Tensor] = None, backend: Optional[str] = None,
-                  tag: int = -1, activation: str = "", keep: Optional[Tensor] = None,
-                  keep_scale: float = 1.0) -> Tensor:
+                  tag: int = -1, activation: str = "", pre: Optional[Tensor] = None,
+                  keep: Optional[Tensor] = None, keep_scale: float = 1.0) -> Tensor:
     """Apply expert ``e``'s linear map to every slot routed to ``e`` (``sut::routed_linear``).
 
     x (N, in), (M, in) or sorted (M, in); weight (E, in, out); bias (E, out) or None;
@@ -271,9 +271,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     ``triton`` is ``grouped`` under ``SUT_EXPERT_GEMM=grouped_mm``; ``tag``: the
     parameter's ``weight_grads`` tag (-1: none; under ``SUT_WEIGHT_GRADS=deferred`` the
     op's weight gradient is made at the recurrence's step 1); ``activation`` ("gelu",
-    "relu"; "" none) with ``keep`` (x's shape, bool, or None) and ``keep_scale``, grouped x
-    only: x holds pre-activations u and the map reads act(u) ⊙ keep · keep_scale (module
-    docstring). Returns (M, out), or (N, out)
+    "relu"; "" none), grouped x only: x = act(pre) ⊙ keep · keep_scale made by the caller
+    without a gradient, ``pre`` (x's shape) the pre-activations that get the input's
+    gradient, ``keep`` (x's shape, bool) or None (module docstring). Returns (M, out), or (N, out)
     with gates, in the compute dtype: autocast's, else the promoted dtype of x and weight
     (as ``nn.Linear``; the gates keep theirs).
     """
@@ -286,6 +286,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
         if activation not in ("gelu", "relu") or not grouped_in:
             raise ValueError(f"an input activation is 'gelu' or 'relu' on grouped rows "
                              f"(grouped_in=True); got {activation!r}, grouped_in={grouped_in}")
+        if pre is None or pre.shape != x.shape:
+            raise ValueError(f"an input activation needs its pre-activations (pre) of x's "
+                             f"shape {tuple(x.shape)}; got {None if pre is None else tuple(pre.shape)}")
         if keep is not None and (keep.dtype != torch.bool or keep.shape != x.shape):
             raise ValueError(f"keep must be a bool mask of x's shape {tuple(x.shape)}; got "
                              f"{keep.dtype} {tuple(keep.shape)}")
@@ -299,11 +302,12 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
     x, weight = x.to(dtype), weight.to(dtype)
     bias = None if bias is None else bias.to(dtype)
-    pre, custom = None, as_custom_op(x, weight, bias, gates)
-    if activation:  # x = act(u) ⊙ keep · scale: differentiable, or u's gradient by the op
-        pre = x
-        x = activated(pre.detach() if custom and backend != "grouped" else pre, activation, keep,
-                      keep_scale)[0]
+    if activation:
+        pre = pre.to(dtype)
+        x = x.detach()  # its gradient is pre's, by the op (or through the grouped form's x)
+    custom = as_custom_op(x, weight, bias, gates, pre)
+    if activation and backend == "grouped":  # differentiable operations: x again from pre
+        x = activated(pre, activation, keep, keep_scale)[0]
     if backend == "grouped":
         return grouped_routed_linear(x, weight, bias, routing, fan_out, grouped_in, grouped_out,
                                      gates)

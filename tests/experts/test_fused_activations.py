@@ -15,6 +15,7 @@ from conftest import make_model, randomise_halting
 from old_code import assert_same_as_old
 from sut_fairseq.models.standalone import build_model
 from sut_fairseq.modules import moe_ffd
+from sut_fairseq.modules.dropout import activation_dropout
 from sut_fairseq.modules.moe_ffd import MoEFeedForward
 from sut_fairseq.modules.router import Router
 from sut_fairseq.ops.routed_linear import reference_routed_linear
@@ -33,9 +34,10 @@ def _routing(N=9, E=4, k=2, seed=0):
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 @pytest.mark.parametrize("with_keep", [False, True], ids=["no-dropout", "dropout"])
 def test_the_input_activation_equals_autograd_through_it(activation, with_keep):
-    """``routed_linear(u, ..., activation, keep, scale)`` on the reference backend (its
-    hand-written act'(u)) == the plain op on act(u) ⊙ keep · scale made by ``F.gelu`` (erf)
-    / ``F.relu`` and autograd, float64: the output and the gradients of u, W, b, gates."""
+    """``routed_linear(x, ..., activation, pre=u, keep, scale)`` on the reference backend,
+    x = act(u) ⊙ keep · scale without a gradient (its hand-written act'(u) gives u's) ==
+    the plain op on x made by ``F.gelu`` (erf) / ``F.relu`` and autograd, float64: the
+    output and the gradients of u, W, b, gates."""
     routing, g = _routing()
     M, D, d = routing.num_slots, 6, 5
     u0 = torch.randn(M, D, generator=g, dtype=torch.float64) * 2
@@ -47,12 +49,12 @@ def test_the_input_activation_equals_autograd_through_it(activation, with_keep):
     outs = []
     for fused in (True, False):
         u, w, b, gates = (t.clone().requires_grad_() for t in (u0, w0, b0, gates0))
+        x = {"gelu": F.gelu, "relu": F.relu}[activation](u)
+        x = x * keep * scale if with_keep else x
         if fused:
-            y = reference_routed_linear(u, w, b, routing, 1, grouped_in=True, gates=gates,
-                                        activation=activation, keep=keep, keep_scale=scale)
+            y = reference_routed_linear(x.detach(), w, b, routing, 1, grouped_in=True, gates=gates,
+                                        activation=activation, pre=u, keep=keep, keep_scale=scale)
         else:
-            x = {"gelu": F.gelu, "relu": F.relu}[activation](u)
-            x = x * keep * scale if with_keep else x
             y = reference_routed_linear(x, w, b, routing, 1, grouped_in=True, gates=gates)
         y.sin().sum().backward()
         outs.append((y, u.grad, w.grad, b.grad, gates.grad))
@@ -68,12 +70,32 @@ def test_bad_activations_are_named():
     u, w = torch.randn(routing.num_slots, 6), torch.randn(4, 6, 5)
     with pytest.raises(ValueError, match=r"an input activation is 'gelu' or 'relu' on grouped "
                                          r"rows \(grouped_in=True\); got 'tanh', grouped_in=True"):
-        reference_routed_linear(u, w, None, routing, 1, grouped_in=True, activation="tanh")
+        reference_routed_linear(u, w, None, routing, 1, grouped_in=True, activation="tanh", pre=u)
     with pytest.raises(ValueError, match=r"got 'gelu', grouped_in=False"):
-        reference_routed_linear(u, w, None, routing, 1, activation="gelu")
+        reference_routed_linear(u, w, None, routing, 1, activation="gelu", pre=u)
+    with pytest.raises(ValueError, match=r"needs its pre-activations \(pre\) of x's shape "
+                                         r"\(18, 6\); got \(18, 5\)"):
+        reference_routed_linear(u, w, None, routing, 1, grouped_in=True, activation="gelu",
+                                pre=u[:, :5])
     with pytest.raises(ValueError, match="keep must be a bool mask of x's shape"):
         reference_routed_linear(u, w, None, routing, 1, grouped_in=True, activation="gelu",
-                                keep=torch.ones(routing.num_slots, 6))
+                                pre=u, keep=torch.ones(routing.num_slots, 6))
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+def test_activation_dropout_is_the_activation_masked_and_scaled(activation):
+    """``activation_dropout``: x = act(u) ⊙ keep / (1 - p) with about 1 - p kept, no
+    gradient; evaluation and p = 0: act(u) and no mask."""
+    torch.manual_seed(0)
+    u = torch.randn(400, 50, requires_grad=True)
+    act = {"gelu": F.gelu, "relu": F.relu}[activation](u).detach()
+    x, keep, scale = activation_dropout(u, activation, 0.25, True)
+    assert not x.requires_grad and keep.dtype == torch.bool and scale == pytest.approx(1 / 0.75)
+    torch.testing.assert_close(x, act * keep / 0.75)
+    assert abs(keep.float().mean().item() - 0.75) < 0.01
+    for p, training in ((0.25, False), (0.0, True)):
+        x, keep, scale = activation_dropout(u, activation, p, training)
+        assert keep is None and scale == 1.0 and torch.equal(x, act)
 
 
 @contextlib.contextmanager
@@ -105,7 +127,12 @@ def test_the_ffd_module_with_activation_dropout_equals_its_unfused_path(monkeypa
     x0 = torch.randn(10, 8)
     active = torch.rand(10, generator=torch.Generator().manual_seed(2)) > 0.2
     keep = torch.rand(10 * 2, 12, generator=torch.Generator().manual_seed(3)) >= 0.3
-    monkeypatch.setattr(moe_ffd, "keep_mask", lambda h, p, training: (keep[: h.size(0)], 1 / 0.7))
+
+    def fixed_mask(h, activation, p, training):  # activation_dropout with the one mask
+        assert (activation, p, training) == ("gelu", 0.3, True)
+        return F.gelu(h).detach() * keep[: h.size(0)] / 0.7, keep[: h.size(0)], 1 / 0.7
+
+    monkeypatch.setattr(moe_ffd, "activation_dropout", fixed_mask)
     monkeypatch.setattr(ffd.activation_dropout, "forward", lambda h: h * keep[: h.size(0)] / 0.7)
     outs = []
     for branch in (_fused, lambda: _unfused(router_too=False)):

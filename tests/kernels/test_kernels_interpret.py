@@ -276,20 +276,32 @@ def test_deferred_weight_gradients_of_three_steps_equal_the_reference_per_step(u
         assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
 
 
+def _run_activated(fn, u, w, b, routing, kwargs, gates):
+    """``_run`` with the map's input x = act(u) ⊙ keep · scale made without a gradient and
+    u as ``pre``: [y, du, dw, db, dgates]."""
+    from sut_fairseq.ops.routed_linear import activated
+
+    u_, w_, b_, gates_ = (t.detach().clone().requires_grad_() if t is not None else None
+                          for t in (u, w, b, gates))
+    x = activated(u_.detach(), kwargs["activation"], kwargs["keep"], kwargs["keep_scale"])[0]
+    y = fn(x, w_, b_, routing, gates=gates_, pre=u_, **kwargs)
+    y.backward(torch.randn(y.shape, generator=torch.Generator().manual_seed(1)).to(y.dtype))
+    return [y.detach()] + [t.grad if t is not None else None for t in (u_, w_, b_, gates_)]
+
+
 @pytest.mark.parametrize("activation", ["gelu", "relu"])
 @pytest.mark.parametrize("with_keep", [False, True], ids=["no-dropout", "dropout"])
 @pytest.mark.parametrize("routing_name", ["ragged", "multi_tile", "all_halted"])
 def test_input_activation_matches_reference(routing_name, with_keep, activation):
-    """MoE-FFD's down projection reading the up projection's pre-activations u (sorted
-    rows) as act(u) ⊙ keep / (1 - p) inside the kernels: the output, u's gradient (the
-    input gradient's epilogue), W's and b's (the weight gradient reading act(u)) and the
-    gates' (the gate gradient's x = act(u)) equal the reference's; a dropped element of u
-    gets no gradient."""
+    """MoE-FFD's down projection on x = act(u) ⊙ keep / (1 - p) with the pre-activations u
+    (sorted rows): the output, u's gradient (act'(u) ⊙ keep / (1 - p) applied by the input
+    gradient's epilogue), W's, b's and the gates' equal the reference's; a dropped element
+    of u gets no gradient."""
     x, w, b, routing, kwargs, gates, g = _problem(routing_name, "ffd_down")
     keep = torch.rand(x.shape, generator=g) >= 0.3 if with_keep else None
     kwargs = dict(kwargs, activation=activation, keep=keep, keep_scale=1 / 0.7 if with_keep else 1.0)
-    got = _run(_triton, x, w, b, routing, kwargs, gates)
-    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+    got = _run_activated(_triton, x, w, b, routing, kwargs, gates)
+    want = _run_activated(reference_routed_linear, x, w, b, routing, kwargs, gates)
     assert_match(got, want, 2e-5)
     if with_keep:
         assert not got[1][~keep].any()
@@ -302,8 +314,8 @@ def test_input_activation_half_matches_reference(dtype):
     x, w, b, routing, kwargs, gates, g = _problem("multi_tile", "ffd_down", dtype=dtype)
     kwargs = dict(kwargs, activation="gelu", keep=torch.rand(x.shape, generator=g) >= 0.2,
                   keep_scale=1.25)
-    got = _run(_triton, x, w, b, routing, kwargs, gates)
-    want = _run(reference_routed_linear, x, w, b, routing, kwargs, gates)
+    got = _run_activated(_triton, x, w, b, routing, kwargs, gates)
+    want = _run_activated(reference_routed_linear, x, w, b, routing, kwargs, gates)
     assert got[0].dtype == dtype
     assert_match(got, want, 4e-3 if dtype == torch.float16 else 3e-2)
 
@@ -337,9 +349,11 @@ def test_rejects_bad_shapes():
         triton_routed_linear(x, w, b, routing, grouped_out=True, gates=routing.gates, fan_out=routing.k)
     x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_down")
     with pytest.raises(ValueError, match="an input activation is 'gelu' or 'relu'"):
-        triton_routed_linear(x, w, b, routing, activation="swish", **kwargs)
+        triton_routed_linear(x, w, b, routing, activation="swish", pre=x, **kwargs)
+    with pytest.raises(ValueError, match=r"needs its pre-activations \(pre\) of x's shape"):
+        triton_routed_linear(x, w, b, routing, activation="gelu", **kwargs)
     with pytest.raises(ValueError, match=r"keep must be a bool mask of x's shape"):
-        triton_routed_linear(x, w, b, routing, activation="gelu",
+        triton_routed_linear(x, w, b, routing, activation="gelu", pre=x,
                              keep=torch.ones(x.size(0), 3, dtype=torch.bool), **kwargs)
 
 
