@@ -522,13 +522,83 @@ def test_router_kernels_with_the_last_layer_match_the_reference(E, dtype):
         torch.testing.assert_close(got[5], want[5], rtol=1e-2, atol=1e-1)  # sums over 4,100 rows
         grad_gates = torch.randn(4100, 4, device="cuda", generator=g)
         grad_sums = torch.randn(2 * E + 2, device="cuda", generator=g)
-        dz, dx = route_top_k_backward(x, weight, active, got[1], grad_gates, grad_sums)
-        want_dz, want_dx = route_top_k_backward_reference(x, weight, active, got[1], grad_gates, grad_sums)
+        dz, dx, _ = route_top_k_backward(x, weight, active, got[1], grad_gates, grad_sums)
+        want_dz, want_dx, _ = route_top_k_backward_reference(x, weight, active, got[1], grad_gates, grad_sums)
     finally:
         torch.backends.cuda.matmul.allow_tf32 = tf32
     tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
     torch.testing.assert_close(dz.float(), want_dz.float(), **tol)
     torch.testing.assert_close(dx.float(), want_dx.float(), **tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_router_kernels_forming_the_hidden_layer_match_the_reference(dtype):
+    """``pre_tanh``: the kernels form a · tanh(u) ⊙ keep / (1 - p) from the pre-activation
+    u (4,100 × 512) and the gating dropout's mask as they load it: the picks of (nearly)
+    every row as the reference's, the statistics within rounding, and the backward's dz, u's
+    gradient and the hidden layer against the reference for the kernel's own picks."""
+    from sut_fairseq.kernels.routing_triton import route_top_k, route_top_k_backward
+    from sut_fairseq.ops.route_op import route_top_k_backward_reference, route_top_k_reference
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    u = (2 * torch.randn(4100, 512, device="cuda", generator=g)).to(dtype)
+    weight = (torch.randn(24, 512, device="cuda", generator=g) * 2 / 512 ** 0.5).to(dtype)
+    active = torch.rand(4100, device="cuda", generator=g) > 0.33
+    keep = torch.rand(4100, 512, device="cuda", generator=g) >= 0.2
+    hidden = (keep, 1.25, True)
+    tf32 = torch.backends.cuda.matmul.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = False
+    try:
+        got = route_top_k(u, weight, active, 4, dtype, None, *hidden)
+        want = route_top_k_reference(u, weight, active, 4, dtype, None, *hidden)
+        same = (got[1] == want[1]).all(1)
+        assert same.float().mean() > 0.999, same.float().mean()
+        torch.testing.assert_close(got[5], want[5], rtol=1e-2, atol=1e-1)  # sums over 4,100 rows
+        grad_gates = torch.randn(4100, 4, device="cuda", generator=g)
+        grad_sums = torch.randn(2 * 24 + 2, device="cuda", generator=g)
+        mine = route_top_k_backward(u, weight, active, got[1], grad_gates, grad_sums, *hidden)
+        ref = route_top_k_backward_reference(u, weight, active, got[1], grad_gates, grad_sums, *hidden)
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = tf32
+    tol = dict(rtol=1e-4, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-3)
+    for name, a, e in zip(("dz", "du", "hidden"), mine, ref):
+        torch.testing.assert_close(a.float(), e.float(), **tol, msg=name)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=["fp32", "bf16"])
+def test_input_activation_kernels_match_the_reference(dtype):
+    """MoE-FFD's down projection with its input activation (GELU, dropout mask) on the
+    kernels against the reference backend on the device, ``sut_base``'s sizes (E 24, k 4,
+    512 → 512, 4,096 tokens): output and the gradients of u, W, b and the gates."""
+    from sut_fairseq.ops.routed_linear import (activated, reference_routed_linear,
+                                               triton_routed_linear)
+    from sut_fairseq.ops.routing import make_routing
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    N, k, E, D, d = 4096, 4, 24, 512, 512
+    idx = torch.rand(N, E, device="cuda", generator=g).topk(k, 1).indices
+    idx[torch.rand(N, device="cuda", generator=g) < 0.1] = E  # halted tokens
+    gates = torch.rand(N, k, device="cuda", generator=g) * (idx < E)
+    routing = make_routing(idx, gates, E)
+    u0 = torch.randn(N * k, D, device="cuda", generator=g).to(dtype)
+    keep = torch.rand(N * k, D, device="cuda", generator=g) >= 0.2
+    w0 = (torch.randn(E, D, d, device="cuda", generator=g) / D ** 0.5).to(dtype)
+    b0 = torch.randn(E, d, device="cuda", generator=g).to(dtype)
+    dy = torch.randn(N, d, device="cuda", generator=g).to(dtype)
+    outs = []
+    for fn in (triton_routed_linear, reference_routed_linear):
+        u, w, b, q = (t.clone().requires_grad_() for t in (u0, w0, b0, gates.to(dtype)))
+        x = activated(u.detach(), "gelu", keep, 1.25)[0]
+        y = fn(x, w, b, routing, 1, grouped_in=True, gates=q, activation="gelu", pre=u,
+               keep=keep, keep_scale=1.25)
+        y.backward(dy)
+        outs.append((y, u.grad, w.grad, b.grad, q.grad))
+    tol = 1e-4 if dtype == torch.float32 else 3e-2
+    for name, a, e in zip(("y", "du", "dW", "db", "dgates"), *outs):
+        scale = max(1.0, e.float().abs().max().item())
+        err = (a.float() - e.float()).abs().max().item()
+        assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
+    assert not outs[0][1][~keep].any()
 
 
 def test_router_on_its_kernels_makes_no_host_sync():
