@@ -274,12 +274,11 @@ def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, K
 
 
 # Plain JITFunctions whatever TRITON_INTERPRET says (ahead-of-time builds need them); the
-# kernels' helper is one where they are compiled, and plain Python in the interpreter (which
-# runs the kernels as Python and cannot call a JITFunction).
-_softmax = _softmax_rows if launch.interpreting() else JITFunction(_softmax_rows)
-_tanh = _tanh_fp32 if launch.interpreting() else JITFunction(_tanh_fp32)
-_hidden_tile = _hidden_rows if launch.interpreting() else JITFunction(_hidden_rows)
-_logits = _logits_rows if launch.interpreting() else JITFunction(_logits_rows)
+# kernels' helpers through ``launch.helper`` (plain Python when the interpreter calls them).
+_softmax = launch.helper(_softmax_rows)
+_tanh = launch.helper(_tanh_fp32)
+_hidden_tile = launch.helper(_hidden_rows)
+_logits = launch.helper(_logits_rows)
 route_rows_kernel = JITFunction(_route_rows)
 route_sort_kernel = JITFunction(_route_sort)
 route_backward_kernel = JITFunction(_route_backward)
