@@ -88,7 +88,7 @@ def activated(u: Tensor, activation: str, keep: Optional[Tensor], keep_scale: fl
     elif activation == "relu":
         value, slope = wide.clamp_min(0), (wide > 0).to(wide.dtype)
     else:
-        raise ValueError(f"activation must be 'gelu', 'relu' or '' (none); got {activation!r}")
+        raise ValueError(f"activation must be 'gelu' or 'relu'; got {activation!r}")
     if keep is not None:
         value, slope = value * keep * keep_scale, slope * keep * keep_scale
     return value.to(u.dtype), slope
