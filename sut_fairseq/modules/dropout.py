@@ -65,9 +65,9 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
 
 def keep_mask(x: torch.Tensor, p: float, training: bool):
     """A dropout mask for a kernel that applies it itself: (keep, x's shape, bool, 1 / (1 -
-    p)), each element kept with probability 1 - p (a uniform draw >= p: one kernel in a
-    compiled graph, where inductor falls back to an aten kernel for ``bernoulli_`` besides);
-    (None, 1.0) in evaluation and at p = 0 (the identity)."""
+    p)), each element kept with probability 1 - p (a uniform draw >= p, which inductor
+    makes one kernel; ``bernoulli_`` would add an aten fallback kernel); (None, 1.0) in
+    evaluation and at p = 0 (the identity)."""
     if not training or p == 0.0:
         return None, 1.0
     if p >= 1.0:
