@@ -564,6 +564,40 @@ def _wmt_shaped_batches(n, seed=0):
         yield src, src.ne(1).sum(1), prev
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("one_op", [False, True], ids=["pytorch-router", "route-op"])
+def test_compiled_loop_carries_the_routers_statistics_gradient(one_op, monkeypatch):
+    """The MI loss over the routers' statistics (recorded as the criterion records them)
+    through --compile-loop: the loss and every router parameter's gradient equal the eager
+    loop's, for the routers' PyTorch path (the CPU's) and ``sut::route_top_k`` with the
+    hidden layer formed in the op (CUDA's branch, the op's PyTorch backend here). The
+    other compiled tests' loss leaves the statistics out."""
+    from sut_fairseq.criterions.losses import mim_loss
+    from sut_fairseq.modules.router import Router
+
+    monkeypatch.setenv("SUT_COMPILE_BACKEND", "aot_eager")
+    monkeypatch.setattr(Router, "_one_op", lambda self, x: one_op)
+    torch._dynamo.reset()
+    eager, compiled = _models({}, loop=True)
+    results = []
+    for model in (eager, compiled):
+        model.train()
+        model.zero_grad()
+        with record_routing(model) as stats:
+            model(*translation_batch())
+            loss = sum(mim_loss(s) for s in stats)
+        loss.backward()
+        results.append((loss.detach(), {n: p.grad for n, p in model.named_parameters()
+                                        if "router" in n and p.grad is not None}))
+    (loss_e, grads_e), (loss_c, grads_c) = results
+    torch.testing.assert_close(loss_c, loss_e, rtol=1e-5, atol=1e-6)
+    assert grads_e and grads_c.keys() == grads_e.keys()
+    for name, g in grads_e.items():
+        assert g.abs().sum() > 0, name
+        torch.testing.assert_close(grads_c[name], g, rtol=1e-4, atol=1e-4 * g.abs().max().item(),
+                                   msg=lambda m: f"{name}: {m}")
+
+
 @pytest.mark.parametrize("batches", [_logic_like_batches,
                                      pytest.param(_wmt_shaped_batches, marks=pytest.mark.slow)])
 def test_at_most_eight_compilations_over_fifty_batches(batches, monkeypatch):
