@@ -280,20 +280,22 @@ def route_launches(dtype: str, E: int, k: int, N: int = 4096, D: int = 512) -> L
     running = torch.empty(2 * E + 2, **meta)  # a training forward's running statistics
     previous = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = DTYPES[dtype][1]  # the products' input precision
-    names = []
+    out = []
     try:
-        with record_launches() as launches:
-            for keep, suffix in ((torch.empty(N, D, dtype=torch.bool, **meta), ""), (None, "-nokeep")):
+        for keep, suffix in ((torch.empty(N, D, dtype=torch.bool, **meta), ""), (None, "-nokeep")):
+            with record_launches() as launches:
                 _, expert_idxs, *_ = routing_triton.route_top_k(u, weight, active, k, u.dtype, running,
                                                                 keep, 1.25, True)
                 routing_triton.route_top_k_backward(u, weight, active, expert_idxs,
                                                     torch.empty(N, k, **meta),
                                                     torch.empty(2 * E + 2, **meta), keep, 1.25, True)
-                names += [f"rows{suffix}", "sort" if not suffix else None, f"bwd{suffix}"]
+            # the sort does not read the hidden layer: built once
+            names = ("rows", "sort", "bwd") if not suffix else ("rows-nokeep", None, "bwd-nokeep")
+            out += [(f"route.{n}.E{E}k{k}", kernel, args)
+                    for n, (kernel, args) in zip(names, launches) if n is not None]
     finally:
         torch.backends.cuda.matmul.allow_tf32 = previous
-    return [(f"route.{n}.E{E}k{k}", kernel, args)
-            for n, (kernel, args) in zip(names, launches) if n is not None]
+    return out
 
 
 def _operand_dtypes(dtypes):

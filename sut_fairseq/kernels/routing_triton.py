@@ -109,17 +109,20 @@ def _tanh_fp32(x):
 
 def _hidden_rows(X, KEEP, rows, d, live, D, stride_xn, stride_kn, keep_scale,
                  HAS_KEEP: tl.constexpr):
-    """The router's hidden layer on a (BLOCK_N, BLOCK_D) tile from its pre-activation X:
-    (h, tanh(X)) in fp32, h = tanh(X) ⊙ keep · keep_scale, 0 on rows not ``live`` (and t)."""
+    """The router's hidden layer on a (BLOCK_N, BLOCK_D) tile from its pre-activation X,
+    and its slope, in fp32: h = tanh(X) ⊙ keep · keep_scale and ∂h/∂X = (1 - tanh(X)^2) ⊙
+    keep · keep_scale, both 0 on rows not ``live`` and past D."""
     ok = live[:, None] & (d[None, :] < D)
     t = _tanh(tl.load(X + rows[:, None].to(tl.int64) * stride_xn + d[None, :], mask=ok,
                       other=0.0).to(tl.float32))
-    h = t
     if HAS_KEEP:
         keep = tl.load(KEEP + rows[:, None].to(tl.int64) * stride_kn + d[None, :], mask=ok,
                        other=0) != 0
-        h = tl.where(keep, t * keep_scale, 0.0)
-    return h, t
+        scale = tl.where(keep, keep_scale, 0.0)
+        h, slope = t * scale, (1.0 - t * t) * scale
+    else:  # t is 0 where nothing was loaded
+        h, slope = t, tl.where(ok, 1.0 - t * t, 0.0)
+    return h, slope
 
 
 def _logits_rows(X, WEIGHT, KEEP, rows, cols, live, E, D, stride_xn, stride_we, stride_kn,
@@ -257,18 +260,13 @@ def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, K
             w = tl.load(WEIGHT + cols[:, None] * stride_we + d[None, :],
                         mask=(cols[:, None] < E) & (d[None, :] < D), other=0.0)
             dx = tl.dot(dz, w.to(dz.dtype), input_precision=INPUT_PRECISION)
-            if PRE_TANH:  # through the hidden layer: dX = dh ⊙ keep · scale ⊙ (1 - t^2)
-                h, t = _hidden_tile(X, KEEP, rows, d, live, D, stride_xn, stride_kn, keep_scale,
-                                    HAS_KEEP)
+            if PRE_TANH:  # through the hidden layer: dX = dh ⊙ (1 - t^2) ⊙ keep · scale
+                h, slope = _hidden_tile(X, KEEP, rows, d, live, D, stride_xn, stride_kn,
+                                        keep_scale, HAS_KEEP)
                 tl.store(H + rows[:, None].to(tl.int64) * stride_hn + d[None, :],
                          h.to(H.dtype.element_ty), mask=ok)
-                dh = dx.to(DX.dtype.element_ty).to(tl.float32)  # rounded as autograd's dh
-                slope = 1.0 - t * t
-                if HAS_KEEP:
-                    keep = tl.load(KEEP + rows[:, None].to(tl.int64) * stride_kn + d[None, :],
-                                   mask=ok, other=0) != 0
-                    slope = tl.where(keep, slope * keep_scale, 0.0)
-                dx = tl.where(live[:, None], dh * slope, 0.0)
+                # dh rounded as autograd's; the slope 0 on inactive rows
+                dx = dx.to(DX.dtype.element_ty).to(tl.float32) * slope
             tl.store(DX + rows[:, None].to(tl.int64) * stride_dxn + d[None, :],
                      dx.to(DX.dtype.element_ty), mask=ok)
 
