@@ -100,6 +100,7 @@ import inductor_kernels  # noqa: E402
 import train_step  # noqa: E402
 
 from sut_fairseq.criterions import auxiliary  # noqa: E402
+from sut_fairseq.criterions.losses import record_routing  # noqa: E402
 from sut_fairseq.kernels import grouped_gemm as gg  # noqa: E402
 from sut_fairseq.kernels import launch  # noqa: E402
 from sut_fairseq.modules import flex_attention  # noqa: E402
@@ -369,9 +370,10 @@ class Recorder(TorchDispatchMode):
         self.kernels.append(Kernel(kind, name, launches, flops, nbytes, step, phase, region))
 
     def triton(self, kernel, args: dict):
-        """A Triton launch: the routed ops' (FLOPs 2 M K N, bytes of x rows, weights and
-        output rows), or the loss's and the routers' (no tensor-core FLOPs; each of their
-        tensors read or written once: the logits, the gradient written, the per-row vectors)."""
+        """A Triton launch: the routed ops' (FLOPs 2 M K N, bytes of x rows, weights, a
+        running sum the weight gradient adds, output rows), or the loss's and the routers'
+        (no tensor-core FLOPs; each of their tensors read or written once: the logits, the
+        gradient written, the per-row vectors)."""
         for t in args.values():  # a kernel may write any tensor it is given
             if isinstance(t, torch.Tensor):
                 self.values[self.key(t)] = next(self.value_count)
@@ -383,7 +385,8 @@ class Recorder(TorchDispatchMode):
         K, N, E = args["K"], args["N"], args["E"]
         size = args["X"].element_size()
         name = "_routed_gemm" if kernel is gg.routed_gemm_kernel else "_routed_wgrad"
-        self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + E * K * N + M * N))
+        weights = E * K * N * (2 if args.get("ACCUMULATE") else 1)  # + a running sum read
+        self.add_synthetic("triton", name, 1, 2 * M * K * N, size * (M * K + weights + M * N))
 
     def key(self, t: torch.Tensor):
         """A tensor's storage: its address and the allocation count there."""
@@ -737,7 +740,10 @@ def generated_step(arch: str, recorder: Recorder, sample: dict, vocab: int,
         if side is not None:
             regions[("step", name)] = side.compiled_step
             regions[("input", name)] = side.compiled_input
-    generated, mismatches = inductor_kernels.generated_kernels(recorder.region_calls, regions)
+    # the routers' statistics recorded as the criterion records them (the MI loss's): each
+    # region then carries their running sums, and their gradient comes in as the step's did
+    with record_routing(model):
+        generated, mismatches = inductor_kernels.generated_kernels(recorder.region_calls, regions)
     for line in mismatches:
         print(f"gpu model: --inductor: {line}")
     kept = [k for k in recorder.kernels

@@ -63,12 +63,13 @@ def assert_match(got, want, tol):
         assert err <= tol * scale, f"{name}: max error {err:.3g} > {tol} * {scale:.3g}"
 
 
-def three_steps(fn, use: str, seed=0, activation: str = ""):
+def three_steps(fn, use: str, seed=0, activation: str = "", in_recurrence: bool = True):
     """One parameter (W, b) shared by three recurrence steps of ``use`` over N = 11 tokens,
     k = 2 of E = 4 experts: ragged loads with an empty expert and two halted tokens, other
     loads, then every slot halted; each step its own rows and gates; steps 2 and 3 read
     step 1's output (so that autograd runs step 1's backward last, as in the recurrence),
-    and ``weight_grads.ROLE`` says which step runs; with ``activation`` the map reads its
+    and ``weight_grads.ROLE`` says which step runs (None without ``in_recurrence``: each call
+    its own weight gradient, summed by autograd); with ``activation`` the map reads its
     input as act(x) ⊙ keep / 0.7, a mask of its own per step. Returns [Σ_l <dy_l, y_l>, dW,
     db, [dx_l], [dgates_l]] for that loss."""
     from sut_fairseq.ops import weight_grads
@@ -98,7 +99,7 @@ def three_steps(fn, use: str, seed=0, activation: str = ""):
             act = dict(activation=activation, pre=x_in, keep=torch.rand(x.shape, generator=g) >= 0.3,
                        keep_scale=1 / 0.7)
             x_in = activated(x_in.detach(), activation, act["keep"], act["keep_scale"])[0]
-        weight_grads.ROLE.step = step
+        weight_grads.ROLE.step = step if in_recurrence else None
         try:
             y = fn(x_in, w, b, routing, gates=gates if use in GATED else None,
                    fan_out=k if rows == "token" else 1, tag=tag, **kwargs, **act)

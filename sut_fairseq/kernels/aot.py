@@ -114,8 +114,12 @@ def _shipped_launches(dtype, E, d, D, k, N):
                                 needs=(True, True, has_bias, gated), activation=activation,
                                 pre=torch.empty_like(x) if activation else None, keep=keep,
                                 keep_scale=1.25)
-        names = ["fwd", "dx", "dw"]
-        assert len(launches) == 3, launches
+            # a later recurrence step's weight gradient: it adds the running sum of the others
+            rlf.triton_backward(dout, x, w, b, gates, *layout, dout_fan=k if gated else 1,
+                                needs=(False, True, has_bias, False), acc_w=torch.empty_like(w),
+                                acc_b=torch.empty_like(b) if has_bias else None)
+        names = ["fwd", "dx", "dw", "dw-acc"]
+        assert len(launches) == 4, launches
         out += [(f"{use}.{n}", kernel, args) for n, (kernel, args) in zip(names, launches)]
     return out
 

@@ -26,6 +26,8 @@ Kernels:
 * ``routed_wgrad_kernel``: ``dW[e] = sum_{m in e} X[row_x(m)]^T (g_m * DY[row_dy(m)])``
   and ``db[e] = sum_{m in e} g_m * DY[row_dy(m)]``; one (BLOCK_K, BLOCK_N) tile of one
   expert's weight per program, looping over that expert's rows (bounds read on device).
+  With ``ACCUMULATE`` it adds a running sum (the other recurrence steps' gradients of the
+  shared weight) to each tile before storing it, as cuBLAS's beta = 1.
 
 Input activation's gradient (``ACT``: 1 GELU, 2 ReLU; 0 none), for MoE-FFD's down
 projection, whose input x = act(u) ⊙ keep · keep_scale is made from the up projection's
@@ -209,7 +211,7 @@ def _routed_gemm(
 
 
 def _routed_wgrad(
-    X, DY, G, DW, DB,
+    X, DY, G, DW, DB, ACC_W, ACC_B,
     sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
     K, N, E,
     stride_xm, stride_xk,
@@ -217,12 +219,14 @@ def _routed_wgrad(
     stride_dwe, stride_dwk, stride_dwn,
     stride_dbe, stride_dbn,
     X_GROUPED: tl.constexpr, X_FAN: tl.constexpr, DY_GROUPED: tl.constexpr, DY_FAN: tl.constexpr,
-    GATED: tl.constexpr, HAS_BIAS: tl.constexpr,
+    GATED: tl.constexpr, HAS_BIAS: tl.constexpr, ACCUMULATE: tl.constexpr,
     INPUT_PRECISION: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
     """X: rows of width K; DY: rows of width N; G: (M,) gates by slot; DW: (E, K, N);
-    DB: (E, N). Grid: E * cdiv(K, BLOCK_K) * cdiv(N, BLOCK_N) programs."""
+    DB: (E, N); with ``ACCUMULATE`` ACC_W and ACC_B (DW's and DB's shapes and strides) are
+    running sums added to the tiles before they are stored (DW = ACC_W + the sum).
+    Grid: E * cdiv(K, BLOCK_K) * cdiv(N, BLOCK_N) programs."""
     pid = tl.program_id(0)
     num_k = tl.cdiv(K, BLOCK_K)
     num_n = tl.cdiv(N, BLOCK_N)
@@ -266,11 +270,15 @@ def _routed_wgrad(
             db_rows += dy.to(tl.float32)
         acc = tl.dot(tl.trans(x), dy, acc, input_precision=INPUT_PRECISION)
 
-    tl.store(DW + e * stride_dwe + rk[:, None] * stride_dwk + rn[None, :] * stride_dwn,
-             acc.to(DW.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
+    dw_offsets = e * stride_dwe + rk[:, None] * stride_dwk + rn[None, :] * stride_dwn
+    if ACCUMULATE:  # the running sum over the other recurrence steps, added in fp32
+        acc += tl.load(ACC_W + dw_offsets, mask=k_ok[:, None] & n_ok[None, :], other=0.0).to(tl.float32)
+    tl.store(DW + dw_offsets, acc.to(DW.dtype.element_ty), mask=k_ok[:, None] & n_ok[None, :])
     if HAS_BIAS:
         if pid_k == 0:
             db = tl.sum(db_rows, axis=0)
+            if ACCUMULATE:
+                db += tl.load(ACC_B + e * stride_dbe + rn * stride_dbn, mask=n_ok, other=0.0).to(tl.float32)
             tl.store(DB + e * stride_dbe + rn * stride_dbn, db.to(DB.dtype.element_ty), mask=n_ok)
 
 
@@ -346,7 +354,8 @@ def _prune_by_precision(kernel):
 _KEYS = {
     routed_gemm_kernel: ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "ACT",
                          "HAS_KEEP", "INPUT_PRECISION"],
-    routed_wgrad_kernel: ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "INPUT_PRECISION"],
+    routed_wgrad_kernel: ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "ACCUMULATE",
+                          "INPUT_PRECISION"],
 }
 # Arguments the autotuner would zero before its trial runs: none. The gemm's gate-gradient
 # partials DG hold one row per column tile, cdiv(N, BLOCK_N) of them, and the caller sums

@@ -126,16 +126,24 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
     _launch(gg.routed_gemm_kernel, grid, args, x.device)
 
 
-def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, routing):
+def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, routing,
+                 acc_w=None, acc_b=None):
     """Launch ``routed_wgrad_kernel``: ``dw[e] = sum_m x_m^T (g_m dy_m)``, ``db[e] = sum_m g_m dy_m``.
 
     x: rows of width K; dy: rows of width N; dw: (E, K, N); db: (E, N) or None.
-    Every expert's tile is written (zeros for an expert with no rows).
+    Every expert's tile is written (zeros for an expert with no rows). ``acc_w`` / ``acc_b``
+    (dw's / db's shape and strides, both or neither; acc_b None without db): running sums
+    the kernel adds, ``dw = acc_w + the sum`` (the other recurrence steps' terms).
     """
     E = routing.num_experts
     K, N = dw.size(1), dw.size(2)
+    accumulate = acc_w is not None
+    if accumulate and (acc_w.stride() != dw.stride()
+                       or (db is not None and (acc_b is None or acc_b.stride() != db.stride()))):
+        raise ValueError("acc_w / acc_b must have dw's / db's strides (contiguous)")
     args = dict(
         X=x, DY=dy, G=gates if gates is not None else dy, DW=dw, DB=db if db is not None else dw,
+        ACC_W=acc_w if accumulate else dw, ACC_B=acc_b if accumulate and db is not None else dw,
         sorted_expert_idxs=routing.sorted_expert_idxs,
         sorted_scattered_idxs=routing.sorted_scattered_idxs,
         expert_offsets=routing.expert_offsets,
@@ -147,7 +155,7 @@ def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, rou
         stride_dbn=db.stride(1) if db is not None else 0,
         X_GROUPED=x_grouped, X_FAN=1 if x_grouped else x_fan,
         DY_GROUPED=dy_grouped, DY_FAN=1 if dy_grouped else dy_fan,
-        GATED=gates is not None, HAS_BIAS=db is not None,
+        GATED=gates is not None, HAS_BIAS=db is not None, ACCUMULATE=accumulate,
         INPUT_PRECISION=_input_precision(x.dtype),
     )
 
@@ -189,13 +197,14 @@ def triton_forward(x, weight, bias, gates, routing, fan_out: int, grouped_in: bo
 
 def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
                     grouped_out: bool, dout_fan: int, needs, activation: str = "", pre=None,
-                    keep=None, keep_scale: float = 1.0):
+                    keep=None, keep_scale: float = 1.0, acc_w=None, acc_b=None):
     """The gradients of ``triton_forward`` asked for by ``needs`` = (x, weight, bias, gates),
     None for the others (module docstring: the input gradient and the gate gradient in one
     kernel, the weight and bias gradients in another): the input gradient's rows (x's with
     ``grouped_in``, else slot rows (M, in)), dW, db and the gate gradient's partial sums
     (column tiles, M) fp32. ``dout``: sorted rows (``grouped_out``), slot rows, or token
-    rows read by ``dout_fan`` slots each."""
+    rows read by ``dout_fan`` slots each; ``acc_w`` / ``acc_b``: running sums that dW / db
+    include (``routed_wgrad``)."""
     M = routing.num_slots
     need_x, need_w, need_b, need_g = needs
     gated = gates is not None
@@ -203,8 +212,8 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
     tiles = max_column_tiles(weight.size(1), x.dtype, x.device) if need_g else 0
     if M == 0:
         return (x.new_zeros(x.shape if grouped_in else (0, x.size(1))) if need_x else None,
-                torch.zeros_like(weight) if need_w else None,
-                torch.zeros_like(bias) if need_b and bias is not None else None,
+                _running_or_zeros(acc_w, weight) if need_w else None,
+                _running_or_zeros(acc_b, bias) if need_b and bias is not None else None,
                 x.new_zeros(tiles, 0, dtype=torch.float32) if need_g else None)
     x = x.contiguous()
     gates_flat = gates.reshape(-1).contiguous() if gated else None
@@ -231,11 +240,16 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
             dg = partial
         if need_w or (need_b and bias is not None):
             dw = torch.empty_like(weight)
-            db = torch.empty_like(bias) if bias is not None else None
-            routed_wgrad(x, grouped_in, fan_out, dout, dy_grouped, dy_fan, gates_flat, dw, db, routing)
+            db = torch.empty_like(bias) if need_b and bias is not None else None
+            routed_wgrad(x, grouped_in, fan_out, dout, dy_grouped, dy_fan, gates_flat, dw, db, routing,
+                         acc_w=acc_w, acc_b=acc_b)
             dw = dw if need_w else None
-            db = db if need_b else None
     return dx, dw, db, dg
+
+
+def _running_or_zeros(running, like):
+    """A weight's gradient with no rows: the running sum's copy, or zeros."""
+    return torch.zeros_like(like) if running is None else running.clone()
 
 
 def check_operands(x, weight, bias, routing, fan_out: int, grouped_in: bool, grouped_out: bool,

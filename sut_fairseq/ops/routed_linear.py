@@ -149,13 +149,19 @@ def routed_linear_backward_op(
         expert_idxs: Tensor, sorted_expert_idxs: Tensor, sorted_scattered_idxs: Tensor,
         expert_offsets: Tensor, fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
         need_x: bool, need_w: bool, need_b: bool, need_g: bool, pre: Optional[Tensor] = None,
-        activation: str = "", keep: Optional[Tensor] = None, keep_scale: float = 1.0
+        activation: str = "", keep: Optional[Tensor] = None, keep_scale: float = 1.0,
+        acc_w: Optional[Tensor] = None, acc_b: Optional[Tensor] = None
 ) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
     """grad: the output's gradient, (M, out) rows or one row per token (N, out) read by
     its k slots. Returns (dx, dW, db, dg), empty tensors for those not asked
     for; where the sums are outside (module docstring) dx is x's shape with ``grouped_in``,
     else (M, in) slot rows, and dg (T, M) fp32 partial sums (T = ``max_column_tiles``);
-    with ``activation`` (x = act(pre) ⊙ keep · keep_scale, grouped) dx is pre's gradient."""
+    with ``activation`` (x = act(pre) ⊙ keep · keep_scale, grouped) dx is pre's gradient;
+    ``acc_w`` / ``acc_b`` (W's / b's shape, with ``need_w`` / ``need_b``): running sums that
+    dW / db include, dW = acc_w + this call's term (the weight-gradient kernel adds them as
+    it stores its tiles; ``weight_grads``)."""
+    if (acc_w is not None and not need_w) or (acc_b is not None and (acc_w is None or not need_b)):
+        raise ValueError("acc_w needs need_w, and acc_b needs need_b and acc_w")
     routing = Routing(expert_idxs, gates, sorted_expert_idxs, sorted_scattered_idxs,
                       expert_offsets, weight.size(0))
     needs = (need_x, need_w, need_b and bias is not None, need_g and gates is not None)
@@ -164,13 +170,18 @@ def routed_linear_backward_op(
         from ..kernels.routed_linear_triton import triton_backward
 
         grads = triton_backward(grad, x, weight, bias, gates, routing, fan_out, grouped_in,
-                                grouped_out, dout_fan, needs, activation, pre, keep, keep_scale)
+                                grouped_out, dout_fan, needs, activation, pre, keep, keep_scale,
+                                acc_w, acc_b)
     else:
         src, dst, row_gates, ends = row_layout(routing, fan_out, grouped_in, grouped_out, gates,
                                                dout_fan)
         *grads, grad_g = reference_backward(grad, x, weight, bias, row_gates, src, dst, ends, needs)
         if activation and grads[0] is not None:  # du = dx ⊙ act'(u) ⊙ keep · scale
             grads[0] = (grads[0] * activated(pre, activation, keep, keep_scale)[1]).to(x.dtype)
+        if acc_w is not None:  # the running sums: dW = acc_w + this call's term
+            grads[1] = acc_w + grads[1]
+            if acc_b is not None and grads[2] is not None:
+                grads[2] = acc_b + grads[2]
         if grad_g is not None:  # per active sorted row -> per slot (N, k)
             grad_g = gates.new_zeros(gates.numel()).index_copy(
                 0, sorted_scattered_idxs[: ends[-1]], grad_g).view_as(gates)
@@ -181,7 +192,7 @@ def routed_linear_backward_op(
 @routed_linear_backward_op.register_fake
 def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs,
       expert_offsets, fan_out, grouped_in, grouped_out, backend, need_x, need_w, need_b, need_g,
-      pre=None, activation="", keep=None, keep_scale=1.0):
+      pre=None, activation="", keep=None, keep_scale=1.0, acc_w=None, acc_b=None):
     outside = sums_outside(backend)
     M = sorted_scattered_idxs.size(0)
     dx = dg = x.new_empty(0)
@@ -216,7 +227,8 @@ def _setup_context(ctx, inputs, output):
 def _backward(ctx, grad):
     """The op's gradient: ``sut::routed_linear_backward``, then the sums it leaves outside
     (module docstring) in the traced graph; with a bucket (``weight_grads``) the weight and
-    bias gradients of every step at step 1's."""
+    bias gradients of every step at step 1's (per step: each step's launch adds the running
+    sum of the later steps; deferred: one launch over every step's rows)."""
     *saved, pre, keep = ctx.saved_tensors
     x, weight, bias, gates, expert_idxs, _, sorted_scattered_idxs, _ = saved
     fan_out, grouped_in, grouped_out, backend = ctx.layout
@@ -230,12 +242,19 @@ def _backward(ctx, grad):
     if gates is not None and grad.dim() == 3:
         token_rows = grad.stride(1) == 0 or expert_idxs.size(1) == 1
         grad = grad.select(1, 0) if token_rows else grad.reshape(-1, grad.size(-1))
-    deferred = ctx.bucket is not None and needs[1]
+    bucket = ctx.bucket if needs[1] else None
+    deferred = bucket is not None and bucket.deferred
     step_needs = (needs[0], False, False, needs[3]) if deferred else needs
+    # per step in a recurrence: dW and db include the running sum of the steps after this one
+    running = bucket.running if bucket is not None and not deferred else None
+    acc_w, acc_b = running if running is not None else (None, None)
     dx = dw = db = dg = None
     if any(step_needs):
-        dx, dw, db, dg = torch.ops.sut.routed_linear_backward(grad, *saved, *ctx.layout, *step_needs,
-                                                              pre, activation, keep, keep_scale)
+        dx, dw, db, dg = torch.ops.sut.routed_linear_backward(
+            grad, *saved, *ctx.layout, *step_needs, pre, activation, keep, keep_scale, acc_w,
+            acc_b if needs[2] else None)
+    if bucket is not None and not deferred:
+        dw, db = weight_grads.running_sum(bucket, dw, db if needs[2] else None, ctx.flushes)
     if deferred:
         weight_grads.add(ctx.bucket, weight_grads.Entry(
             grad, x, gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))

@@ -8,7 +8,12 @@ A side's L recurrence steps apply the same expert weights W (E, in, out) and bia
 (S_l(e): the slots routed to expert e in step l; g_s: the slot's gate where the op weighs
 and sums a token's slots, else 1). ``per-step``: each step's ``sut::routed_linear``
 backward makes its own term, L weight-gradient launches per parameter, each reducing over
-the rows of one step, and autograd adds them up. ``deferred``: one launch per parameter
+the rows of one step; the sum over the steps is formed by the launches themselves: each
+adds the running sum of the steps whose backward ran before it as it stores its tiles
+(``acc_w`` / ``acc_b`` of ``sut::routed_linear_backward``, cuBLAS's beta = 1), the
+parameter's ``Bucket`` holds that sum between the steps' backwards, and step 1's backward
+returns it. (Autograd would add the L terms itself: in a compiled loop a fused kernel that
+reads L gradients of the weight's size and writes one, per parameter.) ``deferred``: one launch per parameter
 over the rows of every step. The backwards of steps L..2 compute the input and gate
 gradients only and leave their operands (the output's gradient, x, the gates, the expert
 choice) in the parameter's ``Bucket``; step 1's backward adds its own and makes dW and db
@@ -24,6 +29,9 @@ own graph and backward: every step is step 1 of its graph there, and flushes its
 
 The bucket holds every step's output gradient until step 1's backward (``Stats`` counts
 its bytes); the sums run in a different order than per step (fp32 rounding only).
+
+Outside a recurrence (``StepRole.step`` None) or without a gradient a call makes its own
+weight gradient, and autograd sums them.
 
 ``SUT_WEIGHT_GRADS``: ``per-step`` (the default) or ``deferred``, on either backend. What
 deferring buys is the weight-gradient kernel's efficiency over L times the rows per launch;
@@ -72,9 +80,9 @@ def mode() -> str:
 
 def defer_code(tag: int, weight: Tensor) -> int:
     """The ``defer`` argument of ``sut::routed_linear`` for the parameter ``tag`` at the
-    running step: -1 (its own weight gradient), else 2·tag + (1 at step 1, which flushes)."""
-    if (tag < 0 or ROLE.step is None or mode() != "deferred"
-            or not (weight.requires_grad and torch.is_grad_enabled())):
+    running step: -1 (its own weight gradient, summed by autograd), else 2·tag + (1 at
+    step 1, which returns the bucket's gradient)."""
+    if tag < 0 or ROLE.step is None or not (weight.requires_grad and torch.is_grad_enabled()):
         return -1
     return 2 * tag + int(ROLE.step == 1)
 
@@ -103,10 +111,17 @@ class Entry:
 
 
 class Bucket(list):
-    """The entries of one parameter's steps since its step-1 forward (a list of ``Entry``)."""
+    """One parameter's gradient across its steps since its step-1 forward: ``deferred``,
+    the steps' entries (a list of ``Entry``); per step, ``running``, the sum (dW, db or
+    None) of the steps whose backward ran, None before the first."""
 
     #: the open bucket of each tag: step 1's forward opens one, steps 2..L join it
     current: Dict[int, "Bucket"] = {}
+
+    def __init__(self, deferred: bool):
+        super().__init__()
+        self.deferred = deferred
+        self.running: Optional[Tuple[Tensor, Optional[Tensor]]] = None
 
 
 class Stats:
@@ -127,9 +142,18 @@ def attach(defer: int) -> Tuple[Optional[Bucket], bool]:
         return None, False
     tag, first = divmod(defer, 2)
     if first:
-        Bucket.current[tag] = Bucket()
+        Bucket.current[tag] = Bucket(mode() == "deferred")
     bucket = Bucket.current.get(tag)
     return bucket, bool(first) and bucket is not None
+
+
+def running_sum(bucket: Bucket, dw: Tensor, db: Optional[Tensor], flushes: bool
+                ) -> Tuple[Optional[Tensor], Optional[Tensor]]:
+    """Per step: a step's (dW, db), which include the bucket's running sum, become the
+    running sum; step 1 (``flushes``) returns them as the parameter's gradient and empties
+    the bucket, the other steps return (None, None)."""
+    bucket.running = None if flushes else (dw, db)
+    return (dw, db) if flushes else (None, None)
 
 
 def add(bucket: Bucket, entry: Entry) -> None:

@@ -285,8 +285,9 @@ def test_the_triton_branch_hands_the_kernels_the_callers_routing(monkeypatch):
         return x_.new_zeros(N * K, OUT)  # gate-weighted slot rows
 
     def backward(dout, x_, weight_, bias_, gates_, routing_, fan_out, grouped_in, grouped_out,
-                 dout_fan, needs, activation, pre, keep, keep_scale):
+                 dout_fan, needs, activation, pre, keep, keep_scale, acc_w, acc_b):
         seen["backward"] = (routing_, needs, tuple(dout.shape), dout_fan, activation, pre, keep)
+        assert acc_w is None and acc_b is None  # one call outside a recurrence: no running sum
         return x.new_ones(N * K, IN), weight.new_ones(E, IN, OUT), None, None  # dx per slot
 
     monkeypatch.setattr(kernels, "triton_forward", forward)
@@ -435,8 +436,8 @@ def _triton_stand_ins(kernels, seen):
         return y
 
     def backward(dout, x, weight, bias, gates, routing, fan_out, grouped_in, grouped_out,
-                 dout_fan, needs, activation, pre, keep, keep_scale):
-        assert not activation
+                 dout_fan, needs, activation, pre, keep, keep_scale, acc_w, acc_b):
+        assert not activation and acc_w is None and acc_b is None
         seen.append((tuple(dout.shape), dout_fan))
         M, T = routing.num_slots, kernels.max_column_tiles(weight.size(1), x.dtype, x.device)
         dx, dw, db = torch.zeros(M, x.size(1)), torch.zeros_like(weight), torch.zeros_like(bias)

@@ -1,16 +1,21 @@
 """One weight gradient per shared expert parameter per backward (``ops/weight_grads.py``,
-``SUT_WEIGHT_GRADS``): the recurrence's steps leave their rows to step 1's backward, which
-makes dW and db over every step's rows in one ``sut::routed_linear_backward``.
+``SUT_WEIGHT_GRADS``). Per step (the default) each step's weight-gradient product adds the
+running sum of the later steps, which the parameter's bucket holds between the steps'
+backwards, and step 1's returns the sum; deferred, the steps leave their rows to step 1's
+backward, which makes dW and db over every step's rows in one
+``sut::routed_linear_backward``. The oracle of both: each call its own gradient, summed
+by autograd (outside a recurrence).
 
 * three steps of each of the four uses of the op (ragged loads, no-op slots, a step with
-  every slot halted) deferred == the per-step gradients (weights, biases, inputs, gates);
-* whole models (stick-breaking, ACT, GUT's global halting, unshared TLB blocks in chunks)
-  deferred == per step, eagerly and as a compiled loop (AOTAutograd traces the deferral
-  into the backward graph), with one weight-gradient product per parameter where per step
-  there is one per step;
+  every slot halted): per step and deferred == autograd's sums (weights, biases, inputs,
+  gates), per step with the running sum handed from step 3 to 2 to 1;
+* whole models (stick-breaking, ACT, GUT's global halting, unshared TLB blocks in chunks):
+  per step and deferred == autograd's sums, eagerly and as a compiled loop (AOTAutograd
+  traces the buckets into the backward graph), deferred with one weight-gradient product
+  per parameter where per step there is one per step;
 * the buckets hand back what they held; a layer outside a recurrence keeps its own
   gradient; ``SUT_WEIGHT_GRADS`` is checked by name, ``per-step`` by default.
-(The Triton kernels' deferred gradients: ``kernels/test_kernels_interpret.py``.)
+(The Triton kernels' running sums and deferred gradients: ``kernels/test_kernels_interpret.py``.)
 """
 import copy
 import importlib
@@ -37,14 +42,32 @@ def _close(got, want, what):
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * scale, msg=lambda m: f"{what}: {m}")
 
 
+def _chain(monkeypatch):
+    """(whether the bucket held a running sum, whether the step returned it) per call of
+    ``weight_grads.running_sum`` (a list, appended to)."""
+    calls = []
+    inner = weight_grads.running_sum
+
+    def recording(bucket, dw, db, flushes):
+        calls.append((bucket.running is not None, flushes))
+        return inner(bucket, dw, db, flushes)
+
+    monkeypatch.setattr(weight_grads, "running_sum", recording)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["per-step", "deferred"])
 @pytest.mark.parametrize("use", list(USES))
-def test_three_steps_deferred_equal_per_step(use, monkeypatch):
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = three_steps(reference_routed_linear, use)
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+def test_three_steps_equal_autograds_sums(use, mode, monkeypatch):
+    want = three_steps(reference_routed_linear, use, in_recurrence=False)
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", mode)
     weight_grads.Stats.reset()
+    chain = _chain(monkeypatch)
     got = three_steps(reference_routed_linear, use)
-    assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0
+    if mode == "deferred":
+        assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0 and not chain
+    else:  # step 3 starts the sum, step 2 adds to it, step 1 adds and returns it
+        assert chain == [(False, False), (True, False), (True, True)]
     for what, g, w in zip(("loss", "dW", "db"), got[:3], want[:3]):
         _close(g, w, what)
     for l, (g, w) in enumerate(zip(got[3] + got[4], want[3] + want[4])):
@@ -121,52 +144,72 @@ MODELS = {
 }
 
 
+def _autograds_sums(monkeypatch):
+    """Every call its own weight gradient (as outside a recurrence), summed by autograd."""
+    monkeypatch.setattr(weight_grads, "defer_code", lambda tag, weight: -1)
+
+
 @pytest.mark.parametrize("name", list(MODELS))
-def test_a_model_deferred_equals_per_step_with_one_product_per_parameter(name, monkeypatch):
+def test_a_model_per_step_and_deferred_equal_autograds_sums(name, monkeypatch):
     model = make_model(halting_threshold=0.8, encoder_layers=3, decoder_layers=3, **MODELS[name])
     randomise_halting(model, seed=3)
     model.train()  # dropout 0: deterministic
     calls = _count_weight_products(monkeypatch)
+    with monkeypatch.context() as m:
+        _autograds_sums(m)
+        want = _grads(model, translation_batch())
+    own = len(calls)
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = _grads(model, translation_batch())
-    per_step = len(calls)
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    del calls[:]
+    chain = _chain(monkeypatch)
+    _assert_same(_grads(model, translation_batch()), want)
+    assert len(calls) == own  # one product per executed step, as autograd's ...
+    assert sum(held for held, _ in chain) == own - sum(returned for _, returned in chain) > 0
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")  # ... and deferred: one per parameter
     weight_grads.Stats.reset()
     del calls[:]
-    got = _grads(model, translation_batch())
-    _assert_same(got, want)
+    _assert_same(_grads(model, translation_batch()), want)
     assert weight_grads.Stats.held == 0
     if name == "tlb-unshared":  # the encoder's blocks each flush per chunk, the decoder once
-        assert _routed_modules(model.decoder) < len(calls) < per_step
+        assert _routed_modules(model.decoder) < len(calls) < own
     else:  # one product per routed parameter, where per step each executed step makes one
-        assert len(calls) == _routed_modules(model) < per_step
+        assert len(calls) == _routed_modules(model) < own
 
 
 @pytest.mark.parametrize("backend", ["aot_eager", pytest.param("inductor", marks=pytest.mark.slow)])
-def test_the_compiled_loop_traces_one_product_per_parameter(backend, monkeypatch):
-    """--compile-loop: AOTAutograd runs the deferral while tracing the backward; the
-    compiled backward calls the weight-gradient product once per routed parameter and
-    equals the eager per-step gradients."""
+def test_the_compiled_loop_traces_the_buckets(backend, monkeypatch):
+    """--compile-loop: AOTAutograd runs the buckets while tracing the backward: per step,
+    a chain of products each adding the running sum (no other sum of the steps' terms);
+    deferred, one product per routed parameter; both equal autograd's sums, eagerly."""
     if backend == "inductor" and compiler.compiler_missing(torch.device("cpu")):
         pytest.skip("no C++ compiler for inductor")
     monkeypatch.setenv("SUT_COMPILE_BACKEND", backend)
-    torch._dynamo.reset()
     eager = make_model(halting_threshold=0.8, encoder_layers=3, decoder_layers=3)
     randomise_halting(eager, seed=3)
-    compiled = copy.deepcopy(eager)
-    for side, name in ((compiled.encoder.side, "encoder"), (compiled.decoder.side, "decoder")):
-        side.compiled_step = build_compiled(side.recurrence.step, name, max_steps=side.num_steps)
-    eager.train(), compiled.train()
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = _grads(eager, translation_batch())
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
-    _grads(compiled, translation_batch())  # compiles
-    calls = _count_weight_products(monkeypatch)
-    got = _grads(compiled, translation_batch())
-    for side in (compiled.encoder.side, compiled.decoder.side):
-        assert side.compiled_step.compiled is not None and not side.compiled_step.failed
-    _assert_same(got, want)
-    assert len(calls) == _routed_modules(compiled)
+    eager.train()
+    with monkeypatch.context() as m:
+        _autograds_sums(m)
+        want = _grads(eager, translation_batch())
+    for mode in ("per-step", "deferred"):
+        torch._dynamo.reset()
+        monkeypatch.setenv("SUT_WEIGHT_GRADS", mode)
+        compiled = copy.deepcopy(eager)
+        for side, name in ((compiled.encoder.side, "encoder"), (compiled.decoder.side, "decoder")):
+            side.compiled_step = build_compiled(side.recurrence.step, name, max_steps=side.num_steps)
+        with monkeypatch.context() as m:
+            chain = _chain(m)
+            _grads(compiled, translation_batch())  # compiles: the buckets run while tracing
+        calls = _count_weight_products(monkeypatch)
+        got = _grads(compiled, translation_batch())
+        for side in (compiled.encoder.side, compiled.decoder.side):
+            assert side.compiled_step.compiled is not None and not side.compiled_step.failed
+        _assert_same(got, want)
+        if mode == "per-step":  # 3 steps: each parameter's sum begun once, added to twice
+            modules = _routed_modules(compiled)
+            assert chain.count((False, False)) == modules and chain.count((True, True)) == modules
+            assert len(calls) == 3 * modules
+        else:
+            assert not chain and len(calls) == _routed_modules(compiled)
 
 
 def test_a_layer_outside_a_recurrence_keeps_its_own_gradient(monkeypatch):
@@ -183,8 +226,8 @@ def test_a_layer_outside_a_recurrence_keeps_its_own_gradient(monkeypatch):
         weight_grads.ROLE.step = None
 
 
-@pytest.mark.parametrize("choice, code", [(None, -1), ("per-step", -1), ("deferred", 15)])
-def test_per_step_is_the_default(choice, code, monkeypatch):
+@pytest.mark.parametrize("choice, deferred", [(None, False), ("per-step", False), ("deferred", True)])
+def test_per_step_is_the_default(choice, deferred, monkeypatch):
     if choice is None:
         monkeypatch.delenv("SUT_WEIGHT_GRADS", raising=False)
     else:
@@ -192,9 +235,11 @@ def test_per_step_is_the_default(choice, code, monkeypatch):
     w = torch.zeros(2, 3, 4, requires_grad=True)
     weight_grads.ROLE.step = 1
     try:
-        assert weight_grads.defer_code(7, w) == code
+        code = weight_grads.defer_code(7, w)
     finally:
         weight_grads.ROLE.step = None
+    bucket, flushes = weight_grads.attach(code)
+    assert code == 15 and flushes and bucket.deferred == deferred and bucket.running is None
 
 
 def test_a_bad_mode_is_refused_by_name(monkeypatch):

@@ -189,7 +189,8 @@ def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel(monke
     """``--compile-step``: the engine adds a shared parameter's gradient of every step
     after the first (an ``accum`` launch each); ``--compile-loop``: the sums are inside the
     loop's graph, one kernel per parameter (and side) that reads every step's gradient
-    (a weight-gradient product per step here; deferred, the expert weights have none)."""
+    (a weight-gradient product per step here), and none for the expert weights, whose
+    weight-gradient launches add the running sum themselves (``weight_grads``)."""
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
     step = gpu_model.record_step("sut_tiny", True, 4, 8, 200)
     loop = gpu_model.record_step("sut_tiny+loop", True, 4, 8, 200)
@@ -199,7 +200,13 @@ def test_a_compiled_loop_sums_each_parameters_step_gradients_in_one_kernel(monke
 
     model = gpu_model.train_step.build("sut_tiny", 200, 0.0)[0]
     shared = sum(len(list(side.parameters())) for side in (model.encoder.side, model.decoder.side))
-    assert len(accum(loop)) == len(accum(step)) > shared  # every add is recorded ...
+    # the expert weights and per-expert biases the routed op sees, and their adds per step
+    routed_adds = sum((side.num_steps - 1) * sum(
+        1 for m in side.modules() if type(m).__name__ == "ExpertLinear" and m.weight.size(0) > 1
+        for p in (m.weight, m.bias) if p is not None and p.dim() > 1)
+        for side in (model.encoder.side, model.decoder.side))
+    assert routed_adds > 0
+    assert len(accum(step)) - routed_adds == len(accum(loop)) > shared  # the rest recorded ...
     launched = sum(k.launches for k in accum(loop))
     # ... few launched: one per side parameter at most, and the tied embeddings' sum
     # outside the loops (as the transformer's one)

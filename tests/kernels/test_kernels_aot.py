@@ -67,12 +67,13 @@ def test_cuobjdump_available():
 
 
 def test_launches_cover_every_use():
-    """The recorded launches are the forward, input- and weight-gradient of each use."""
+    """The recorded launches are the forward, input- and weight-gradient of each use, and
+    the weight gradient that adds a running sum (a later recurrence step's)."""
     from sut_fairseq.kernels import aot
 
     for dtype in aot.DTYPES:
         names = [name for name, _, _ in aot.shipped_launches(dtype)]
-        assert names == [f"{use}.{p}" for use in aot.USES for p in ("fwd", "dx", "dw")]
+        assert names == [f"{use}.{p}" for use in aot.USES for p in ("fwd", "dx", "dw", "dw-acc")]
 
 
 def test_every_dot_dimension_is_at_least_16():
@@ -112,7 +113,7 @@ def test_main_loops_wait_at_few_barriers(arch):
 
     mine = [r for r in _results(DEFAULT_DTYPES) if r.arch == arch]
     table = aot.format_table(mine)
-    assert {r.launch for r in mine} == {f"{u}.{p}" for u in aot.USES for p in ("fwd", "dx", "dw")}
+    assert {r.launch for r in mine} == {f"{u}.{p}" for u in aot.USES for p in ("fwd", "dx", "dw", "dw-acc")}
     assert all(r.loop.mma > 0 for r in mine), table
     slow = [r for r in mine if r.loop.barriers > MAX_LOOP_BARRIERS]
     assert not slow, f"main loops waiting at more than {MAX_LOOP_BARRIERS} barriers:\n{table}"

@@ -258,22 +258,63 @@ def test_gate_gradient_bias_term_equals_the_old_matmul():
     torch.testing.assert_close(got, old, atol=1e-5, rtol=1e-5)
 
 
+def _wgrad_launches(monkeypatch):
+    """Whether each weight-gradient launch added a running sum (a list, appended to)."""
+    from sut_fairseq.kernels import routed_linear_triton
+
+    launches = []
+    inner = routed_linear_triton.routed_wgrad
+
+    def recording(*args, acc_w=None, acc_b=None):
+        launches.append(acc_w is not None)
+        return inner(*args, acc_w=acc_w, acc_b=acc_b)
+
+    monkeypatch.setattr(routed_linear_triton, "routed_wgrad", recording)
+    return launches
+
+
+@pytest.mark.parametrize("mode", ["per-step", "deferred"])
 @pytest.mark.parametrize("use", list(USES))
-def test_deferred_weight_gradients_of_three_steps_equal_the_reference_per_step(use, monkeypatch):
-    """``SUT_WEIGHT_GRADS=deferred`` on the kernels: steps 3 and 2 leave their rows to step 1's
-    backward, whose one weight-gradient launch covers every step; the reference per step
-    is the oracle (ops/weight_grads.py)."""
+def test_weight_gradients_of_three_steps_equal_autograds_sums(use, mode, monkeypatch):
+    """The kernels over three steps of one parameter against the reference with each call's
+    own gradient summed by autograd (ops/weight_grads.py): per step, the launches of steps
+    2 and 1 add the running sum as they store their tiles; deferred, steps 3 and 2 leave
+    their rows to step 1's backward, whose one launch covers every step."""
     from sut_fairseq.ops import weight_grads
 
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = three_steps(reference_routed_linear, use)
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
+    want = three_steps(reference_routed_linear, use, in_recurrence=False)
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", mode)
     weight_grads.Stats.reset()
+    launches = _wgrad_launches(monkeypatch)
     got = three_steps(_triton, use)
-    assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0  # it deferred
+    if mode == "deferred":
+        assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0 and launches == [False]
+    else:
+        assert launches == [False, True, True]
     assert_match(got[:3] + [None, None], want[:3] + [None, None], 2e-5)
     for g, w in zip(got[3] + got[4], want[3] + want[4]):
         assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_the_weight_gradient_adds_a_running_sum(dtype):
+    """dW = acc_w + Σ x^T (g dy), db = acc_b + Σ g dy in the running sums' dtype, every
+    expert's tile (an expert with no rows: the running sum itself); acc_b needs acc_w."""
+    x, w, b, routing, kwargs, gates, g = _problem("ragged", "ffd_down", dtype=dtype)
+    acc_w, acc_b = torch.randn(w.shape, generator=g).to(dtype), torch.randn(b.shape, generator=g).to(dtype)
+    dy = torch.randn(gates.size(0), w.size(2), generator=g).to(dtype)  # token rows, k slots each
+    common = (dy, x, w, b, gates, routing.expert_idxs, routing.sorted_expert_idxs,
+              routing.sorted_scattered_idxs, routing.expert_offsets, kwargs["fan_out"], True,
+              False, "triton", False, True, True, False, None, "", None, 1.0)
+    _, dw, db, _ = torch.ops.sut.routed_linear_backward(*common)
+    _, dw_acc, db_acc, _ = torch.ops.sut.routed_linear_backward(*common, acc_w, acc_b)
+    tol = dict(atol=2e-2, rtol=2e-2) if dtype == torch.bfloat16 else dict(atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(dw_acc.float(), acc_w.float() + dw.float(), **tol)
+    torch.testing.assert_close(db_acc.float(), acc_b.float() + db.float(), **tol)
+    empty = [e for e in range(w.size(0)) if not (routing.expert_idxs == e).any()]
+    assert empty and all(torch.equal(dw_acc[e], acc_w[e]) for e in empty)
+    with pytest.raises(ValueError, match="acc_b needs need_b and acc_w"):
+        torch.ops.sut.routed_linear_backward(*common, None, acc_b)
 
 
 def _run_activated(fn, u, w, b, routing, kwargs, gates):
@@ -320,18 +361,16 @@ def test_input_activation_half_matches_reference(dtype):
     assert_match(got, want, 4e-3 if dtype == torch.float16 else 3e-2)
 
 
-def test_deferred_weight_gradients_with_the_input_activation(monkeypatch):
-    """Deferred over three steps, each with its own dropout mask: each step returns u's
-    gradient, step 1's one weight-gradient launch reads every step's act(u) ⊙ keep · s,
-    as the per-step reference does."""
-    from sut_fairseq.ops import weight_grads
-
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "per-step")
-    want = three_steps(reference_routed_linear, "ffd_down", activation="gelu")
-    monkeypatch.setenv("SUT_WEIGHT_GRADS", "deferred")
-    weight_grads.Stats.reset()
+@pytest.mark.parametrize("mode", ["per-step", "deferred"])
+def test_weight_gradients_of_three_steps_with_the_input_activation(mode, monkeypatch):
+    """Three steps, each with its own dropout mask, per step and deferred: each step returns
+    u's gradient, and the weight gradient reads every step's act(u) ⊙ keep · s, as
+    autograd's sum of the reference's does."""
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", mode)
+    want = three_steps(reference_routed_linear, "ffd_down", activation="gelu", in_recurrence=False)
+    launches = _wgrad_launches(monkeypatch)
     got = three_steps(_triton, "ffd_down", activation="gelu")
-    assert weight_grads.Stats.peak > 0 and weight_grads.Stats.held == 0  # it deferred
+    assert launches == ([False] if mode == "deferred" else [False, True, True])
     assert_match(got[:3] + [None, None], want[:3] + [None, None], 2e-5)
     for g, w in zip(got[3] + got[4], want[3] + want[4]):
         assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
