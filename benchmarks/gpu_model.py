@@ -735,15 +735,21 @@ def generated_step(arch: str, recorder: Recorder, sample: dict, vocab: int,
     # fairseq's transformer whole, through the backend ``compile_backend`` names when it runs
     whole = torch.compile(model, backend=lambda gm, inputs: compiler.compile_backend()(gm, inputs))
     regions = {("terms",): terms, ("model",): lambda *args, **kwargs: whole(**sample["net_input"])}
+    def with_statistics(region):
+        """The region called with the routers' statistics recorded, as the criterion records
+        them (the MI loss's): it carries their running sums, and their gradient comes in as
+        in training. Fresh per call: each call's backward runs before the next call."""
+        def call(*args, **kwargs):
+            with record_routing(model):
+                return region(*args, **kwargs)
+        return call
+
     for name in ("encoder", "decoder"):
         side = getattr(getattr(model, name), "side", None)
         if side is not None:
-            regions[("step", name)] = side.compiled_step
+            regions[("step", name)] = with_statistics(side.compiled_step)
             regions[("input", name)] = side.compiled_input
-    # the routers' statistics recorded as the criterion records them (the MI loss's): each
-    # region then carries their running sums, and their gradient comes in as the step's did
-    with record_routing(model):
-        generated, mismatches = inductor_kernels.generated_kernels(recorder.region_calls, regions)
+    generated, mismatches = inductor_kernels.generated_kernels(recorder.region_calls, regions)
     for line in mismatches:
         print(f"gpu model: --inductor: {line}")
     kept = [k for k in recorder.kernels

@@ -14,8 +14,8 @@ The two routed projections of MoE-FFD (E=24 experts, top-k=4, d=512, D=512): up
 
 Then, per token count, the weight gradient of the up projection shared by ``--steps``
 recurrence steps of N tokens each (``ops/weight_grads.py``): ``per-step``, one
-weight-gradient launch per step over its N·k rows (``SUT_WEIGHT_GRADS=per-step``, the
-default), against ``deferred``, one launch over the L·N·k rows of all steps with the gathering of their
+weight-gradient launch per step over its N·k rows, each after the first adding the running
+sum of the steps before it (``SUT_WEIGHT_GRADS=per-step``, the default), against ``deferred``, one launch over the L·N·k rows of all steps with the gathering of their
 operands (``weight_grads.flush``, what step 1's backward runs)::
 
     wgrad over L steps of N tokens: per step X ms (L launches), deferred Y ms (one), per step / deferred R
@@ -113,18 +113,19 @@ def wgrad_steps(tokens: int, steps: int, E, k, d, D, dtype, device, repeats: int
     w, b = problems[0]["w1"].detach(), problems[0]["b1"].detach()
     grads = [torch.randn(tokens * k, D, device=device, dtype=dtype) for _ in problems]
 
-    def call(grad, x, routing):
+    def call(grad, x, routing, running):
         return torch.ops.sut.routed_linear_backward(
             grad, x, w, b, None, routing.expert_idxs, routing.sorted_expert_idxs,
             routing.sorted_scattered_idxs, routing.expert_offsets, k, False, True, "triton",
-            False, True, True, False)
+            False, True, True, False, None, "", None, 1.0, *running)
 
     def per_step():
+        running = (None, None)  # the steps' sum, added by each launch after the first
         for p, grad in zip(problems, grads):
-            call(grad, p["x"].detach(), p["routing"])
+            running = call(grad, p["x"].detach(), p["routing"], running)[1:3]
 
     def deferred():
-        bucket = weight_grads.Bucket()
+        bucket = weight_grads.Bucket(deferred=True)
         for p, grad in zip(problems, grads):
             r = p["routing"]
             weight_grads.add(bucket, weight_grads.Entry(grad, p["x"].detach(), None, r.expert_idxs,

@@ -37,7 +37,7 @@ weight gradient, and autograd sums them.
 deferring buys is the weight-gradient kernel's efficiency over L times the rows per launch;
 what it costs is gathering the steps' operands (copies of their rows and the merged
 routing). The model of the GPU step prices the cost but not the efficiency, and puts the
-break-even at about 1.9 times today's fitted efficiency of that kernel
+break-even at about 2.4 times today's fitted efficiency of that kernel
 (docs/gpu-step.md); ``benchmarks/moe_gpu.py`` measures both forms on a GPU.
 """
 import itertools

@@ -1,4 +1,5 @@
 """benchmarks/inductor_kernels.py: inductor's GPU kernels generated on the CPU."""
+import contextlib
 import os
 import re
 import sys
@@ -166,3 +167,30 @@ def test_sut_tiny_compiled_loop_with_inductors_kernels(capsys):
     assert kinds["attention"] == "27"  # 3 + 6 forward, twice that backward (the recorder's)
     assert int(kinds["accum"]) <= 2  # the sums over the loop's steps are in its graph
     assert 300 < launches < 1000
+
+
+def _zero_filled_statistics_gradients(form):
+    import gpu_model
+
+    kernels = gpu_model.record_step(form, True, 4, 8, 200, torch.bfloat16, True)
+    assert any(k.name == "_route_backward" for k in kernels)
+    return [k for k in kernels if "route_top_k" in k.name and "zeros" in k.name]
+
+
+@pytest.mark.parametrize("form", ["sut_tiny+loop", pytest.param("sut_tiny", marks=pytest.mark.slow)])
+def test_the_regions_carry_the_routers_statistics_as_in_training(form):
+    """The regions are traced with the routers' statistics recorded (the MI loss's), so a
+    router's backward takes their gradient as an input, as in training: no zero-filled
+    gradient of them. A compiled step records them afresh per call (each call's backward
+    runs before the next: a chain over calls would backward through a freed graph)."""
+    assert not _zero_filled_statistics_gradients(form)
+
+
+@pytest.mark.slow
+def test_traced_without_the_statistics_every_router_backward_gets_a_zero_fill(monkeypatch):
+    """What the test above guards against: a kernel per router call that training does
+    not run."""
+    import gpu_model
+
+    monkeypatch.setattr(gpu_model, "record_routing", lambda model: contextlib.nullcontext())
+    assert _zero_filled_statistics_gradients("sut_tiny+loop")
