@@ -6,32 +6,32 @@ A side's L recurrence steps apply the same expert weights W (E, in, out) and bia
     dW_e = Σ_l Σ_{s ∈ S_l(e)} x_s^T (g_s dy_s),    db_e = Σ_l Σ_{s ∈ S_l(e)} g_s dy_s
 
 (S_l(e): the slots routed to expert e in step l; g_s: the slot's gate where the op weighs
-and sums a token's slots, else 1). ``per-step``: each step's ``sut::routed_linear``
-backward makes its own term, L weight-gradient launches per parameter, each reducing over
-the rows of one step; the sum over the steps is formed by the launches themselves: each
-adds the running sum of the steps whose backward ran before it as it stores its tiles
-(``acc_w`` / ``acc_b`` of ``sut::routed_linear_backward``, cuBLAS's beta = 1), the
-parameter's ``Bucket`` holds that sum between the steps' backwards, and step 1's backward
-returns it. (Autograd would add the L terms itself: in a compiled loop a fused kernel that
-reads L gradients of the weight's size and writes one, per parameter.) ``deferred``: one launch per parameter
-over the rows of every step. The backwards of steps L..2 compute the input and gate
-gradients only and leave their operands (the output's gradient, x, the gates, the expert
-choice) in the parameter's ``Bucket``; step 1's backward adds its own and makes dW and db
-in one ``sut::routed_linear_backward`` over all of them, with one routing of the L·N
-tokens (``merged_routing``: the steps' expert choices concatenated; grouped rows are put
-back in slot order first). Autograd runs step 1's backward after the others' (every later
-step reads step 1's output), and it returns the whole gradient; steps L..2 return none.
+and sums a token's slots, else 1). Autograd runs step 1's backward after the others' (every
+later step reads step 1's output), so each parameter's ``Bucket``, opened by its step-1
+forward and joined by steps 2..L, gathers the steps' terms, and step 1's backward returns
+the whole gradient; steps L..2 return none.
+
+* ``per-step`` (the default): each step's ``sut::routed_linear`` backward makes its own
+  term, one weight-gradient launch over the rows of that step, and the launch adds the
+  running sum of the steps whose backward ran before it as it stores its tiles (``acc_w``
+  / ``acc_b`` of ``sut::routed_linear_backward``, cuBLAS's beta = 1): the bucket holds the
+  sum (``running_sum``). Without it autograd would add the L terms itself, in a compiled
+  loop a fused kernel per parameter that reads L gradients of the weight's size.
+* ``deferred``: one launch per parameter over the rows of every step. The backwards of
+  steps L..2 compute the input and gate gradients only and leave their operands (the
+  output's gradient, x, the gates, the expert choice) in the bucket; step 1's backward
+  adds its own and makes dW and db in one ``sut::routed_linear_backward`` over all of
+  them, with one routing of the L·N tokens (``merged_routing``: the steps' expert choices
+  concatenated; grouped rows are put back in slot order first). The bucket holds every
+  step's output gradient until then (``Stats`` counts its bytes); the sums run in another
+  order than per step (fp32 rounding only).
 
 The same Python runs eagerly and while AOTAutograd traces a compiled loop's backward
 (``--compile-loop``): the bucket exists at trace time only, and the compiled backward holds
-one weight-gradient product per parameter. Each compiled step (``--compile-step``) is its
-own graph and backward: every step is step 1 of its graph there, and flushes its own rows.
-
-The bucket holds every step's output gradient until step 1's backward (``Stats`` counts
-its bytes); the sums run in a different order than per step (fp32 rounding only).
-
-Outside a recurrence (``StepRole.step`` None) or without a gradient a call makes its own
-weight gradient, and autograd sums them.
+the chain of launches (per step) or one launch per parameter (deferred). Each compiled step
+(``--compile-step``) is its own graph and backward: every step is step 1 of its graph
+there and makes its own gradient. Outside a recurrence (``StepRole.step`` None) or
+without a gradient a call makes its own weight gradient, and autograd sums them.
 
 ``SUT_WEIGHT_GRADS``: ``per-step`` (the default) or ``deferred``, on either backend. What
 deferring buys is the weight-gradient kernel's efficiency over L times the rows per launch;

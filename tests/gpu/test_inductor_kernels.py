@@ -177,7 +177,8 @@ def _zero_filled_statistics_gradients(form):
     return [k for k in kernels if "route_top_k" in k.name and "zeros" in k.name]
 
 
-@pytest.mark.parametrize("form", ["sut_tiny+loop", pytest.param("sut_tiny", marks=pytest.mark.slow)])
+@pytest.mark.slow  # 15-30 s each: a step recorded and its regions generated
+@pytest.mark.parametrize("form", ["sut_tiny+loop", "sut_tiny"])
 def test_the_regions_carry_the_routers_statistics_as_in_training(form):
     """The regions are traced with the routers' statistics recorded (the MI loss's), so a
     router's backward takes their gradient as an input, as in training: no zero-filled
