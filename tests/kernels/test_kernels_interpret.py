@@ -244,12 +244,11 @@ def test_gate_gradient_bias_term_equals_the_old_matmul():
     against the code before #48: the kernel's partials without the bias term plus
     ``(dout @ b^T)`` gathered by expert (0 for a no-op slot)."""
     import sut_fairseq.kernels.routed_linear_triton as rlf
-    from sut_fairseq.ops.reference_linear import _autocast_dtype  # noqa: F401
 
     x, w, b, routing, kwargs, gates, _ = _problem("ragged", "ffd_down")
     got = _run(_triton, x, w, b, routing, kwargs, gates)[4]
     dout = torch.randn(routing.num_tokens, w.size(2), generator=torch.Generator().manual_seed(1))
-    N, k, E, M = routing.num_tokens, routing.k, routing.num_experts, routing.num_slots
+    N, k, M = routing.num_tokens, routing.k, routing.num_slots
     partial = torch.zeros(rlf.max_column_tiles(w.size(1), x.dtype, x.device), M)
     rlf.routed_gemm(dout, False, k, w, True, None, torch.zeros(M, w.size(1)), True,
                     gates.reshape(-1), routing, aux=x, aux_grouped=True, dg=partial)
