@@ -125,7 +125,7 @@ def wgrad_steps(tokens: int, steps: int, E, k, d, D, dtype, device, repeats: int
             running = call(grad, p["x"].detach(), p["routing"], running)[1:3]
 
     def deferred():
-        bucket = weight_grads.Bucket(deferred=True)
+        bucket = weight_grads.Bucket(-1, deferred=True)
         for p, grad in zip(problems, grads):
             r = p["routing"]
             weight_grads.add(bucket, weight_grads.Entry(grad, p["x"].detach(), None, r.expert_idxs,

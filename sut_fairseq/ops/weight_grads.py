@@ -115,13 +115,19 @@ class Bucket(list):
     the steps' entries (a list of ``Entry``); per step, ``running``, the sum (dW, db or
     None) of the steps whose backward ran, None before the first."""
 
-    #: the open bucket of each tag: step 1's forward opens one, steps 2..L join it
+    #: the open bucket of each tag: step 1's forward opens one, steps 2..L join it, step 1's
+    #: backward closes it (a later forward's step l > 1 then makes its own gradient)
     current: Dict[int, "Bucket"] = {}
 
-    def __init__(self, deferred: bool):
+    def __init__(self, tag: int, deferred: bool):
         super().__init__()
-        self.deferred = deferred
+        self.tag, self.deferred = tag, deferred
         self.running: Optional[Tuple[Tensor, Optional[Tensor]]] = None
+
+    def close(self) -> None:
+        """Step 1's backward: no later call joins this bucket."""
+        if Bucket.current.get(self.tag) is self:
+            del Bucket.current[self.tag]
 
 
 class Stats:
@@ -142,7 +148,7 @@ def attach(defer: int) -> Tuple[Optional[Bucket], bool]:
         return None, False
     tag, first = divmod(defer, 2)
     if first:
-        Bucket.current[tag] = Bucket(mode() == "deferred")
+        Bucket.current[tag] = Bucket(tag, mode() == "deferred")
     bucket = Bucket.current.get(tag)
     return bucket, bool(first) and bucket is not None
 
@@ -153,6 +159,8 @@ def running_sum(bucket: Bucket, dw: Tensor, db: Optional[Tensor], flushes: bool
     running sum; step 1 (``flushes``) returns them as the parameter's gradient and empties
     the bucket, the other steps return (None, None)."""
     bucket.running = None if flushes else (dw, db)
+    if flushes:
+        bucket.close()
     return (dw, db) if flushes else (None, None)
 
 
@@ -215,4 +223,5 @@ def flush(bucket: Bucket, weight: Tensor, bias: Optional[Tensor], backend: str,
         False, True, need_b, False)
     Stats.held -= sum(e.nbytes() for e in bucket)
     bucket.clear()
+    bucket.close()
     return dw, (db if need_b and bias is not None else None)

@@ -247,3 +247,28 @@ def test_a_bad_mode_is_refused_by_name(monkeypatch):
     monkeypatch.setenv("SUT_WEIGHT_GRADS", "later")
     with pytest.raises(ValueError, match=r"SUT_WEIGHT_GRADS='later'.*'per-step'"):
         weight_grads.mode()
+
+
+@pytest.mark.parametrize("mode", ["per-step", "deferred"])
+def test_step_1s_backward_closes_the_bucket(mode, monkeypatch):
+    """Steps 2..L join the bucket of their forward's step 1 until step 1's backward
+    closes it; a later call of step 2 without a step 1 (a new forward) then makes its own
+    gradient instead of adding to a sum that was already returned."""
+    monkeypatch.setenv("SUT_WEIGHT_GRADS", mode)
+    tag = weight_grads.new_tag()
+    bucket, flushes = weight_grads.attach(2 * tag + 1)
+    assert flushes and bucket.deferred == (mode == "deferred")
+    assert weight_grads.attach(2 * tag) == (bucket, False)  # step 2 joins
+    if mode == "deferred":
+        w = torch.randn(2, 3, 4)
+        x, grad = torch.randn(5, 3), torch.randn(5, 4)
+        weight_grads.add(bucket, weight_grads.Entry(grad, x, None, torch.tensor([[0], [1], [0], [2], [1]]),
+                                                    None, 1, False, False))
+        dw, _ = weight_grads.flush(bucket, w, None, "reference", False)
+        torch.testing.assert_close(dw[0], x[[0, 2]].t() @ grad[[0, 2]])
+    else:
+        dw = torch.ones(2, 3, 4)
+        assert weight_grads.running_sum(bucket, dw, None, False) == (None, None)
+        assert bucket.running[0] is dw
+        assert weight_grads.running_sum(bucket, dw + 1, None, True)[0].eq(2).all()
+    assert weight_grads.attach(2 * tag) == (None, False)  # closed: its own gradient
