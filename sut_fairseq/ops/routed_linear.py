@@ -244,21 +244,21 @@ def _backward(ctx, grad):
         grad = grad.select(1, 0) if token_rows else grad.reshape(-1, grad.size(-1))
     bucket = ctx.bucket if needs[1] else None
     deferred = bucket is not None and bucket.deferred
+    per_step = bucket is not None and not deferred
     step_needs = (needs[0], False, False, needs[3]) if deferred else needs
-    # per step in a recurrence: dW and db include the running sum of the steps after this one
-    running = bucket.running if bucket is not None and not deferred else None
-    acc_w, acc_b = running if running is not None else (None, None)
+    # per step in a recurrence: dW and db include the running sum of the steps after this
+    # one (its db is None where no bias gradient is asked for: the needs are every step's)
+    acc_w, acc_b = bucket.running if per_step and bucket.running is not None else (None, None)
     dx = dw = db = dg = None
     if any(step_needs):
         dx, dw, db, dg = torch.ops.sut.routed_linear_backward(
-            grad, *saved, *ctx.layout, *step_needs, pre, activation, keep, keep_scale, acc_w,
-            acc_b if needs[2] else None)
-    if bucket is not None and not deferred:
+            grad, *saved, *ctx.layout, *step_needs, pre, activation, keep, keep_scale, acc_w, acc_b)
+    if per_step:
         dw, db = weight_grads.running_sum(bucket, dw, db if needs[2] else None, ctx.flushes)
     if deferred:
-        weight_grads.add(ctx.bucket, weight_grads.Entry(
+        weight_grads.add(bucket, weight_grads.Entry(
             grad, x, gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
-        dw, db = (weight_grads.flush(ctx.bucket, weight, bias, backend, needs[2]) if ctx.flushes
+        dw, db = (weight_grads.flush(bucket, weight, bias, backend, needs[2]) if ctx.flushes
                   else (None, None))  # step 1: every step's rows in one product
     if sums_outside(backend):
         if needs[0] and not grouped_in:
