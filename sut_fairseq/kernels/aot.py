@@ -51,7 +51,8 @@ _TYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp
 
 # name -> (rows of x: "token" (N), "slot" or "sorted" (M), keyword arguments, has bias)
 USES = {
-    "ffd_up": ("token", dict(grouped_out=True), True),
+    # the forward also forms the down projection's input GELU(u) ⊙ keep · s (training)
+    "ffd_up": ("token", dict(grouped_out=True, out_activation="gelu"), True),
     # the input gradient times GELU's slope and the activation dropout's mask (training)
     "ffd_down": ("sorted", dict(grouped_in=True, gated=True, activation="gelu"), True),
     "momha_q": ("token", dict(), True),
@@ -99,6 +100,7 @@ def _shipped_launches(dtype, E, d, D, k, N):
         kwargs = dict(kwargs)
         gated = kwargs.pop("gated", False)
         activation = kwargs.pop("activation", "")
+        out_activation = kwargs.pop("out_activation", "")
         x = torch.empty(N if rows == "token" else M, d, dtype=dtype, **meta)
         w = torch.empty(E, d, D, dtype=dtype, **meta)
         b = torch.empty(E, D, dtype=dtype, **meta) if has_bias else None
@@ -107,7 +109,10 @@ def _shipped_launches(dtype, E, d, D, k, N):
         layout = (routing, fan_out, kwargs.get("grouped_in", False), kwargs.get("grouped_out", False))
         keep = torch.empty(x.shape, dtype=torch.bool, **meta) if activation else None
         with record_launches() as launches:  # the op's backend, forward and backward
-            y = rlf.triton_forward(x, w, b, gates, *layout)
+            y = rlf.triton_forward(x, w, b, gates, *layout, out_activation=out_activation,
+                                   out_keep=torch.empty(M, D, dtype=torch.bool, **meta)
+                                   if out_activation else None, out_keep_scale=1.25)
+            y = y[0] if out_activation else y
             # the gated output's gradient as the op reads it: one row per token, k slots each
             dout = y.new_empty(gates.size(0), y.size(1)) if gated else torch.empty_like(y)
             rlf.triton_backward(dout, x, w, b, gates, *layout, dout_fan=k if gated else 1,

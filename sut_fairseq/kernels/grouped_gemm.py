@@ -29,6 +29,11 @@ Kernels:
   With ``ACCUMULATE`` it adds a running sum (the other recurrence steps' gradients of the
   shared weight) to each tile before storing it, as cuBLAS's beta = 1.
 
+Output activation (``OUT_ACT``: 1 GELU, 2 ReLU; 0 none), for MoE-FFD's up projection: the
+forward stores its result u and, beside it, the down projection's input act(u) ⊙ keep ·
+keep_scale (``HAS_OUT_KEEP``: the activation dropout's mask, drawn before the launch), so
+that no kernel of its own reads u back to form it.
+
 Input activation's gradient (``ACT``: 1 GELU, 2 ReLU; 0 none), for MoE-FFD's down
 projection, whose input x = act(u) ⊙ keep · keep_scale is made from the up projection's
 pre-activations u (``HAS_KEEP``: the activation dropout's mask; the scale 1 / (1 - p)):
@@ -56,7 +61,8 @@ from triton.runtime.jit import JITFunction
 
 from . import launch
 
-#: ``ACT`` codes of the input activation whose gradient the kernel applies (docstring)
+#: ``ACT`` / ``OUT_ACT`` codes of the input activation whose gradient the kernel applies and
+#: of the output activation it forms (docstring)
 ACTIVATIONS = {"": 0, "gelu": 1, "relu": 2}
 
 
@@ -81,8 +87,25 @@ def _slope_tile(PRE, KEEP, rows, cols, mask, stride_pm, stride_pk, stride_km, ke
 _slope = launch.helper(_slope_tile)
 
 
+def _activated_tile(u, KEEP, rows, cols, mask, stride_km, keep_scale,
+                    ACT: tl.constexpr, HAS_KEEP: tl.constexpr):
+    """act(u) ⊙ keep · keep_scale (fp32) of the fp32 tile u (rows, cols): GELU's u Φ(u) (erf
+    form), ReLU's max(u, 0); KEEP bool in u's rows."""
+    if ACT == 1:
+        value = u * (0.5 * (1.0 + tl.math.erf(u * 0.7071067811865476)))
+    else:
+        value = tl.maximum(u, 0.0)
+    if HAS_KEEP:
+        keep = tl.load(KEEP + rows[:, None] * stride_km + cols[None, :], mask=mask, other=0) != 0
+        value = tl.where(keep, value * keep_scale, 0.0)
+    return value
+
+
+_activated = launch.helper(_activated_tile)
+
+
 def _routed_gemm(
-    X, W, B, Y, G, AUX, DG, PRE, KEEP,
+    X, W, B, Y, G, AUX, DG, PRE, KEEP, Z, OUT_KEEP,
     sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
     M, K, N, E,
     stride_xm, stride_xk,
@@ -91,10 +114,11 @@ def _routed_gemm(
     stride_ym, stride_yn,
     stride_am, stride_ak,
     stride_dg, DG_ROWS, stride_pm, stride_pk, stride_km, keep_scale,
+    stride_zm, stride_zn, stride_okm, out_keep_scale,
     X_GROUPED: tl.constexpr, X_FAN: tl.constexpr, Y_GROUPED: tl.constexpr,
     HAS_BIAS: tl.constexpr, GATED: tl.constexpr,
     HAS_DG: tl.constexpr, A_GROUPED: tl.constexpr, A_FAN: tl.constexpr, DG_BIAS: tl.constexpr,
-    ACT: tl.constexpr, HAS_KEEP: tl.constexpr,
+    ACT: tl.constexpr, HAS_KEEP: tl.constexpr, OUT_ACT: tl.constexpr, HAS_OUT_KEEP: tl.constexpr,
     INPUT_PRECISION: tl.constexpr, E_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
 ):
@@ -103,7 +127,9 @@ def _routed_gemm(
     DG_ROWS >= cdiv(N, BLOCK_N). ``DG_BIAS`` (with HAS_DG, no HAS_BIAS): B is (E, K) and
     column tile 0 adds ``X[row_x(m)] . B[e_m]`` to its partial (the gate gradient's bias
     term, accumulated in the K loop). ``ACT`` (an input gradient; PRE: u in Y's rows, KEEP
-    bool in them too): Y gets the result times act'(u) ⊙ keep · keep_scale. Every row of
+    bool in them too): Y gets the result times act'(u) ⊙ keep · keep_scale. ``OUT_ACT`` (a
+    forward without gates; OUT_KEEP bool in Y's rows or none): Y gets u, the result, and Z
+    (Y's rows and shape) act(u) ⊙ keep · out_keep_scale of u as stored. Every row of
     Y and every entry of DG is written: the tiles past the last expert's write zeros on the no-op rows,
     and DG's rows past cdiv(N, BLOCK_N) are zeros, so the caller allocates them empty.
     Grid: (cdiv(M, BLOCK_M) + E) * cdiv(N, BLOCK_N) programs."""
@@ -185,6 +211,11 @@ def _routed_gemm(
                 ACT, HAS_KEEP)
         tl.store(Y + y_row[:, None] * stride_ym + rn[None, :] * stride_yn,
                  acc.to(Y.dtype.element_ty), mask=out_mask)
+        if OUT_ACT != 0:  # the next map's input act(u) ⊙ keep · scale, of u as stored
+            z = _activated(acc.to(Y.dtype.element_ty).to(tl.float32), OUT_KEEP, y_row, rn,
+                           out_mask, stride_okm, out_keep_scale, OUT_ACT, HAS_OUT_KEEP)
+            tl.store(Z + y_row[:, None] * stride_zm + rn[None, :] * stride_zn,
+                     z.to(Z.dtype.element_ty), mask=out_mask)
     else:
         # A spare row tile t (after the experts' tiles): zeros on the no-op rows
         # [A + t BLOCK_M, A + (t + 1) BLOCK_M) ∩ [A, M), A = expert_offsets[E - 1] the
@@ -203,6 +234,10 @@ def _routed_gemm(
         tl.store(Y + y_row[:, None] * stride_ym + rn[None, :] * stride_yn,
                  tl.zeros((BLOCK_M, BLOCK_N), dtype=Y.dtype.element_ty),
                  mask=row_ok[:, None] & (rn < N)[None, :])
+        if OUT_ACT != 0:  # act(0) = 0
+            tl.store(Z + y_row[:, None] * stride_zm + rn[None, :] * stride_zn,
+                     tl.zeros((BLOCK_M, BLOCK_N), dtype=Z.dtype.element_ty),
+                     mask=row_ok[:, None] & (rn < N)[None, :])
         if HAS_DG:
             tl.store(DG + pid_n * stride_dg + slot, tl.zeros((BLOCK_M,), dtype=tl.float32), mask=row_ok)
             if pid_n == num_pid_n - 1:  # DG's rows past the column tiles: zeros too

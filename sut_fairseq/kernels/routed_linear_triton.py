@@ -22,6 +22,9 @@ Passes (no device-to-host synchronisation in any of them):
 * outputs are allocated uninitialised: the kernel writes every row, the no-op rows' zeros
   by the row tiles past the last expert's.
 * weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
+* output activation (``out_activation``, MoE-FFD's up projection): the forward's launch
+  also stores x = act(u) ⊙ keep · s of its rows u as it stores them (keep: the activation
+  dropout's mask, drawn before): the down projection's input, with no pass of its own.
 * input activation (``activation``, MoE-FFD's down projection): x = act(u) ⊙ keep · s was
   made from the up projection's pre-activations u; the input-gradient kernel multiplies
   its rows by act'(u) ⊙ keep · s as it stores them and returns u's gradient.
@@ -71,7 +74,8 @@ def _launch(kernel, grid_fn, args: dict, device: torch.device) -> None:
 
 def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates, routing,
                 aux=None, aux_grouped=False, aux_fan=1, dg=None, dg_bias=None, activation="",
-                pre=None, keep=None, keep_scale=1.0):
+                pre=None, keep=None, keep_scale=1.0, z=None, out_activation="", out_keep=None,
+                out_keep_scale=1.0):
     """Launch ``routed_gemm_kernel``: ``y[row_y(m)] = g (x[row_x(m)] @ W_e(^T) + b_e)``.
 
     x: rows of width K; w: (E, K, N), or (E, N, K) read transposed when ``w_transposed``;
@@ -80,7 +84,9 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
     BLOCK_N), written whole), see the kernel docstring; ``dg_bias`` (E, K): adds
     ``x[row_x(m)] . dg_bias[e_m]`` to the partials (the gate gradient's bias term);
     ``activation`` ("gelu", "relu"; "" none): y's rows times act'(pre) ⊙ keep ·
-    keep_scale (``pre`` in y's rows, ``keep`` bool in them or None).
+    keep_scale (``pre`` in y's rows, ``keep`` bool in them or None);
+    ``out_activation`` (no gates): y gets u, the result, and ``z`` (y's shape)
+    act(u) ⊙ out_keep · out_keep_scale (``out_keep`` bool in y's rows or None).
     """
     E = routing.num_experts
     M = routing.num_slots
@@ -118,6 +124,11 @@ def routed_gemm(x, x_grouped, x_fan, w, w_transposed, bias, y, y_grouped, gates,
         stride_pm=pre.stride(0) if activation else 0, stride_pk=pre.stride(1) if activation else 0,
         stride_km=keep.stride(0) if keep is not None else 0, keep_scale=float(keep_scale),
         ACT=gg.ACTIVATIONS[activation], HAS_KEEP=keep is not None,
+        Z=z if out_activation else y, OUT_KEEP=out_keep if out_keep is not None else y,
+        stride_zm=z.stride(0) if out_activation else 0, stride_zn=z.stride(1) if out_activation else 0,
+        stride_okm=out_keep.stride(0) if out_keep is not None else 0,
+        out_keep_scale=float(out_keep_scale),
+        OUT_ACT=gg.ACTIVATIONS[out_activation], HAS_OUT_KEEP=out_keep is not None,
     )
 
     def grid(meta):
@@ -181,18 +192,26 @@ def _written_whole(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = Non
 
 
 def triton_forward(x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,
-                   grouped_out: bool) -> torch.Tensor:
+                   grouped_out: bool, out_activation: str = "", out_keep=None,
+                   out_keep_scale: float = 1.0):
     """The forward on the kernels (operands in the compute dtype; gates their own): (M, out)
-    rows, gate-weighted with gates."""
+    rows, gate-weighted with gates; with ``out_activation`` (no gates) the pair (u, the
+    rows, and act(u) ⊙ out_keep · out_keep_scale of u as stored), one launch."""
     M, out_dim = routing.num_slots, weight.size(2)
     if M == 0:  # no tokens: nothing to launch
-        return x.new_zeros(0, out_dim)
+        y = x.new_zeros(0, out_dim)
+        return (y, y.clone()) if out_activation else y
     x = x.contiguous()
     gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
     y = _written_whole(x, (M, out_dim))  # the kernel writes the no-op rows' zeros
+    z = _written_whole(x, (M, out_dim)) if out_activation else None
+    if out_keep is not None:
+        out_keep = out_keep.contiguous()
     with _no_autocast(x.device.type):
-        routed_gemm(x, grouped_in, fan_out, weight, False, bias, y, grouped_out, gates_flat, routing)
-    return y
+        routed_gemm(x, grouped_in, fan_out, weight, False, bias, y, grouped_out, gates_flat, routing,
+                    z=z, out_activation=out_activation, out_keep=out_keep,
+                    out_keep_scale=out_keep_scale)
+    return (y, z) if out_activation else y
 
 
 def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped_in: bool,

@@ -63,32 +63,17 @@ def dropout(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
     return x * mask.mul_(scale)
 
 
-def keep_mask(x: torch.Tensor, p: float, training: bool):
-    """A dropout mask for a kernel that applies it itself: (keep, x's shape, bool, 1 / (1 -
-    p)), each element kept with probability 1 - p (a uniform draw >= p, which inductor
-    makes one kernel; ``bernoulli_`` would add an aten fallback kernel); (None, 1.0) in
-    evaluation and at p = 0 (the identity)."""
+def keep_mask(x: torch.Tensor, p: float, training: bool, shape=None):
+    """A dropout mask for a kernel that applies it itself: (keep, bool of ``shape`` (x's
+    by default) on x's device, 1 / (1 - p)), each element kept with probability 1 - p (a
+    uniform draw >= p, which inductor makes one kernel; ``bernoulli_`` would add an aten
+    fallback kernel); (None, 1.0) in evaluation and at p = 0 (the identity)."""
     if not training or p == 0.0:
         return None, 1.0
+    shape = tuple(x.shape) if shape is None else tuple(shape)
     if p >= 1.0:
-        return torch.zeros_like(x, dtype=torch.bool), 0.0
-    return torch.rand_like(x, dtype=torch.float32) >= p, 1.0 / (1.0 - p)
-
-
-def activation_dropout(u: torch.Tensor, activation: str, p: float, training: bool):
-    """x = dropout(act(u)) without a gradient and its mask, for a kernel that takes u's
-    gradient itself (``routed_linear``'s input activation): (x, keep (u's shape, bool) or
-    None, 1 / (1 - p)); act "gelu" (erf form, fairseq's ``gelu``: computed in fp32, rounded
-    once) or "relu". Two kernels eagerly (the activation; ``native_dropout``'s output and
-    mask), one in a compiled graph."""
-    with torch.no_grad():
-        x = F.gelu(u) if activation == "gelu" else F.relu(u)
-        if not training or p == 0.0:
-            return x, None, 1.0
-        if p >= 1.0:
-            return torch.zeros_like(x), torch.zeros_like(x, dtype=torch.bool), 0.0
-        x, keep = torch.native_dropout(x, p, True)
-        return x, keep, 1.0 / (1.0 - p)
+        return torch.zeros(shape, dtype=torch.bool, device=x.device), 0.0
+    return torch.rand(shape, dtype=torch.float32, device=x.device) >= p, 1.0 / (1.0 - p)
 
 
 class Dropout(nn.Module):

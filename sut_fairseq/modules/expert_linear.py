@@ -14,7 +14,7 @@ import torch
 import torch.nn as nn
 
 from ..ops.masked_linear_op import masked_affine
-from ..ops.routed_linear import routed_linear
+from ..ops.routed_linear import routed_linear, routed_linear_activated
 from ..ops.routing import Routing
 from ..ops.weight_grads import new_tag
 
@@ -52,6 +52,15 @@ class ExpertLinear(nn.Module):
                           tag=self.tag, activation=activation, pre=pre, keep=keep,
                           keep_scale=keep_scale)
         return y + self.bias if self.shared_bias else y
+
+    def activated(self, x: torch.Tensor, routing: Routing, fan_out: int, activation: str,
+                  keep: Optional[torch.Tensor] = None, keep_scale: float = 1.0):
+        """(u, act(u) ⊙ keep · keep_scale): u the sorted (M, out) rows, the second the next
+        map's input without a gradient (``routed_linear_activated``; own bias only)."""
+        if self.shared_bias:
+            raise ValueError("an output activation needs the experts' own biases")
+        return routed_linear_activated(x, self.weight, self.bias, routing, fan_out, activation,
+                                       keep, keep_scale, tag=self.tag)
 
     def dense(self, x: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """E = 1: the routed map without routing, x (N, in), active (N,) bool -> (N, out):

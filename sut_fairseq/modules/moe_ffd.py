@@ -4,9 +4,10 @@
 ``up`` (W1, b1: E maps d -> D) and the down projection ``down`` (W2, b2: E maps D -> d) are
 ``ExpertLinear``s. With E = k = 1 it is the dense FFN of a Transformer layer, and runs as
 one: no router, the active rows through ``ExpertLinear.dense``. On the Triton kernels (CUDA)
-the gradient of a GELU or ReLU and of the activation dropout is applied by the down
-projection's input-gradient kernel (``routed_linear``'s input activation): no pass of its
-own over the (N k, D) rows in the backward.
+the activation and its dropout are formed by the up projection's kernel as it stores its
+rows (``routed_linear_activated``), and their gradient is applied by the down projection's
+input-gradient kernel (``routed_linear``'s input activation): no pass of their own over the
+(N k, D) rows, forward or backward.
 """
 import torch
 import torch.nn as nn
@@ -14,7 +15,7 @@ from fairseq import utils
 
 from ..compiler import tracing
 from ..ops.routed_linear import kernel_backend
-from .dropout import Dropout, activation_dropout
+from .dropout import Dropout, keep_mask
 from .expert_linear import ExpertLinear, rename_parameters
 from .router import Router
 
@@ -43,14 +44,16 @@ class MoEFeedForward(nn.Module):
             h = self.activation_dropout(self.activation_fn(self.up.dense(x, active)))
             return self.down.dense(h, active).reshape(shape)
         routing = self.router(x, active.reshape(-1))
-        h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
-        backend = kernel_backend(h)
-        if backend == "triton" and self.kernel_activation:  # the activation's gradient in the kernel
-            x, keep, scale = activation_dropout(h, self.kernel_activation,
-                                                self.activation_dropout.p, self.training)
+        backend = kernel_backend(x)
+        if backend == "triton" and self.kernel_activation:  # the activation in the kernels
+            # the activation dropout's mask over the up projection's (M, D) sorted rows
+            keep, scale = keep_mask(x, self.activation_dropout.p, self.training,
+                                    (routing.num_slots, self.up.weight.size(2)))
+            h, x = self.up.activated(x, routing, routing.k, self.kernel_activation, keep, scale)
             return self.down(x, routing, fan_out=1, grouped_in=True, gates=routing.gates,
                              activation=self.kernel_activation, pre=h, keep=keep,
                              keep_scale=scale).reshape(shape)
+        h = self.up(x, routing, fan_out=routing.k, grouped_out=True)
         if backend == "reference" and not tracing():
             # (M, D) sorted, the no-op slots last: the reference down projection reads only
             # the routed rows, so only they need the activation (a host read, free on CPU)

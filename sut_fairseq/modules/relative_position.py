@@ -51,18 +51,74 @@ class ClippedRelativePosition(nn.Module):
         idx = (j[None, :] - i[:, None]).clamp(-self.window, self.window) - lo  # (T, S)
         return idx.repeat_interleave(k, 0)
 
+    def clipped(self, T: int, q_start: int, S: int) -> bool:
+        """Whether some offset j - i between queries q_start..q_start+T-1 and keys 0..S-1
+        lies outside [-W, W] (then several keys of a query share a clipped offset)."""
+        return q_start + T - 1 > self.window or S - 1 - q_start > self.window
+
     def offset_scores(self, q: torch.Tensor, T: int, q_start: int, S: int):
         """``(lo, scores)``: q_m · r_o for every (aligned) offset o from ``lo``, (B, H, T*k, O'),
-        one product; q: (B, H, T*k, D)."""
+        one batched product over the heads; q: (B, H, T*k, D). The scores are a view of an
+        (H, B, T*k, O') tensor: the layout the product writes and its gradient reads."""
         lo, r = self.aligned_offsets(T, q_start, S)
-        return lo, torch.einsum("bhmd,ohd->bhmo", q, r.to(q.dtype))
+        B, H, M, D = q.shape
+        scores = torch.bmm(q.transpose(0, 1).reshape(H, B * M, D), r.to(q.dtype).permute(1, 2, 0))
+        return lo, scores.view(H, B, M, -1).transpose(0, 1)
+
+    def index(self, T: int, q_start: int, S: int, k: int, lo: int) -> torch.Tensor:
+        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use."""
+        device = self.embeddings.device
+        i = torch.arange(q_start, q_start + T, device=device)
+        j = torch.arange(S, device=device)
+        idx = (j[None, :] - i[:, None]).clamp(-self.window, self.window) - lo  # (T, S)
+        return idx.repeat_interleave(k, 0)
 
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
         """q: (B, H, T*k, D), query row m at position q_start + m // k. Returns the logits
         term ``q_m · r_{clip(j - i_m)}`` (B, H, T*k, S), gathered from ``offset_scores``."""
         lo, scores = self.offset_scores(q, T, q_start, S)
-        idx = self.index(T, q_start, S, q.size(2) // T, lo)
-        return scores.gather(3, idx.expand(q.size(0), q.size(1), -1, -1))
+        k = q.size(2) // T
+        scores = scores.transpose(0, 1)  # (H, B, T*k, O'), contiguous
+        if self.clipped(T, q_start, S):  # autograd's backward: a scatter-add over the keys
+            idx = self.index(T, q_start, S, k, lo)
+            rel = scores.gather(3, idx.expand(scores.size(0), scores.size(1), -1, -1))
+        else:
+            rel = _UnclippedGather.apply(scores, k, q_start + lo, S)
+        return rel.transpose(0, 1)
+
+
+def _shifted(rows: torch.Tensor, k: int, shift: int, width: int) -> torch.Tensor:
+    """out[..., m, c] = rows[..., m, c + shift] where that column lies in [0, rows.size(-1)),
+    else 0, with ``shift`` s + m // k or s - m // k (``shift`` = (s, ±1)); rows (..., M, C)
+    -> (..., M, width). One gather that inductor writes as a pointwise kernel (its index an
+    affine function of m and c)."""
+    s, sign = shift
+    m = torch.arange(rows.size(-2), device=rows.device)
+    col = torch.arange(width, device=rows.device)[None, :] + s + sign * (m // k)[:, None]
+    inside = (col >= 0) & (col < rows.size(-1))
+    picked = rows.gather(-1, col.clamp(0, rows.size(-1) - 1).expand(*rows.shape[:-1], width))
+    return picked.masked_fill(~inside, 0)
+
+
+class _UnclippedGather(torch.autograd.Function):
+    """The clipped term's gather where no offset is clipped: query row m (position i = q0 +
+    m // k) and key j use offset column c = j - i - lo, one key per column, so
+
+        rel[m, j] = scores[m, j - i_m - lo]         d scores[m, c] = d rel[m, c + i_m + lo]
+
+    (0 where c + i_m + lo is not a key: the offsets row m does not use, and the aligned
+    padding), both pointwise gathers: no zero-filled buffer and scatter-add as autograd's
+    backward of ``gather`` makes. scores (H, B, T*k, O'); ``shift`` = q_start + lo."""
+
+    @staticmethod
+    def forward(ctx, scores, k: int, shift: int, S: int):
+        ctx.shape = k, shift, scores.size(-1)
+        return _shifted(scores, k, (-shift, -1), S)
+
+    @staticmethod
+    def backward(ctx, grad):
+        k, shift, width = ctx.shape
+        return _shifted(grad, k, (shift, 1), width), None, None, None
 
 
 def t5_bucket(relative_position: torch.Tensor, bidirectional: bool, num_buckets: int,

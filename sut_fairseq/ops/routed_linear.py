@@ -229,13 +229,22 @@ def _backward(ctx, grad):
     (module docstring) in the traced graph; with a bucket (``weight_grads``) the weight and
     bias gradients of every step at step 1's (per step: each step's launch adds the running
     sum of the later steps; deferred: one launch over every step's rows)."""
+    activation = ctx.activation[0]
+    needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
+    if activation:  # the input gradient is pre's (x is a detached act(pre))
+        needs = (ctx.needs_input_grad[13],) + needs[1:]
+    grads = _gradients(ctx, grad, needs)
+    if activation:  # dx is pre's
+        return (None,) + grads[1:] + (None,) * 9 + (grads[0], None, None, None)
+    return grads + (None,) * 13
+
+
+def _gradients(ctx, grad, needs):
+    """(dx, dW, db, dgates), None where ``needs`` (x, W, b, gates) asks for none."""
     *saved, pre, keep = ctx.saved_tensors
     x, weight, bias, gates, expert_idxs, _, sorted_scattered_idxs, _ = saved
     fan_out, grouped_in, grouped_out, backend = ctx.layout
     activation, keep_scale = ctx.activation
-    needs = ctx.needs_input_grad[:4]  # x, W, b, gates (False for a None bias or gates)
-    if activation:  # the input gradient is pre's (x is a detached act(pre))
-        needs = (ctx.needs_input_grad[13],) + needs[1:]
     # rows of the output's gradient: slot rows (M, out), or one row per token (N, out) that
     # its k slots read: the summed output's, or with the sum outside the gradient of that
     # sum, which arrives broadcast over the slots (stride 0)
@@ -265,13 +274,81 @@ def _backward(ctx, grad):
             dx = sum_rows(dx, fan_out, x.size(0))
         if needs[3]:
             dg = dg.sum(0).view_as(gates).to(gates.dtype)
-    grads = tuple(g if need and g is not None else None for g, need in zip((dx, dw, db, dg), needs))
-    if activation:  # dx is pre's
-        return (None,) + grads[1:] + (None,) * 9 + (grads[0], None, None, None)
-    return grads + (None,) * 13
+    return tuple(g if need and g is not None else None for g, need in zip((dx, dw, db, dg), needs))
 
 
 routed_linear_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+@torch.library.custom_op("sut::routed_linear_activated", mutates_args=())
+def routed_linear_activated_op(x: Tensor, weight: Tensor, bias: Optional[Tensor],
+                               expert_idxs: Tensor, sorted_expert_idxs: Tensor,
+                               sorted_scattered_idxs: Tensor, expert_offsets: Tensor,
+                               fan_out: int, grouped_in: bool, grouped_out: bool, backend: str,
+                               defer: int, activation: str, keep: Optional[Tensor],
+                               keep_scale: float) -> Tuple[Tensor, Tensor]:
+    """``sut::routed_linear`` without gates that also returns the next map's input: (u,
+    act(u) ⊙ keep · keep_scale) of the (M, out) rows u (``routed_linear_activated``); the
+    second output has no gradient."""
+    routing = Routing(expert_idxs, None, sorted_expert_idxs, sorted_scattered_idxs,
+                      expert_offsets, weight.size(0))
+    return _forward_activated(x, weight, bias, routing, fan_out, grouped_in, backend, activation,
+                              keep, keep_scale)
+
+
+def _forward_activated(x, weight, bias, routing: Routing, fan_out: int, grouped_in: bool,
+                       backend: str, activation: str, keep, keep_scale: float):
+    """The body of ``sut::routed_linear_activated`` (sorted output): (u, act(u) ⊙ keep ·
+    keep_scale)."""
+    if backend == "triton":
+        from ..kernels.routed_linear_triton import triton_forward
+
+        return triton_forward(x, weight, bias, None, routing, fan_out, grouped_in, True,
+                              activation, keep, keep_scale)
+    u = _forward(x, weight, bias, None, routing, fan_out, grouped_in, True, backend)
+    return u, activated(u, activation, keep, keep_scale)[0]
+
+
+@routed_linear_activated_op.register_fake
+def _(x, weight, bias, expert_idxs, sorted_expert_idxs, sorted_scattered_idxs, expert_offsets,
+      fan_out, grouped_in, grouped_out, backend, defer, activation, keep, keep_scale):
+    M = sorted_scattered_idxs.size(0)
+    return x.new_empty(M, weight.size(2)), x.new_empty(M, weight.size(2))
+
+
+def _setup_context_activated(ctx, inputs, output):
+    """``_setup_context`` of the plain op's first 13 arguments (no gates) and u."""
+    _setup_context(ctx, tuple(inputs[:3]) + (None,) + tuple(inputs[3:12]), output[0])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _backward_activated(ctx, grad_u, grad_x):
+    """u's gradient as the plain op's (``grad_x``: none, the second output has none)."""
+    needs = tuple(ctx.needs_input_grad[:3]) + (False,)
+    dx, dw, db, _ = _gradients(ctx, grad_u, needs)
+    return (dx, dw, db) + (None,) * 12
+
+
+routed_linear_activated_op.register_autograd(_backward_activated,
+                                             setup_context=_setup_context_activated)
+
+
+def _operands(x, weight, bias, routing: Routing, fan_out: int, grouped_in: bool,
+              grouped_out: bool, gates, backend: Optional[str]):
+    """The map's operands checked and in the compute dtype (autocast's, else the promoted
+    dtype of x and weight), and the backend: (x, weight, bias, backend)."""
+    if weight.dim() != 3 or weight.size(0) != routing.num_experts:
+        raise ValueError(f"weight must be (E={routing.num_experts}, in, out); "
+                         f"got {tuple(weight.shape)}")
+    if backend is None:
+        backend = kernel_backend(x)
+        backend = "grouped" if backend == "triton" and expert_gemm() == "grouped_mm" else backend
+    if backend == "triton":  # the kernels index without bounds checks
+        from ..kernels.routed_linear_triton import check_operands
+
+        check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
+    dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
+    return x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype), backend
 
 
 def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,
@@ -298,9 +375,6 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     """
     if gates is not None and grouped_out:
         raise ValueError("gates combine a token's slots and need grouped_out=False")
-    if weight.dim() != 3 or weight.size(0) != routing.num_experts:
-        raise ValueError(f"weight must be (E={routing.num_experts}, in, out); "
-                         f"got {tuple(weight.shape)}")
     if activation:
         if activation not in ("gelu", "relu") or not grouped_in:
             raise ValueError(f"an input activation is 'gelu' or 'relu' on grouped rows "
@@ -311,18 +385,10 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
         if keep is not None and (keep.dtype != torch.bool or keep.shape != x.shape):
             raise ValueError(f"keep must be a bool mask of x's shape {tuple(x.shape)}; got "
                              f"{keep.dtype} {tuple(keep.shape)}")
-    if backend is None:
-        backend = kernel_backend(x)
-        backend = "grouped" if backend == "triton" and expert_gemm() == "grouped_mm" else backend
-    if backend == "triton":  # the kernels index without bounds checks
-        from ..kernels.routed_linear_triton import check_operands
-
-        check_operands(x, weight, bias, routing, fan_out, grouped_in, grouped_out, gates)
-    dtype = _autocast_dtype(x.device.type) or torch.promote_types(x.dtype, weight.dtype)
-    x, weight = x.to(dtype), weight.to(dtype)
-    bias = None if bias is None else bias.to(dtype)
+    x, weight, bias, backend = _operands(x, weight, bias, routing, fan_out, grouped_in,
+                                         grouped_out, gates, backend)
     if activation:
-        pre = pre.to(dtype)
+        pre = pre.to(x.dtype)
         x = x.detach()  # its gradient is pre's, by the op (or through the grouped form's x)
     custom = as_custom_op(x, weight, bias, gates, pre)
     if activation and backend == "grouped":  # differentiable operations: x again from pre
@@ -341,6 +407,40 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     if gates is not None and sums_outside(backend):
         y = y.sum(1)  # Σ_j g_j y_j over each token's k slots
     return y
+
+
+def routed_linear_activated(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Routing,
+                            fan_out: int, activation: str, keep: Optional[Tensor] = None,
+                            keep_scale: float = 1.0, backend: Optional[str] = None,
+                            tag: int = -1) -> Tuple[Tensor, Tensor]:
+    """MoE-FFD's up projection with the down projection's input formed as it is stored:
+
+        u = x W[e] + b[e]   (M, out) sorted rows,     x' = act(u) ⊙ keep · keep_scale
+
+    returns (u, x'); x' has no gradient (the down projection takes it with ``pre=u``, whose
+    gradient it returns, ``routed_linear``'s input activation). On the Triton kernels one
+    launch writes both (its epilogue forms x' of u as stored); elsewhere x' is formed after
+    u. x, weight, bias, routing, fan_out, backend, tag: as ``routed_linear`` (sorted output,
+    no gates); activation "gelu" or "relu"; keep (M, out) bool (the activation dropout's
+    mask) or None."""
+    if activation not in ("gelu", "relu"):
+        raise ValueError(f"an output activation is 'gelu' or 'relu'; got {activation!r}")
+    shape = (routing.num_slots, weight.size(-1))
+    if keep is not None and (keep.dtype != torch.bool or tuple(keep.shape) != shape):
+        raise ValueError(f"keep must be a bool mask of the output's shape {shape}; got "
+                         f"{keep.dtype} {tuple(keep.shape)}")
+    x, weight, bias, backend = _operands(x, weight, bias, routing, fan_out, False, True, None,
+                                         backend)
+    if backend == "grouped":  # differentiable operations (the down projection forms x' again)
+        u = grouped_routed_linear(x, weight, bias, routing, fan_out, False, True, None)
+        return u, activated(u.detach(), activation, keep, keep_scale)[0]
+    if not as_custom_op(x, weight, bias):  # eager, no gradient (decoding)
+        return _forward_activated(x, weight, bias, routing, fan_out, False, backend, activation,
+                                  keep, keep_scale)
+    return torch.ops.sut.routed_linear_activated(
+        x, weight, bias, routing.expert_idxs, routing.sorted_expert_idxs,
+        routing.sorted_scattered_idxs, routing.expert_offsets, fan_out, False, True, backend,
+        weight_grads.defer_code(tag, weight), activation, keep, keep_scale)
 
 
 #: the op on the PyTorch backend whatever the device (the oracle of the kernels' tests)

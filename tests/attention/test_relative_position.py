@@ -126,6 +126,38 @@ def test_clipped_term_pads_its_offsets_to_an_aligned_count(W, T, q_start, S):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
 
 
+@pytest.mark.parametrize("W,T,q_start,S,k", [(8, 3, 2, 6, 3), (2, 3, 0, 3, 1), (40, 17, 0, 17, 2),
+                                             (6, 1, 5, 6, 4), (31, 32, 0, 32, 4)])
+def test_unclipped_term_and_its_gradients_equal_autograds_gather(W, T, q_start, S, k):
+    """Where no offset is clipped (``clipped`` False) the term's shifted gathers, forward
+    and backward, equal autograd's gather and scatter-add over the same scores (float64),
+    the padded offsets' columns get no gradient, and ``gradcheck`` passes."""
+    torch.manual_seed(3)
+    rel = ClippedRelativePosition(2, 4, W).double()
+    assert not rel.clipped(T, q_start, S)
+    q = torch.randn(3, 2, T * k, 4, dtype=torch.float64, requires_grad=True)
+    out = rel(q, T, q_start, S)
+    lo, scores = rel.offset_scores(q, T, q_start, S)
+    direct = scores.gather(3, rel.index(T, q_start, S, k, lo).expand(3, 2, -1, -1))
+    torch.testing.assert_close(out, direct, rtol=0, atol=0)
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, rel.embeddings), grad)
+    want = torch.autograd.grad(direct, (q, rel.embeddings), grad)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    torch.autograd.gradcheck(lambda q_: rel(q_, T, q_start, S), (q,))
+
+
+@pytest.mark.parametrize("W,T,q_start,S,clipped", [(2, 3, 0, 3, False), (2, 4, 0, 3, True),
+                                                   (2, 3, 0, 4, True), (4, 1, 4, 5, False),
+                                                   (4, 1, 5, 5, True)])
+def test_clipped_says_whether_an_offset_is_clipped(W, T, q_start, S, clipped):
+    """``clipped`` against the offsets by hand: some j - i outside [-W, W]."""
+    offsets = [j - i for i in range(q_start, q_start + T) for j in range(S)]
+    assert any(abs(o) > W for o in offsets) == clipped
+    assert ClippedRelativePosition(1, 1, W).clipped(T, q_start, S) == clipped
+
+
 def test_clipped_construction():
     """2W + 1 embeddings of (H, D), N(0, 1/D) at start; W = 0 (one shared vector) is
     allowed, a negative W refused by name."""

@@ -15,10 +15,10 @@ from conftest import make_model, randomise_halting
 from old_code import assert_same_as_old
 from sut_fairseq.models.standalone import build_model
 from sut_fairseq.modules import moe_ffd
-from sut_fairseq.modules.dropout import activation_dropout
+from sut_fairseq.modules.dropout import keep_mask
 from sut_fairseq.modules.moe_ffd import MoEFeedForward
 from sut_fairseq.modules.router import Router
-from sut_fairseq.ops.routed_linear import reference_routed_linear
+from sut_fairseq.ops.routed_linear import reference_routed_linear, routed_linear_activated
 from sut_fairseq.ops.routing import make_routing
 
 
@@ -82,20 +82,56 @@ def test_bad_activations_are_named():
                                 pre=u, keep=torch.ones(routing.num_slots, 6))
 
 
-@pytest.mark.parametrize("activation", ["gelu", "relu"])
-def test_activation_dropout_is_the_activation_masked_and_scaled(activation):
-    """``activation_dropout``: x = act(u) ⊙ keep / (1 - p) with about 1 - p kept, no
-    gradient; evaluation and p = 0: act(u) and no mask."""
+def test_keep_mask_of_a_shape():
+    """``keep_mask(x, p, training, shape)``: bool of ``shape`` on x's device, about 1 - p
+    kept, scale 1 / (1 - p); x's shape by default; p >= 1 keeps none (scale 0); evaluation
+    and p = 0: no mask."""
     torch.manual_seed(0)
-    u = torch.randn(400, 50, requires_grad=True)
-    act = {"gelu": F.gelu, "relu": F.relu}[activation](u).detach()
-    x, keep, scale = activation_dropout(u, activation, 0.25, True)
-    assert not x.requires_grad and keep.dtype == torch.bool and scale == pytest.approx(1 / 0.75)
-    torch.testing.assert_close(x, act * keep / 0.75)
+    x = torch.randn(3, 5)
+    keep, scale = keep_mask(x, 0.25, True, (400, 50))
+    assert keep.shape == (400, 50) and keep.dtype == torch.bool and scale == pytest.approx(1 / 0.75)
     assert abs(keep.float().mean().item() - 0.75) < 0.01
+    assert keep_mask(x, 0.25, True)[0].shape == (3, 5)
+    keep, scale = keep_mask(x, 1.0, True, (4, 2))
+    assert keep.shape == (4, 2) and not keep.any() and scale == 0.0
     for p, training in ((0.25, False), (0.0, True)):
-        x, keep, scale = activation_dropout(u, activation, p, training)
-        assert keep is None and scale == 1.0 and torch.equal(x, act)
+        assert keep_mask(x, p, training, (4, 2)) == (None, 1.0)
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("with_keep", [False, True], ids=["no-dropout", "dropout"])
+def test_the_output_activation_equals_the_plain_map_then_the_activation(activation, with_keep):
+    """``routed_linear_activated`` on the reference backend: u == the plain op's sorted rows;
+    x' == act(u) ⊙ keep · scale (``F.gelu`` erf / ``F.relu``) with no gradient; u's
+    gradient gives x's, W's and b's as the plain op's; the error names a bad activation
+    and a bad mask."""
+    routing, g = _routing()
+    M, d, D = routing.num_slots, 5, 6
+    x0 = torch.randn(routing.num_tokens, d, generator=g, dtype=torch.float64)
+    w0 = torch.randn(4, d, D, generator=g, dtype=torch.float64)
+    b0 = torch.randn(4, D, generator=g, dtype=torch.float64)
+    keep = torch.rand(M, D, generator=g) >= 0.3 if with_keep else None
+    scale = 1 / 0.7 if with_keep else 1.0
+    outs = []
+    for fused in (True, False):
+        x, w, b = (t.clone().requires_grad_() for t in (x0, w0, b0))
+        if fused:
+            u, act = routed_linear_activated(x, w, b, routing, 2, activation, keep, scale,
+                                             backend="reference")
+            assert not act.requires_grad
+        else:
+            u = reference_routed_linear(x, w, b, routing, 2, grouped_out=True)
+            act = {"gelu": F.gelu, "relu": F.relu}[activation](u.detach())
+            act = act * keep * scale if with_keep else act
+        u.sin().sum().backward()
+        outs.append((u, act, x.grad, w.grad, b.grad))
+    for name, a, e in zip(("u", "act", "dx", "dW", "db"), *outs):
+        torch.testing.assert_close(a, e, rtol=1e-10, atol=1e-12, msg=name)
+    assert outs[0][1].abs().sum() > 0
+    with pytest.raises(ValueError, match="an output activation is 'gelu' or 'relu'; got 'tanh'"):
+        routed_linear_activated(x0, w0, b0, routing, 2, "tanh")
+    with pytest.raises(ValueError, match=r"keep must be a bool mask of the output's shape \(18, 6\)"):
+        routed_linear_activated(x0, w0, b0, routing, 2, "gelu", torch.ones(M, 5, dtype=torch.bool))
 
 
 @contextlib.contextmanager
@@ -128,11 +164,11 @@ def test_the_ffd_module_with_activation_dropout_equals_its_unfused_path(monkeypa
     active = torch.rand(10, generator=torch.Generator().manual_seed(2)) > 0.2
     keep = torch.rand(10 * 2, 12, generator=torch.Generator().manual_seed(3)) >= 0.3
 
-    def fixed_mask(h, activation, p, training):  # activation_dropout with the one mask
-        assert (activation, p, training) == ("gelu", 0.3, True)
-        return F.gelu(h).detach() * keep[: h.size(0)] / 0.7, keep[: h.size(0)], 1 / 0.7
+    def fixed_mask(x, p, training, shape):  # keep_mask with the one mask
+        assert (p, training, shape) == (0.3, True, (20, 12))
+        return keep, 1 / 0.7
 
-    monkeypatch.setattr(moe_ffd, "activation_dropout", fixed_mask)
+    monkeypatch.setattr(moe_ffd, "keep_mask", fixed_mask)
     monkeypatch.setattr(ffd.activation_dropout, "forward", lambda h: h * keep[: h.size(0)] / 0.7)
     outs = []
     for branch in (_fused, lambda: _unfused(router_too=False)):

@@ -375,6 +375,61 @@ def test_weight_gradients_of_three_steps_with_the_input_activation(mode, monkeyp
         assert_match([None, g, None, None, None], [None, w, None, None, None], 2e-5)
 
 
+def _run_output_activation(backend, x, w, b, routing, kwargs, keep, scale, activation):
+    """``routed_linear_activated`` forward and backward through u: [u, x', dx, dw, db]."""
+    from sut_fairseq.ops.routed_linear import routed_linear_activated
+
+    x_, w_, b_ = (t.detach().clone().requires_grad_() for t in (x, w, b))
+    u, act = routed_linear_activated(x_, w_, b_, routing, kwargs["fan_out"], activation, keep,
+                                     scale, backend=backend)
+    assert not act.requires_grad
+    u.backward(torch.randn(u.shape, generator=torch.Generator().manual_seed(1)).to(u.dtype))
+    return [u.detach(), act, x_.grad, w_.grad, b_.grad]
+
+
+@pytest.mark.parametrize("activation", ["gelu", "relu"])
+@pytest.mark.parametrize("with_keep", [False, True], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("routing_name", ["ragged", "multi_tile", "all_halted", "single_row"])
+def test_output_activation_matches_reference(routing_name, with_keep, activation):
+    """MoE-FFD's up projection with x' = act(u) ⊙ keep / (1 - p) formed by the forward's
+    epilogue: u, x' (zero on the no-op rows, and where dropped) and the gradients of x, W
+    and b through u equal the reference's (which forms x' after u); one forward launch."""
+    from sut_fairseq.kernels import aot
+
+    x, w, b, routing, kwargs, _, g = _problem(routing_name, "ffd_up")
+    M, D = routing.num_slots, w.size(2)
+    keep = torch.rand(M, D, generator=g) >= 0.3 if with_keep else None
+    scale = 1 / 0.7 if with_keep else 1.0
+    got = _run_output_activation("triton", x, w, b, routing, kwargs, keep, scale, activation)
+    want = _run_output_activation("reference", x, w, b, routing, kwargs, keep, scale, activation)
+    for name, a, e in zip(("u", "act", "dx", "dw", "db"), got, want):
+        torch.testing.assert_close(a, e, rtol=2e-5, atol=2e-5, msg=name)
+    active = routing.expert_offsets[-1]
+    assert not got[1][active:].any()
+    if with_keep:
+        assert not got[1][~keep].any()
+    if routing_name == "ragged":
+        assert got[1].abs().sum() > 0
+        with aot.record_launches() as launches:
+            _run_output_activation("triton", x, w, b, routing, kwargs, keep, scale, activation)
+        fwd = [args for _, args in launches][0]
+        assert (fwd["OUT_ACT"], fwd["HAS_OUT_KEEP"]) == ({"gelu": 1, "relu": 2}[activation], with_keep)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_output_activation_half_matches_reference(dtype):
+    """In half precision x' is formed from u as stored (rounded), as the reference forms it."""
+    x, w, b, routing, kwargs, _, g = _problem("multi_tile", "ffd_up", dtype=dtype)
+    keep = torch.rand(routing.num_slots, w.size(2), generator=g) >= 0.2
+    got = _run_output_activation("triton", x, w, b, routing, kwargs, keep, 1.25, "gelu")
+    want = _run_output_activation("reference", x, w, b, routing, kwargs, keep, 1.25, "gelu")
+    assert got[1].dtype == dtype
+    tol = 4e-3 if dtype == torch.float16 else 3e-2
+    for name, a, e in zip(("u", "act", "dx", "dw", "db"), got, want):
+        scale = max(1.0, e.abs().max().item())
+        assert (a.float() - e.float()).abs().max().item() <= tol * scale, name
+
+
 def test_rejects_bad_shapes():
     from sut_fairseq.kernels import triton_routed_linear
 
