@@ -65,14 +65,6 @@ class ClippedRelativePosition(nn.Module):
         scores = torch.bmm(q.transpose(0, 1).reshape(H, B * M, D), r.to(q.dtype).permute(1, 2, 0))
         return lo, scores.view(H, B, M, -1).transpose(0, 1)
 
-    def index(self, T: int, q_start: int, S: int, k: int, lo: int) -> torch.Tensor:
-        """(T*k, S) long: which of the O offsets (from ``lo``) query row m and key j use."""
-        device = self.embeddings.device
-        i = torch.arange(q_start, q_start + T, device=device)
-        j = torch.arange(S, device=device)
-        idx = (j[None, :] - i[:, None]).clamp(-self.window, self.window) - lo  # (T, S)
-        return idx.repeat_interleave(k, 0)
-
     def forward(self, q: torch.Tensor, T: int, q_start: int, S: int) -> torch.Tensor:
         """q: (B, H, T*k, D), query row m at position q_start + m // k. Returns the logits
         term ``q_m · r_{clip(j - i_m)}`` (B, H, T*k, S), gathered from ``offset_scores``."""
