@@ -59,10 +59,18 @@ def record_routing(model: nn.Module) -> Iterator[List[RouterStats]]:
     """
     routers = [m for m in model.modules() if isinstance(m, Router) and m.num_experts > 1]
     collected = []
+    # the sums of gates will carry a gradient (a frozen model's routers give none); the
+    # routers' zeros of each kind come from one buffer (one fill, not one per router)
+    for grad in (False, True):
+        group = [r for r in routers
+                 if (torch.is_grad_enabled() and r.fc1.weight.requires_grad) == grad]
+        if not group:
+            continue
+        sizes = [2 * r.num_experts + 2 for r in group]
+        zeros = torch.zeros(sum(sizes), device=group[0].fc1.weight.device, requires_grad=grad)
+        for router, sums in zip(group, zeros.split(sizes)):
+            router.stats = RouterStats.of_sums(sums, router.num_experts)
     for router in routers:
-        # the sums of gates will carry a gradient (a frozen model's routers give none)
-        grad = torch.is_grad_enabled() and router.fc1.weight.requires_grad
-        router.stats = RouterStats(router.num_experts, router.fc1.weight.device, grad)
         collected.append(router.stats)
     try:
         yield collected

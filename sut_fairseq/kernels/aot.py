@@ -271,8 +271,8 @@ def ce_launches(dtype: str, N: int = 4096, V: int = 32768) -> List[Tuple[str, ob
     row = torch.empty(N, dtype=torch.float32, **meta)
     target = torch.empty(N, dtype=torch.long, **meta)
     with record_launches() as launches:
-        lse, _, _ = ce.ce_forward(logits, target)
-        ce.ce_backward(logits, lse, row, row, target, row)
+        lse, _ = ce.ce_forward(logits, target, 1, 0.9, 1e-5)
+        ce.ce_backward(logits, lse, target, row[:1], 1, 0.9, 1e-5)
     return [(f"ce.{n}", kernel, args) for n, (kernel, args) in zip(("fwd", "bwd"), launches)]
 
 

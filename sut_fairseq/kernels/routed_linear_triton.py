@@ -17,8 +17,9 @@ Passes (no device-to-host synchronisation in any of them):
   slots (which the op sums outside, like the gated output).
 * gate gradient: ``dg_s = dout_n . (x_s W_e + b_e) = x_s . (dout_n W_e^T) + dout_n . b_e``.
   The first term is summed in the epilogue of the input-gradient kernel (per column tile;
-  the op adds the tiles up outside), the second in the same kernel's loop over dout's
-  columns (column tile 0); no (M, out) activation is saved.
+  the op adds the tiles up outside, or with gate rows (R, N, k) leaves tile r's partial as
+  row r's gradient for the router's kernel to add up), the second in the same kernel's
+  loop over dout's columns (column tile 0); no (M, out) activation is saved.
 * outputs are allocated uninitialised: the kernel writes every row, the no-op rows' zeros
   by the row tiles past the last expert's.
 * weight/bias gradient: ``routed_wgrad_kernel``, one program per (expert, weight tile).
@@ -176,13 +177,18 @@ def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, rou
     _launch(gg.routed_wgrad_kernel, grid, args, x.device)
 
 
+#: the narrowest column tile (BLOCK_N) of the gemm's configurations, per input precision
+#: ("tf32", "ieee"), and in the interpreter (plain ints: the routers read them while traced)
+_MIN_BLOCK_N = {precision: min(c.kwargs["BLOCK_N"]
+                               for c in gg.shipped_configs(gg.routed_gemm_kernel, precision))
+                for precision in ("tf32", "ieee")}
+_INTERPRET_BLOCK_N = gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"]
+
+
 def max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
     """An upper bound on ``cdiv(n, BLOCK_N)`` for the gemm configuration that will run."""
-    if device.type == "cpu":
-        configs = [gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel]]
-    else:
-        configs = gg.shipped_configs(gg.routed_gemm_kernel, _input_precision(dtype))
-    return triton.cdiv(n, min(c.kwargs["BLOCK_N"] for c in configs))
+    block = _INTERPRET_BLOCK_N if device.type == "cpu" else _MIN_BLOCK_N[_input_precision(dtype)]
+    return -(-n // block)
 
 
 def _written_whole(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -202,7 +208,7 @@ def triton_forward(x, weight, bias, gates, routing, fan_out: int, grouped_in: bo
         y = x.new_zeros(0, out_dim)
         return (y, y.clone()) if out_activation else y
     x = x.contiguous()
-    gates_flat = gates.reshape(-1).contiguous() if gates is not None else None
+    gates_flat = _gate_vector(gates)
     y = _written_whole(x, (M, out_dim))  # the kernel writes the no-op rows' zeros
     z = _written_whole(x, (M, out_dim)) if out_activation else None
     if out_keep is not None:
@@ -229,13 +235,18 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
     gated = gates is not None
     need_g = need_g and gated
     tiles = max_column_tiles(weight.size(1), x.dtype, x.device) if need_g else 0
+    if need_g and gates.dim() == 3:  # gate rows: one per column tile, the partials' rows
+        if gates.size(0) < tiles:
+            raise ValueError(f"gate rows (R, N, k) = {tuple(gates.shape)} need R >= {tiles}, "
+                             f"the column tiles of this map's input gradient")
+        tiles = gates.size(0)
     if M == 0:
         return (x.new_zeros(x.shape if grouped_in else (0, x.size(1))) if need_x else None,
                 _running_or_zeros(acc_w, weight) if need_w else None,
                 _running_or_zeros(acc_b, bias) if need_b and bias is not None else None,
                 x.new_zeros(tiles, 0, dtype=torch.float32) if need_g else None)
     x = x.contiguous()
-    gates_flat = gates.reshape(-1).contiguous() if gated else None
+    gates_flat = _gate_vector(gates)
     dout = dout.contiguous().to(x.dtype)
     dy_grouped, dy_fan = grouped_out, dout_fan
     dx = dw = db = dg = None
@@ -266,6 +277,14 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
     return dx, dw, db, dg
 
 
+def _gate_vector(gates):
+    """The (M,) gates the kernels read: of (N, k) gates, or of the first of (R, N, k) gate
+    rows (equal rows, ``Router._gate_rows``); None without gates."""
+    if gates is None:
+        return None
+    return (gates[0] if gates.dim() == 3 else gates).reshape(-1).contiguous()
+
+
 def _running_or_zeros(running, like):
     """A weight's gradient with no rows: the running sum's copy, or zeros."""
     return torch.zeros_like(like) if running is None else running.clone()
@@ -283,9 +302,10 @@ def check_operands(x, weight, bias, routing, fan_out: int, grouped_in: bool, gro
                          f"{tuple(x.shape)} and {tuple(weight.shape)}")
     if bias is not None and tuple(bias.shape) != (E, weight.size(2)):
         raise ValueError(f"bias must be (E, out); got {tuple(bias.shape)}")
-    if gates is not None and tuple(gates.shape) != tuple(routing.expert_idxs.shape):
-        raise ValueError(f"gates must be (N, k) = {tuple(routing.expert_idxs.shape)}; "
-                         f"got {tuple(gates.shape)}")
+    if gates is not None and tuple(gates.shape[-2:]) != tuple(routing.expert_idxs.shape) or (
+            gates is not None and gates.dim() not in (2, 3)):
+        raise ValueError(f"gates must be (N, k) = {tuple(routing.expert_idxs.shape)} or gate rows "
+                         f"(R, N, k); got {tuple(gates.shape)}")
     if grouped_in:
         if x.size(0) < M:
             raise ValueError(f"grouped x needs >= M = {M} rows; got {x.size(0)}")

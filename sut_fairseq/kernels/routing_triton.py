@@ -23,6 +23,12 @@ For router logits z (N, E) fp32, active rows a (N,) bool and k picks, with the l
   gates' and the statistics' (``ops/route_op.py`` has the formula), the softmax
   recomputed from the logits.
 
+Gate rows (``GATE_ROWS`` = R >= 1): the gates are stored R times, (R, N, k), and their
+gradient is read as R rows and summed. A gated expert map's input-gradient kernel leaves
+the gate gradient as one partial sum per column tile of its output (``routed_linear``):
+with R its column tiles the partials arrive as the gradient of the R rows, and this
+kernel adds them up as it reads them, where a kernel of their own summed and cast them.
+
 With ``PRE_TANH`` the input X is the pre-activation of the router's hidden layer and the
 kernels form the layer as they load it, h = a · tanh(X) ⊙ keep / (1 - p) (keep: the
 gating dropout's mask, (N, D) bool, or none; a: the row is active), so that no kernel of
@@ -50,7 +56,7 @@ BLOCKS_PER_ITER = 64   # block counts read per iteration by the sort
 BLOCK_D = 64           # columns of the router's hidden layer per product (logits, dX); fp32: 16
 
 
-def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, KEEP, N, E, D, stride_xn,
+def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, KEEP, N, E, D, GATE_ROWS, stride_xn,
                 stride_we, stride_kn, keep_scale, K: tl.constexpr, K_POW2: tl.constexpr,
                 BINS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                 HAS_WEIGHT: tl.constexpr, PRE_TANH: tl.constexpr, HAS_KEEP: tl.constexpr,
@@ -81,7 +87,8 @@ def _route_rows(X, WEIGHT, ACTIVE, EXPERT_IDX, GATES, COUNTS, PARTIALS, KEEP, N,
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
     tl.store(EXPERT_IDX + slots, experts.to(tl.int64), mask=slot_ok)
-    tl.store(GATES + slots, gates.to(GATES.dtype.element_ty), mask=slot_ok)
+    for r in range(GATE_ROWS):  # (GATE_ROWS, N, k): equal rows (``route_top_k``)
+        tl.store(GATES + r * N * K + slots, gates.to(GATES.dtype.element_ty), mask=slot_ok)
     # this block's slots per expert 0..E (padding slots are -1: no bin)
     flat = tl.reshape(tl.where(slot_ok, experts, -1), [BLOCK_N * K_POW2])
     tl.store(COUNTS + pid * BINS + cols, tl.sum((flat[:, None] == cols[None, :]).to(tl.int32), 0))
@@ -210,7 +217,7 @@ def _route_sort(EXPERT_IDX, COUNTS, PARTIALS, RUNNING, SORTED_EXPERT, SORTED_SLO
         tl.store(SUMS + E + bins, sums, mask=lasts)
 
 
-def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, KEEP, H, N, E, D,
+def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, KEEP, H, N, E, D, GATE_ROWS,
                     stride_xn, stride_we, stride_dn, stride_dxn, stride_kn, stride_hn, keep_scale,
                     K: tl.constexpr, K_POW2: tl.constexpr, BINS: tl.constexpr,
                     BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, HAS_WEIGHT: tl.constexpr,
@@ -230,7 +237,10 @@ def _route_backward(X, WEIGHT, ACTIVE, EXPERT_IDX, DGATES, DSUMS, DLOGITS, DX, K
     slot_ok = in_rows[:, None] & (picks[None, :] < K)
     slots = rows[:, None].to(tl.int64) * K + picks[None, :]
     experts = tl.load(EXPERT_IDX + slots, mask=slot_ok, other=-1)  # E where inactive
-    g = tl.load(DGATES + slots, mask=slot_ok, other=0.0).to(tl.float32) * a[:, None]
+    g = tl.zeros([BLOCK_N, K_POW2], tl.float32)
+    for r in range(GATE_ROWS):  # the gates' gradient: the sum of its (GATE_ROWS, N, k) rows
+        g += tl.load(DGATES + r * N * K + slots, mask=slot_ok, other=0.0).to(tl.float32)
+    g = g * a[:, None]
     # the picks' probabilities and S = max(sum_j p_{i_j}, eps)
     top = tl.zeros([BLOCK_N, K_POW2], tl.float32)
     for j in tl.static_range(K):
@@ -329,7 +339,7 @@ def _logits_args(x: torch.Tensor, weight: Optional[torch.Tensor], keep: Optional
 def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.Tensor, k: int,
                 gate_dtype: torch.dtype = torch.float32, running: Optional[torch.Tensor] = None,
                 keep: Optional[torch.Tensor] = None, keep_scale: float = 1.0,
-                pre_tanh: bool = False):
+                pre_tanh: bool = False, gate_rows: int = 0):
     """logits z = x (N, E) (``weight`` None), or z = x W^T from x (N, D) and the router's
     last layer W (E, D) (one product per block of rows, rounded to x's dtype); with
     ``pre_tanh`` z = h W^T from the hidden layer h = a tanh(x) ⊙ keep · keep_scale
@@ -337,7 +347,8 @@ def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.T
     rows, any float dtype; active (N,) bool, 1 <= k <= E -> gates (N, k) in ``gate_dtype``
     (computed in fp32), expert_idxs (N, k) (E where inactive), sorted_expert_idxs (M,),
     sorted_scattered_idxs (M,), expert_offsets (E,), indices int64, M = N k; and the
-    statistics (2 E + 2,) fp32 (``ops/route_op.py``), ``running`` (2 E + 2,) fp32 added."""
+    statistics (2 E + 2,) fp32 (``ops/route_op.py``), ``running`` (2 E + 2,) fp32 added;
+    ``gate_rows`` R >= 1: the gates (R, N, k), R equal rows (module docstring)."""
     N = x.size(0)
     E = x.size(1) if weight is None else weight.size(0)
     device = x.device
@@ -345,7 +356,7 @@ def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.T
     shape = _shape(N, E, k, device)
     blocks = triton.cdiv(N, shape["BLOCK_N"])
     expert_idxs = torch.empty(N, k, dtype=torch.long, device=device)
-    gates = torch.empty(N, k, dtype=gate_dtype, device=device)
+    gates = torch.empty(*((gate_rows,) if gate_rows else ()), N, k, dtype=gate_dtype, device=device)
     counts = torch.empty(blocks, shape["BINS"], dtype=torch.int32, device=device)
     partials = torch.empty(blocks, shape["BINS"], dtype=torch.float32, device=device)
     sorted_expert, sorted_slot = (torch.empty(N * k, dtype=torch.long, device=device) for _ in range(2))
@@ -356,7 +367,7 @@ def route_top_k(x: torch.Tensor, weight: Optional[torch.Tensor], active: torch.T
         return gates, expert_idxs, sorted_expert, sorted_slot, offsets.zero_(), sums
     _launch(route_rows_kernel, blocks, dict(
         ACTIVE=active, EXPERT_IDX=expert_idxs, GATES=gates, COUNTS=counts, PARTIALS=partials,
-        N=N, E=E, **logits_args, **shape), device)
+        N=N, E=E, GATE_ROWS=max(gate_rows, 1), **logits_args, **shape), device)
     _launch(route_sort_kernel, blocks, dict(
         EXPERT_IDX=expert_idxs, COUNTS=counts, PARTIALS=partials,
         RUNNING=running.contiguous() if running is not None else sums, SORTED_EXPERT=sorted_expert,
@@ -369,8 +380,8 @@ def route_top_k_backward(x: torch.Tensor, weight: Optional[torch.Tensor], active
                          expert_idxs: torch.Tensor, grad_gates: torch.Tensor, grad_sums: torch.Tensor,
                          keep: Optional[torch.Tensor] = None, keep_scale: float = 1.0,
                          pre_tanh: bool = False):
-    """The logits' gradient dz (N, E) in x's dtype, from the gates' (N, k, any float dtype)
-    and the statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the logits and
+    """The logits' gradient dz (N, E) in x's dtype, from the gates' ((N, k), or the rows
+    (R, N, k) it sums, any float dtype) and the statistics' (2 E + 2,) gradients (fp32; ``ops/route_op.py``), the logits and
     softmax recomputed from x (and W); with a weight also x's gradient dz W (N, D), in the
     same launch (None without); with ``pre_tanh`` x's gradient through the hidden layer and
     the hidden layer h (N, D) itself, for W's gradient dz^T h (else None): (dz, dx, h)."""
@@ -386,6 +397,7 @@ def route_top_k_backward(x: torch.Tensor, weight: Optional[torch.Tensor], active
             ACTIVE=active, EXPERT_IDX=expert_idxs, DGATES=grad_gates, DSUMS=grad_sums,
             DLOGITS=grad, DX=grad if grad_x is None else grad_x,
             H=grad if hidden is None else hidden, N=N, E=E,
+            GATE_ROWS=grad_gates.size(0) if grad_gates.dim() == 3 else 1,
             stride_dn=grad.stride(0), stride_dxn=0 if grad_x is None else grad_x.stride(0),
             stride_hn=0 if hidden is None else hidden.stride(0), **logits_args, **shape), x.device)
     return grad, grad_x, hidden

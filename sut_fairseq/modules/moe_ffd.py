@@ -26,7 +26,8 @@ class MoEFeedForward(nn.Module):
                  activation_dropout: float = 0.0, gating_dropout: float = 0.0,
                  sample_topk: int = 0):
         super().__init__()
-        router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk)
+        router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk,
+                        gated_dim=hidden_dim)
         self.up = ExpertLinear(num_experts, embed_dim, hidden_dim)
         self.down = ExpertLinear(num_experts, hidden_dim, embed_dim)
         self.router = router  # registered after the experts: see MixtureOfMultiHeadAttention
@@ -50,7 +51,7 @@ class MoEFeedForward(nn.Module):
             keep, scale = keep_mask(x, self.activation_dropout.p, self.training,
                                     (routing.num_slots, self.up.weight.size(2)))
             h, x = self.up.activated(x, routing, routing.k, self.kernel_activation, keep, scale)
-            return self.down(x, routing, fan_out=1, grouped_in=True, gates=routing.gates,
+            return self.down(x, routing, fan_out=1, grouped_in=True, gates=routing.kernel_gates,
                              activation=self.kernel_activation, pre=h, keep=keep,
                              keep_scale=scale).reshape(shape)
         h = self.up(x, routing, fan_out=routing.k, grouped_out=True)

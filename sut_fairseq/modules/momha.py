@@ -74,7 +74,8 @@ class MixtureOfMultiHeadAttention(nn.Module):
             raise ValueError(f"FlexAttention has no dropout: attention_dropout must be 0, got {attention_dropout}")
         self.num_heads, self.head_dim, self.causal, self.flex = num_heads, head_dim, causal, flex
         inner = num_heads * head_dim
-        router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk)
+        router = Router(embed_dim, num_experts, top_k, router_hidden_dim, gating_dropout, sample_topk,
+                        gated_dim=num_heads * head_dim)
         k_proj, v_proj = nn.Linear(kv_dim, inner), nn.Linear(kv_dim, inner)
         self.q_proj = ExpertLinear(num_experts, embed_dim, inner)
         self.o_proj = ExpertLinear(num_experts, inner, embed_dim, shared_bias=True)  # b_o after Σ_e
@@ -97,10 +98,13 @@ class MixtureOfMultiHeadAttention(nn.Module):
                                              "o_weight": "o_proj.weight", "o_bias": "o_proj.bias"})
 
     def project_kv(self, kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D)."""
-        shape = (kv.size(0), kv.size(1), self.num_heads, self.head_dim)
-        return (self.k_proj(kv).view(shape).transpose(1, 2),
-                self.v_proj(kv).view(shape).transpose(1, 2))
+        """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D), by one product with the
+        joint map: [K | V] = kv [W_k; W_v]ᵀ + [b_k; b_v] (its gradient one product too)."""
+        weight = torch.cat([self.k_proj.weight, self.v_proj.weight], 0)
+        bias = torch.cat([self.k_proj.bias, self.v_proj.bias], 0)
+        kv = F.linear(kv, weight, bias).view(kv.size(0), kv.size(1), 2, self.num_heads, self.head_dim)
+        k, v = kv.unbind(2)
+        return k.transpose(1, 2), v.transpose(1, 2)
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 active: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,
@@ -151,7 +155,7 @@ class MixtureOfMultiHeadAttention(nn.Module):
         o = o.reshape(B * T * k, H * D)
         if routing is None:
             return self.o_proj.dense(o, running).view(B, T, d)
-        return self.o_proj(o, routing, fan_out=1, gates=routing.gates).view(B, T, d)
+        return self.o_proj(o, routing, fan_out=1, gates=routing.kernel_gates).view(B, T, d)
 
     def _flex_applies(self, q: torch.Tensor, groups: int) -> bool:
         """FlexAttention runs where asked (``--flex-attention``), on CUDA, one query row per

@@ -16,7 +16,7 @@ import torch.nn as nn
 from ..ops import Routing, make_routing
 from ..compiler import tracing
 from ..ops.masked_linear_op import masked_linear
-from ..ops.reference_linear import kernel_backend
+from ..ops.reference_linear import _autocast_dtype, expert_gemm, kernel_backend
 from ..ops.route_op import EPS, routing_sums, top_k_by_argmax
 from ..ops.short_softmax import softmax_lastdim
 from .dropout import Dropout, keep_mask
@@ -75,13 +75,17 @@ class Router(nn.Module):
     in training only (``sut_big`` used 1)."""
 
     def __init__(self, input_dim: int, num_experts: int, top_k: int, hidden_dim: int,
-                 gating_dropout: float = 0.0, sample_topk: int = 0):
+                 gating_dropout: float = 0.0, sample_topk: int = 0, gated_dim: int = 0):
+        """``gated_dim``: the input width of the expert map the gates weigh (MoMHA's output
+        projection, MoE-FFD's down projection; 0: none), whose kernels return the gates'
+        gradient as partial sums over its column tiles (``_gate_rows``)."""
         super().__init__()
         if not 1 <= top_k <= num_experts:
             raise ValueError(f"top-k must satisfy 1 <= k <= E; got k={top_k}, E={num_experts}")
         if not 0 <= sample_topk <= top_k:
             raise ValueError(f"sample-topk must be in [0, k={top_k}]; got {sample_topk}")
         self.num_experts, self.top_k, self.sample_topk = num_experts, top_k, sample_topk
+        self.gated_dim = gated_dim
         self.stats: Optional[RouterStats] = None
         if num_experts > 1:
             self.fc1 = nn.Linear(input_dim, hidden_dim)
@@ -104,10 +108,14 @@ class Router(nn.Module):
             # the op forms dropout(tanh(u)) itself on the active rows: u of every row, one GEMM
             u = self.fc1(x)
             keep, scale = self._keep_mask(u)
-            gates, *layout, sums = torch.ops.sut.route_top_k(u, self.fc2.weight, active, self.top_k,
-                                                             x.dtype, running, keep, scale, True)
+            rows = self._gate_rows(x)
+            gates, *layout, sums = torch.ops.sut.route_top_k(
+                u, self.fc2.weight, active, self.top_k, torch.float32 if rows else x.dtype,
+                running, keep, scale, True, rows)
             if self.stats is not None:
                 self.stats.sums = sums  # the running sums with this call's added
+            if rows:  # the gates' rows for the gated map's kernels, one of them for the rest
+                return Routing(layout[0], gates[0], *layout[1:], E, gate_rows=gates)
             return Routing(layout[0], gates, *layout[1:], E)
         probs, top_idx, top_gates = self._route(x, active)
         if self.stats is not None:
@@ -120,6 +128,19 @@ class Router(nn.Module):
         ops run Triton (CUDA tensors, or ``SUT_KERNELS=triton``), unless some picks are
         sampled."""
         return kernel_backend(x) == "triton" and (self.sample_topk == 0 or not self.training)
+
+    def _gate_rows(self, x: torch.Tensor) -> int:
+        """R for ``sut::route_top_k``'s gates (R, N, k) (0: (N, k)): the column tiles of the
+        gated map's input-gradient kernel, whose partial sums of the gate gradient then
+        arrive as the R rows' gradients and the router's backward kernel adds them up as it
+        reads them (no kernel of their own that sums and casts them); the gates are then
+        fp32, which the kernels read. Where the gated map runs on the Triton kernels."""
+        if not self.gated_dim or kernel_backend(x) != "triton" or expert_gemm() != "kernels":
+            return 0
+        from ..kernels.routed_linear_triton import max_column_tiles
+
+        dtype = _autocast_dtype(x.device.type) or x.dtype
+        return max_column_tiles(self.gated_dim, dtype, x.device)
 
     def _keep_mask(self, u: torch.Tensor):
         """The gating dropout's mask for ``sut::route_top_k`` (``pre_tanh``): (keep (n,

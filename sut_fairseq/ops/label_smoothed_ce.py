@@ -48,10 +48,6 @@ def _uses_triton(logits: torch.Tensor) -> bool:
 def _row_terms(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype):
     """(log Σ_j exp z_j, Σ_j z_j, z_target) per row of logits (N, V), target (N,) in
     [0, V); each (N,) in ``acc``."""
-    if _uses_triton(logits):
-        from ..kernels.cross_entropy import ce_forward
-
-        return ce_forward(logits.contiguous(), target.contiguous())
     N = logits.size(0)
     lse, row_sum = logits.new_empty(N, dtype=acc), logits.new_empty(N, dtype=acc)
     for rows in _row_blocks(*logits.shape, logits.device):
@@ -64,10 +60,6 @@ def _row_terms(logits: torch.Tensor, target: torch.Tensor, acc: torch.dtype):
 def _logit_gradient(logits, lse, scale, shift, target, target_term):
     """∂loss/∂z (N, V) in the logits' dtype: exp(z - lse)·scale - shift, plus target_term at
     each row's target; lse, scale, shift, target_term (N,), target (N,)."""
-    if _uses_triton(logits):
-        from ..kernels.cross_entropy import ce_backward
-
-        return ce_backward(logits.contiguous(), lse, scale, shift, target, target_term)
     grad = torch.empty_like(logits, dtype=lse.dtype)  # the only (N, V) buffer
     scale, shift = scale.unsqueeze(1), shift.unsqueeze(1)
     for rows in _row_blocks(*logits.shape, logits.device):
@@ -80,9 +72,20 @@ def _logit_gradient(logits, lse, scale, shift, target, target_term):
 class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, target, epsilon, ignore_index):
-        acc = torch.promote_types(logits.dtype, torch.float32)  # fp64 stays (gradcheck)
         V = logits.size(1)
         eps_i = epsilon / (V - 1)
+        ctx.coefficients = (1.0 - epsilon - eps_i, eps_i, ignore_index)
+        if _uses_triton(logits):  # the rows' terms in the kernel, one sum of both totals
+            from ..kernels.cross_entropy import ce_forward
+
+            target = target.contiguous()
+            lse, rows = ce_forward(logits.contiguous(), target, ignore_index, 1.0 - epsilon - eps_i,
+                                   eps_i)
+            loss, nll_sum = rows.sum(1).unbind()
+            ctx.save_for_backward(logits, lse, target)
+            ctx.mark_non_differentiable(nll_sum)
+            return loss, nll_sum
+        acc = torch.promote_types(logits.dtype, torch.float32)  # fp64 stays (gradcheck)
         keep = target.ne(ignore_index)
         safe_target = target.masked_fill(~keep, 0)
         lse, row_sum, z_target = _row_terms(logits, safe_target, acc)  # log Σ exp z, Σ z, z_t
@@ -90,14 +93,20 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         smooth_sum = ((V * lse - row_sum) * keep).sum()
         loss = (1.0 - epsilon - eps_i) * nll_sum + eps_i * smooth_sum
         ctx.save_for_backward(logits, lse, safe_target, keep)
-        ctx.coefficients = (1.0 - epsilon - eps_i, eps_i)
         ctx.mark_non_differentiable(nll_sum)
         return loss, nll_sum
 
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
+        on_target, eps_i, ignore_index = ctx.coefficients
+        if len(ctx.saved_tensors) == 3:  # the kernels' (forward above)
+            from ..kernels.cross_entropy import ce_backward
+
+            logits, lse, target = ctx.saved_tensors
+            grad = ce_backward(logits.contiguous(), lse, target, grad_loss.to(lse.dtype),
+                               ignore_index, on_target, eps_i)
+            return grad, None, None, None
         logits, lse, target, keep = ctx.saved_tensors
-        on_target, eps_i = ctx.coefficients
         V, acc = logits.size(1), lse.dtype
         w = keep.to(acc) * grad_loss.to(acc)  # (N,) upstream weight of each row
         grad = _logit_gradient(logits, lse, w * (on_target + V * eps_i), w * eps_i, target,

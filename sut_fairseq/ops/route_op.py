@@ -89,11 +89,12 @@ def router_hidden(u: Tensor, active: Tensor, keep: Optional[Tensor], keep_scale:
 def route_top_k_reference(x: Tensor, weight: Optional[Tensor], active: Tensor, k: int,
                           gate_dtype: torch.dtype = torch.float32, running: Optional[Tensor] = None,
                           keep: Optional[Tensor] = None, keep_scale: float = 1.0,
-                          pre_tanh: bool = False):
+                          pre_tanh: bool = False, gate_rows: int = 0):
     """The op's outputs from PyTorch operations, differentiable by autograd (module
     docstring; z = ``router_logits(x, weight)``, of ``router_hidden(x, ...)`` with
-    ``pre_tanh``): gates (N, k), expert_idxs (N, k), sorted_expert_idxs (M,),
-    sorted_scattered_idxs (M,), expert_offsets (E,), sums (2 E + 2,)."""
+    ``pre_tanh``): gates (N, k) (with ``gate_rows`` R >= 1: (R, N, k), R equal rows),
+    expert_idxs (N, k), sorted_expert_idxs (M,), sorted_scattered_idxs (M,), expert_offsets
+    (E,), sums (2 E + 2,)."""
     if pre_tanh:
         x = router_hidden(x, active, keep, keep_scale)
     logits = router_logits(x, weight)
@@ -107,7 +108,10 @@ def route_top_k_reference(x: Tensor, weight: Optional[Tensor], active: Tensor, k
     sums = routing_sums(probs, top_idx, active)
     if running is not None:
         sums = running + sums
-    return (gates.to(gate_dtype), routing.expert_idxs, routing.sorted_expert_idxs,
+    gates = gates.to(gate_dtype)
+    if gate_rows:
+        gates = gates.expand(gate_rows, -1, -1).clone()
+    return (gates, routing.expert_idxs, routing.sorted_expert_idxs,
             routing.sorted_scattered_idxs, routing.expert_offsets.clone(), sums)
 
 
@@ -127,6 +131,8 @@ def route_top_k_backward_reference(x: Tensor, weight: Optional[Tensor], active: 
     picks = expert_idxs.clamp_max(E - 1)  # an inactive row's slots (E) have zero G and a
     top = probs.gather(1, picks)
     total = top.sum(1, keepdim=True).clamp_min(EPS)
+    if grad_gates.dim() == 3:  # gate rows: their sum
+        grad_gates = grad_gates.sum(0)
     g = grad_gates.to(probs.dtype) * a
     grad = a * (grad_sums[:E] + grad_sums[2 * E] * (torch.log(probs + EPS) + probs / (probs + EPS)))
     grad = grad.scatter_add(1, picks, (g - (g * top).sum(1, keepdim=True) / total) / total)
@@ -147,25 +153,33 @@ def route_top_k_backward_reference(x: Tensor, weight: Optional[Tensor], active: 
 @torch.library.custom_op("sut::route_top_k", mutates_args=())
 def route_top_k_op(x: Tensor, weight: Optional[Tensor], active: Tensor, k: int,
                    gate_dtype: torch.dtype, running: Optional[Tensor],
-                   keep: Optional[Tensor] = None, keep_scale: float = 1.0, pre_tanh: bool = False
-                   ) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+                   keep: Optional[Tensor] = None, keep_scale: float = 1.0, pre_tanh: bool = False,
+                   gate_rows: int = 0) -> Tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
+    """``gate_rows`` R >= 1: the gates as (R, N, k), R equal rows, whose gradient arrives
+    as R rows that the backward sums (a gated map's per-column-tile partial sums,
+    ``Router``); 0: (N, k)."""
+    if gate_rows < 0:
+        raise ValueError(f"gate_rows must be >= 0; got {gate_rows}")
     if kernel_backend(x) == "triton":
         from ..kernels.routing_triton import route_top_k
 
         return route_top_k(x.contiguous(), None if weight is None else weight.contiguous(),
                            active.contiguous(), k, gate_dtype, running,
-                           None if keep is None else keep.contiguous(), keep_scale, pre_tanh)
+                           None if keep is None else keep.contiguous(), keep_scale, pre_tanh,
+                           gate_rows)
     return route_top_k_reference(x, weight, active, k, gate_dtype, running, keep, keep_scale,
-                                 pre_tanh)
+                                 pre_tanh, gate_rows)
 
 
 @route_top_k_op.register_fake
-def _(x, weight, active, k, gate_dtype, running, keep=None, keep_scale=1.0, pre_tanh=False):
+def _(x, weight, active, k, gate_dtype, running, keep=None, keep_scale=1.0, pre_tanh=False,
+      gate_rows=0):
     N = x.size(0)
     E = x.size(1) if weight is None else weight.size(0)
     index = dict(dtype=torch.long)
     values = dict(dtype=torch.promote_types(x.dtype, torch.float32))
-    return (x.new_empty(N, k, dtype=gate_dtype), x.new_empty(N, k, **index),
+    rows = (gate_rows,) if gate_rows else ()
+    return (x.new_empty(*rows, N, k, dtype=gate_dtype), x.new_empty(N, k, **index),
             x.new_empty(N * k, **index), x.new_empty(N * k, **index),
             x.new_empty(E, **index), x.new_empty(2 * E + 2, **values))
 
@@ -197,7 +211,7 @@ def _(x, weight, active, expert_idxs, grad_gates, grad_sums, keep=None, keep_sca
 
 
 def _setup_context(ctx, inputs, output):
-    x, weight, active, _, _, running, keep, keep_scale, pre_tanh = inputs
+    x, weight, active, _, _, running, keep, keep_scale, pre_tanh, _ = (tuple(inputs) + (0,))[:10]
     ctx.save_for_backward(x, weight, active, output[1], keep)
     ctx.has_running = running is not None
     ctx.hidden = (keep_scale, pre_tanh)
@@ -213,7 +227,8 @@ def _backward(ctx, grad_gates, *grads):
     # product the compiler sees (and sums over steps); without one, x are the logits
     hidden = h if ctx.hidden[1] else x
     grad_x, grad_w = (dz, None) if weight is None else (dx, dz.t().mm(hidden).to(weight.dtype))
-    return grad_x, grad_w, None, None, None, grad_sums if ctx.has_running else None, None, None, None
+    return (grad_x, grad_w, None, None, None, grad_sums if ctx.has_running else None, None, None,
+            None, None)
 
 
 route_top_k_op.register_autograd(_backward, setup_context=_setup_context)

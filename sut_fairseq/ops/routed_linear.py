@@ -41,7 +41,10 @@ Where the sums over a token's slots happen depends on the backend (``sums_outsid
   reads that sum's gradient as one row per token (it arrives broadcast over the k slots)
   and returns dx per slot (M, in), which the autograd formula sums over the ``fan_out``
   slots reading one row, and dg as fp32 partial sums over the kernel's column tiles
-  (T, M), which the formula adds up and casts.
+  (T, M), which the formula adds up and casts; or, given gate rows (R, N, k) (R >= T equal
+  rows, fp32: ``Router._gate_rows``), leaves as they are, partial r the gradient of row r:
+  right in its sum over the rows, the only way the router's op reads it (its kernel adds
+  them up as it loads them: no kernel of their own).
 """
 import functools
 from typing import Optional, Tuple
@@ -139,7 +142,7 @@ def _(x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scattered_
       activation="", keep=None, keep_scale=1.0):
     if gates is None:
         return x.new_empty(sorted_scattered_idxs.size(0), weight.size(2))
-    slots = gates.shape if sums_outside(backend) else gates.shape[:1]
+    slots = gates.shape[-2:] if sums_outside(backend) else gates.shape[-2:-1]
     return x.new_empty(*slots, weight.size(2))
 
 
@@ -202,8 +205,9 @@ def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scat
         if outside:
             from ..kernels.routed_linear_triton import max_column_tiles
 
-            dg = x.new_empty(max_column_tiles(weight.size(1), x.dtype, x.device), M,
-                             dtype=torch.float32)
+            tiles = (gates.size(0) if gates.dim() == 3
+                     else max_column_tiles(weight.size(1), x.dtype, x.device))
+            dg = x.new_empty(tiles, M, dtype=torch.float32)
         else:
             dg = torch.empty_like(gates)
     dw = torch.empty_like(weight) if need_w else x.new_empty(0)
@@ -265,15 +269,15 @@ def _gradients(ctx, grad, needs):
     if per_step:
         dw, db = weight_grads.running_sum(bucket, dw, db if needs[2] else None, ctx.flushes)
     if deferred:
-        weight_grads.add(bucket, weight_grads.Entry(
-            grad, x, gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
+        weight_grads.add(bucket, weight_grads.Entry(  # (of gate rows, the first: equal rows)
+            grad, x, gates[0] if gates is not None and gates.dim() == 3 else gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
         dw, db = (weight_grads.flush(bucket, weight, bias, backend, needs[2]) if ctx.flushes
                   else (None, None))  # step 1: every step's rows in one product
     if sums_outside(backend):
         if needs[0] and not grouped_in:
             dx = sum_rows(dx, fan_out, x.size(0))
-        if needs[3]:
-            dg = dg.sum(0).view_as(gates).to(gates.dtype)
+        if needs[3]:  # gate rows (R, N, k) take the R partials as they are (Router._gate_rows)
+            dg = dg.view_as(gates) if gates.dim() == 3 else dg.sum(0).view_as(gates).to(gates.dtype)
     return tuple(g if need and g is not None else None for g, need in zip((dx, dw, db, dg), needs))
 
 
@@ -375,6 +379,9 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     """
     if gates is not None and grouped_out:
         raise ValueError("gates combine a token's slots and need grouped_out=False")
+    if gates is not None and gates.dim() == 3 and (backend or kernel_backend(x)) != "triton":
+        raise ValueError(f"gate rows (R, N, k) = {tuple(gates.shape)} are for the Triton "
+                         "kernels; other backends take gates (N, k)")
     if activation:
         if activation not in ("gelu", "relu") or not grouped_in:
             raise ValueError(f"an input activation is 'gelu' or 'relu' on grouped rows "

@@ -31,6 +31,13 @@ class Routing:
     sorted_scattered_idxs: torch.Tensor
     expert_offsets: torch.Tensor
     num_experts: int
+    #: (R, N, k) fp32: R rows equal to ``gates`` (``Router._gate_rows``), or None
+    gate_rows: Optional[torch.Tensor] = None
+
+    @property
+    def kernel_gates(self) -> Optional[torch.Tensor]:
+        """The gates a gated expert map takes: ``gate_rows`` where there are, else ``gates``."""
+        return self.gate_rows if self.gate_rows is not None else self.gates
 
     @property
     def num_tokens(self) -> int:

@@ -288,8 +288,10 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
 
     calls = []
 
-    def forward(logits, weight, active, k, gate_dtype, running, keep, keep_scale, pre_tanh):
-        calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype, keep, pre_tanh))
+    def forward(logits, weight, active, k, gate_dtype, running, keep, keep_scale, pre_tanh,
+                gate_rows):
+        calls.append((logits.is_contiguous(), active.is_contiguous(), gate_dtype, keep, pre_tanh,
+                      gate_rows))
         return route_top_k_reference(logits, weight, active, k, gate_dtype, running)
 
     def backward(logits, weight, active, expert_idxs, grad_gates, grad_sums, keep, keep_scale,
@@ -310,7 +312,7 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
         gates, *layout, sums = torch.ops.sut.route_top_k(z, None, active, 2, torch.float64, running)
         ((gates * w).sum() + sums[:5].pow(2).sum() + sums[10]).backward()
         out[backend] = (gates, layout, sums, z.grad, running.grad)
-    assert calls == [(True, True, torch.float64, None, False), (True, True, True, True)]
+    assert calls == [(True, True, torch.float64, None, False, 0), (True, True, True, True)]
     (g1, l1, s1, d1, r1), (g0, l0, s0, d0, r0) = out["triton"], out["reference"]
     torch.testing.assert_close(r1, r0)
     assert g1.dtype == torch.float64

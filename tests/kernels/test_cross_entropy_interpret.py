@@ -25,31 +25,45 @@ def _logits(n, v, dtype=torch.float32, seed=0):
 
 
 @pytest.mark.parametrize("v", [5, 16, 37, 64])
-def test_forward_kernel_equals_logsumexp_row_sum_and_the_target_logit(v):
+def test_forward_kernel_equals_the_rows_loss_and_nll(v):
+    """Per row, in float64 by hand: lse = logsumexp z, nll = lse - z_t, smooth = V lse -
+    Σ z; the kernel's rows are (a nll + b smooth, nll), 0 on a row whose target is the
+    ignored index."""
     from sut_fairseq.kernels.cross_entropy import ce_forward
 
     z = _logits(7, v)
-    target = torch.tensor([v - 1, 0, 1 % v, 2 % v, v // 2, 3 % v, v - 1])
-    lse, row_sum, z_target = ce_forward(z, target)
-    assert torch.equal(z_target, z[torch.arange(7), target])
-    torch.testing.assert_close(lse, torch.logsumexp(z.double(), 1).float(), rtol=1e-6, atol=1e-5)
-    torch.testing.assert_close(row_sum, z.double().sum(1).float(), rtol=1e-6, atol=1e-4)
+    target = torch.tensor([v - 1, 0, 1 % v, PAD, v // 2, 3 % v, v - 1])
+    a, b = 0.83, 0.017
+    lse, rows = ce_forward(z, target, PAD, a, b)
+    assert lse.shape == (7,) and rows.shape == (2, 7) and rows.dtype == torch.float32
+    zd = z.double()
+    want_lse = torch.logsumexp(zd, 1)
+    keep = target != PAD
+    nll = (want_lse - zd[torch.arange(7), target.clamp(0, v - 1)]) * keep
+    smooth = (v * want_lse - zd.sum(1)) * keep
+    torch.testing.assert_close(lse, want_lse.float(), rtol=1e-6, atol=1e-5)
+    torch.testing.assert_close(rows[1], nll.float(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(rows[0], (a * nll + b * smooth).float(), rtol=1e-5, atol=1e-4)
+    assert rows[:, 3].abs().sum() == 0 and rows[1].abs().sum() > 0
 
 
 @pytest.mark.parametrize("v", [5, 37])
 def test_backward_kernel_equals_its_formula_row_by_row(v):
-    """dz_j = exp(z_j - lse) scale - shift (+ term at the target), one row at a time."""
+    """dz_j = w (exp(z_j - lse) (a + V b) - b) - a w [j = t], w the upstream gradient
+    (0 on a row whose target is ignored), one row at a time."""
     from sut_fairseq.kernels.cross_entropy import ce_backward
 
     z = _logits(6, v)
-    g = torch.Generator().manual_seed(1)
     lse = torch.logsumexp(z, 1)
-    scale, shift, term = torch.rand(6, generator=g), torch.rand(6, generator=g), -torch.rand(6, generator=g)
-    target = torch.tensor([v - 1, 0, 3 % v, 2, 1, v // 2])
-    dz = ce_backward(z, lse, scale, shift, target, term)
+    target = torch.tensor([v - 1, 0, 3 % v, PAD, 2, v // 2])
+    a, b, w = 0.83, 0.017, torch.tensor(0.37)
+    dz = ce_backward(z, lse, target, w, PAD, a, b)
     for n in range(6):
-        want = torch.exp(z[n] - lse[n]) * scale[n] - shift[n]
-        want[target[n]] += term[n]
+        if target[n] == PAD:
+            assert dz[n].abs().sum() == 0
+            continue
+        want = w * (torch.exp(z[n] - lse[n]) * (a + v * b) - b)
+        want[target[n]] -= a * w
         torch.testing.assert_close(dz[n], want, rtol=1e-6, atol=1e-7)
 
 
@@ -85,7 +99,7 @@ def test_non_contiguous_rows_are_refused_by_the_launcher():
     from sut_fairseq.kernels.cross_entropy import ce_forward
 
     with pytest.raises(ValueError, match=r"contiguous rows; got shape \(5, 4\)"):
-        ce_forward(torch.zeros(4, 5).t(), torch.zeros(5, dtype=torch.long))
+        ce_forward(torch.zeros(4, 5).t(), torch.zeros(5, dtype=torch.long), PAD, 0.9, 0.01)
 
 
 if not IN_PROCESS:

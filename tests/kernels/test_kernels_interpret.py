@@ -430,6 +430,30 @@ def test_output_activation_half_matches_reference(dtype):
         assert (a.float() - e.float()).abs().max().item() <= tol * scale, name
 
 
+@pytest.mark.parametrize("use", sorted(GATED))
+def test_gate_rows_take_the_partial_sums_as_their_gradient(use):
+    """Gated maps given gate rows (R, N, k), R >= the input gradient's column tiles (equal
+    rows; the router's gates with ``gate_rows``): the output and the gradients of x, W and
+    b equal the (N, k) gates' run; the rows' gradient sums to its gates' gradient (each row
+    a column tile's partial sum, the rows past the tiles zero); fewer rows are refused."""
+    from sut_fairseq.kernels.routed_linear_triton import max_column_tiles
+
+    x, w, b, routing, kwargs, gates, _ = _problem("multi_tile", use)
+    tiles = max_column_tiles(w.size(1), x.dtype, x.device)
+    assert tiles > 1
+    want = _run(_triton, x, w, b, routing, kwargs, gates)
+    rows = gates.expand(tiles + 1, -1, -1).clone()
+    got = _run(_triton, x, w, b, routing, kwargs, rows)
+    assert_match(got[:4] + [None], want[:4] + [None], 1e-6)
+    assert got[4].shape == rows.shape
+    torch.testing.assert_close(got[4].sum(0), want[4], rtol=1e-5, atol=1e-6)
+    assert got[4][0].abs().sum() > 0 and not got[4][tiles:].any()
+    with pytest.raises(ValueError, match=rf"need R >= {tiles}"):
+        _run(_triton, x, w, b, routing, kwargs, rows[: tiles - 1])
+    with pytest.raises(ValueError, match="gate rows .* are for the Triton kernels"):
+        _run(reference_routed_linear, x, w, b, routing, kwargs, rows)
+
+
 def test_rejects_bad_shapes():
     from sut_fairseq.kernels import triton_routed_linear
 

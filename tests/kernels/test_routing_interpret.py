@@ -197,5 +197,80 @@ def test_router_on_the_op_equals_its_pytorch_path(monkeypatch, gating_dropout):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("rows", [1, 3])
+def test_gate_rows_are_equal_and_their_gradients_summed(rows):
+    """``gate_rows`` R: the kernels store the gates R times, (R, N, k), each row the (N, k)
+    gates; the backward reads the gradient as R rows and equals the backward of their sum
+    (as the reference's, which sums them); the op's output shape and the reference's agree."""
+    from sut_fairseq.kernels.routing_triton import route_top_k, route_top_k_backward
+    from sut_fairseq.ops.route_op import route_top_k_backward_reference, route_top_k_reference
+
+    N, E, k = 13, 5, 2
+    logits, active = _case(N, E)
+    plain = route_top_k(logits, None, active, k)
+    got = route_top_k(logits, None, active, k, gate_rows=rows)
+    want = route_top_k_reference(logits, None, active, k, gate_rows=rows)
+    assert got[0].shape == want[0].shape == (rows, N, k)
+    for r in range(rows):
+        assert torch.equal(got[0][r], plain[0])
+    _assert_outputs_match(got, want, dict(rtol=1e-5, atol=1e-6))
+    g = torch.Generator().manual_seed(6)
+    grad_rows, grad_sums = torch.randn(rows, N, k, generator=g), torch.randn(2 * E + 2, generator=g)
+    dz = route_top_k_backward(logits, None, active, plain[1], grad_rows, grad_sums)[0]
+    dz_sum = route_top_k_backward(logits, None, active, plain[1], grad_rows.sum(0), grad_sums)[0]
+    dz_ref = route_top_k_backward_reference(logits, None, active, plain[1], grad_rows, grad_sums)[0]
+    torch.testing.assert_close(dz, dz_sum, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(dz, dz_ref, rtol=1e-5, atol=1e-6)
+    assert dz.abs().sum() > 0
+
+
+def test_a_gated_router_on_the_kernels_hands_gate_rows_to_its_map(monkeypatch):
+    """MoE-FFD on the kernels (``SUT_KERNELS=triton``): its router returns gate rows (R, N,
+    k) fp32, R the down projection's column tiles, row 0 the gates; output and every
+    gradient equal the same layer with gate rows off (``_gate_rows`` 0: the partial sums
+    added and cast by a kernel of their own), training with dropout on one mask."""
+    from sut_fairseq.kernels.routed_linear_triton import max_column_tiles
+    from sut_fairseq.modules import moe_ffd
+    from sut_fairseq.modules.moe_ffd import MoEFeedForward
+    from sut_fairseq.modules.router import Router
+
+    monkeypatch.setenv("SUT_KERNELS", "triton")
+    torch.manual_seed(0)
+    ffd = MoEFeedForward(8, 20, 4, 2, 8, activation_fn="gelu", activation_dropout=0.2,
+                         gating_dropout=0.3).train()
+    x0 = torch.randn(10, 8)
+    active = torch.rand(10, generator=torch.Generator().manual_seed(2)) > 0.2
+    keep_h = torch.rand(10, 8, generator=torch.Generator().manual_seed(3)) >= 0.3
+    keep_a = torch.rand(20, 20, generator=torch.Generator().manual_seed(4)) >= 0.2
+    monkeypatch.setattr(Router, "_keep_mask", lambda self, u: (keep_h, 1 / 0.7))
+    monkeypatch.setattr(moe_ffd, "keep_mask", lambda x, p, training, shape: (keep_a, 1 / 0.8))
+    seen, original = [], Router.forward
+
+    def forward(self, x, active):
+        routing = original(self, x, active)
+        seen.append(routing.gate_rows)
+        return routing
+
+    monkeypatch.setattr(Router, "forward", forward)
+    outs = []
+    for rows in (True, False):
+        if not rows:
+            monkeypatch.setattr(Router, "_gate_rows", lambda self, x: 0)
+        ffd.zero_grad()
+        x = x0.clone().requires_grad_()
+        y = ffd(x, active)
+        y.sin().sum().backward()
+        outs.append((y, x.grad, [p.grad.clone() for p in ffd.parameters()]))
+    R = max_column_tiles(20, torch.float32, x0.device)
+    assert R > 1 and seen[0].shape == (R, 10, 2) and seen[0].dtype == torch.float32
+    assert seen[1] is None
+    (y1, dx1, dp1), (y0, dx0, dp0) = outs
+    torch.testing.assert_close(y1, y0, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6)
+    for a, b in zip(dp1, dp0):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+    assert ffd.router.fc1.weight.grad.abs().sum() > 0
+
+
 if not IN_PROCESS:
     delegate_module(globals(), {"TRITON_INTERPRET": "1"})

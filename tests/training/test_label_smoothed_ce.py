@@ -188,15 +188,21 @@ def test_the_triton_branch_hands_the_kernels_their_arguments(monkeypatch):
     contiguous logits whatever the caller's layout."""
     from sut_fairseq.kernels import cross_entropy
 
-    def forward(logits, target):
+    def forward(logits, target, ignore_index, on_target, eps_i):
         assert logits.is_contiguous() and target.is_contiguous()
-        z = logits.float()
-        return torch.logsumexp(z, 1), z.sum(1), z.gather(1, target.unsqueeze(1)).squeeze(1)
+        z, keep = logits.float(), target != ignore_index
+        lse = torch.logsumexp(z, 1)
+        nll = (lse - z.gather(1, target.clamp_min(0).unsqueeze(1)).squeeze(1)) * keep
+        smooth = (z.size(1) * lse - z.sum(1)) * keep
+        return lse, torch.stack([on_target * nll + eps_i * smooth, nll])
 
-    def backward(logits, lse, scale, shift, target, target_term):
-        assert logits.is_contiguous()
-        dz = torch.exp(logits.float() - lse.unsqueeze(1)) * scale.unsqueeze(1) - shift.unsqueeze(1)
-        return dz.scatter_add(1, target.unsqueeze(1), target_term.unsqueeze(1)).to(logits.dtype)
+    def backward(logits, lse, target, grad_loss, ignore_index, on_target, eps_i):
+        assert logits.is_contiguous() and grad_loss.numel() == 1
+        w = (target != ignore_index) * grad_loss
+        V = logits.size(1)
+        dz = torch.exp(logits.float() - lse.unsqueeze(1)) * (w * (on_target + V * eps_i)).unsqueeze(1) \
+            - (w * eps_i).unsqueeze(1)
+        return dz.scatter_add(1, target.unsqueeze(1), (-on_target * w).unsqueeze(1)).to(logits.dtype)
 
     logits, target = case(n=19, v=9, dtype=torch.float32)
     out = {}
