@@ -98,13 +98,10 @@ class MixtureOfMultiHeadAttention(nn.Module):
                                              "o_weight": "o_proj.weight", "o_bias": "o_proj.bias"})
 
     def project_kv(self, kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D), by one product with the
-        joint map: [K | V] = kv [W_k; W_v]ᵀ + [b_k; b_v] (its gradient one product too)."""
-        weight = torch.cat([self.k_proj.weight, self.v_proj.weight], 0)
-        bias = torch.cat([self.k_proj.bias, self.v_proj.bias], 0)
-        kv = F.linear(kv, weight, bias).view(kv.size(0), kv.size(1), 2, self.num_heads, self.head_dim)
-        k, v = kv.unbind(2)
-        return k.transpose(1, 2), v.transpose(1, 2)
+        """kv: (B, S, kv_dim) -> keys and values, each (B, H, S, D)."""
+        shape = (kv.size(0), kv.size(1), self.num_heads, self.head_dim)
+        return (self.k_proj(kv).view(shape).transpose(1, 2),
+                self.v_proj(kv).view(shape).transpose(1, 2))
 
     def forward(self, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                 active: torch.Tensor, key_padding_mask: Optional[torch.Tensor] = None,

@@ -59,8 +59,10 @@ def test_the_compiled_counting_sort_matches_the_reference(N, k, E, monkeypatch):
     eager = make_routing(expert_idxs, gates, E)
     sorted_experts, order, offsets = reference_layout(expert_idxs, E)
     monkeypatch.setattr(torch, "sort", recorded_sort)
-    layout = torch.compile(lambda idx, gates: tuple(vars(make_routing(idx, gates, E)).values()),
-                           backend="aot_eager")
+    fields = ("expert_idxs", "gates", "sorted_expert_idxs", "sorted_scattered_idxs",
+              "expert_offsets", "num_experts")
+    layout = torch.compile(lambda idx, gates: tuple(getattr(make_routing(idx, gates, E), f)
+                                                    for f in fields), backend="aot_eager")
     with torch.device("meta"):
         got = layout(expert_idxs, gates)
     assert sorts == [], "the compiled layout called torch.sort"
