@@ -13,6 +13,8 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from ..compiler import tracing
+
 #: The relative vectors are padded with zero rows (never gathered) to a multiple of this
 #: many offsets: cuBLAS runs an odd count such as 2W + 1 in bf16 as an alignment-1 kernel.
 OFFSET_ALIGNMENT = 16
@@ -71,7 +73,10 @@ class ClippedRelativePosition(nn.Module):
         lo, scores = self.offset_scores(q, T, q_start, S)
         k = q.size(2) // T
         scores = scores.transpose(0, 1)  # (H, B, T*k, O'), contiguous
-        if self.clipped(T, q_start, S):  # autograd's backward: a scatter-add over the keys
+        if self.clipped(T, q_start, S) or not tracing():
+            # autograd's backward, a scatter-add over the keys (eagerly also where nothing is
+            # clipped: the shifted gathers' index arithmetic is a handful of kernels there,
+            # in a compiled graph part of the gather's own)
             idx = self.index(T, q_start, S, k, lo)
             rel = scores.gather(3, idx.expand(scores.size(0), scores.size(1), -1, -1))
         else:

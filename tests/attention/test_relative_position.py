@@ -128,10 +128,17 @@ def test_clipped_term_pads_its_offsets_to_an_aligned_count(W, T, q_start, S):
 
 @pytest.mark.parametrize("W,T,q_start,S,k", [(8, 3, 2, 6, 3), (2, 3, 0, 3, 1), (40, 17, 0, 17, 2),
                                              (6, 1, 5, 6, 4), (31, 32, 0, 32, 4)])
-def test_unclipped_term_and_its_gradients_equal_autograds_gather(W, T, q_start, S, k):
-    """Where no offset is clipped (``clipped`` False) the term's shifted gathers, forward
-    and backward, equal autograd's gather and scatter-add over the same scores (float64),
-    the padded offsets' columns get no gradient, and ``gradcheck`` passes."""
+def test_unclipped_term_and_its_gradients_equal_autograds_gather(W, T, q_start, S, k, monkeypatch):
+    """Where no offset is clipped (``clipped`` False) the term's shifted gathers (the
+    branch a compiled graph takes), forward and backward, equal autograd's gather and
+    scatter-add over the same scores (float64), and ``gradcheck`` passes."""
+    from sut_fairseq.modules import relative_position
+
+    calls = []
+    gather = relative_position._UnclippedGather.apply
+    monkeypatch.setattr(relative_position, "tracing", lambda: True)
+    monkeypatch.setattr(relative_position._UnclippedGather, "apply",
+                        lambda *args: calls.append(1) or gather(*args))
     torch.manual_seed(3)
     rel = ClippedRelativePosition(2, 4, W).double()
     assert not rel.clipped(T, q_start, S)
@@ -146,6 +153,7 @@ def test_unclipped_term_and_its_gradients_equal_autograds_gather(W, T, q_start, 
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
     torch.autograd.gradcheck(lambda q_: rel(q_, T, q_start, S), (q,))
+    assert calls
 
 
 @pytest.mark.parametrize("W,T,q_start,S,clipped", [(2, 3, 0, 3, False), (2, 4, 0, 3, True),
