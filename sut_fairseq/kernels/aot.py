@@ -257,7 +257,8 @@ def all_jobs(dtypes=("fp16",), archs=ARCHS, launch_filter=None):
         for name, kernel, args in shipped_launches(dtype):
             if launch_filter is not None and not launch_filter(name):
                 continue
-            for config in gg.shipped_configs(kernel, args["INPUT_PRECISION"], bool(args.get("ACT"))):
+            for config in gg.shipped_configs(kernel, args["INPUT_PRECISION"], bool(args.get("ACT")),
+                                             args["X"].dtype):
                 for arch in archs:
                     jobs.append((name, dtype, kernel, args, config, arch))
     return jobs

@@ -55,6 +55,7 @@ ahead-of-time compilation and interpretation both work in one process.
 """
 import inspect
 
+import torch
 import triton
 import triton.language as tl
 from triton.runtime.jit import JITFunction
@@ -358,17 +359,23 @@ CONFIGS = {
 }
 
 
-#: configurations left out of launches with an input activation's gradient (``ACT``): the
-#: epilogue's extra tiles spill there (8 bytes on sm_90, tests/kernels/test_kernels_aot.py)
-SPILL_WITH_ACTIVATION = {id(GEMM_CONFIGS_IEEE[1])}
+#: configurations left out of launches with an input activation's gradient (``ACT``) on fp32
+#: operands: the epilogue's extra fp32 tiles spill there (tests/kernels/test_kernels_aot.py,
+#: ``-m slow``: the IEEE 32x32x32 8 bytes on sm_90, the TF32 128x64x32 8 on sm_80 and 16 on
+#: sm_90; in fp16/bf16 neither spills)
+SPILL_WITH_FP32_ACTIVATION = {id(GEMM_CONFIGS_IEEE[1]), id(GEMM_CONFIGS[2])}
 
 
-def shipped_configs(kernel, input_precision: str, activation: bool = False):
+def shipped_configs(kernel, input_precision: str, activation: bool = False,
+                    dtype: torch.dtype = torch.float32):
     """The configurations ``kernel`` is autotuned over for ``INPUT_PRECISION``
     ("tf32": tensor cores, used for fp16/bf16 too; "ieee": fp32 on FMA units), for a
-    launch with an input activation's gradient (``activation``: ``ACT`` != 0) or without."""
+    launch with an input activation's gradient (``activation``: ``ACT`` != 0) or without,
+    on operands of ``dtype``."""
     configs = CONFIGS[kernel][input_precision]
-    return [c for c in configs if id(c) not in SPILL_WITH_ACTIVATION] if activation else configs
+    if activation and (input_precision == "ieee" or dtype == torch.float32):
+        return [c for c in configs if id(c) not in SPILL_WITH_FP32_ACTIVATION]
+    return configs
 
 
 # Small blocks for the CPU interpreter: tiles straddle experts and dims, as on a GPU.
@@ -380,7 +387,8 @@ INTERPRET_CONFIGS = {
 def _prune_by_precision(kernel):
     def prune(configs, named_args, **kwargs):
         args = {**named_args, **kwargs}
-        wanted = shipped_configs(kernel, args["INPUT_PRECISION"], bool(args.get("ACT", 0)))
+        wanted = shipped_configs(kernel, args["INPUT_PRECISION"], bool(args.get("ACT", 0)),
+                                 args["X"].dtype)
         return [c for c in configs if any(c is w for w in wanted)]
 
     return {"early_config_prune": prune}
@@ -388,7 +396,7 @@ def _prune_by_precision(kernel):
 
 _KEYS = {
     routed_gemm_kernel: ["K", "N", "X_GROUPED", "X_FAN", "Y_GROUPED", "GATED", "HAS_DG", "ACT",
-                         "HAS_KEEP", "INPUT_PRECISION"],
+                         "HAS_KEEP", "OUT_ACT", "HAS_OUT_KEEP", "INPUT_PRECISION"],
     routed_wgrad_kernel: ["K", "N", "X_GROUPED", "DY_GROUPED", "GATED", "ACCUMULATE",
                           "INPUT_PRECISION"],
 }

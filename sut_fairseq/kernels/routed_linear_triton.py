@@ -177,17 +177,17 @@ def routed_wgrad(x, x_grouped, x_fan, dy, dy_grouped, dy_fan, gates, dw, db, rou
     _launch(gg.routed_wgrad_kernel, grid, args, x.device)
 
 
-#: the narrowest column tile (BLOCK_N) of the gemm's configurations, per input precision
-#: ("tf32", "ieee"), and in the interpreter (plain ints: the routers read them while traced)
+#: the narrowest column tile (BLOCK_N) of the gemm's configurations on a GPU, per input
+#: precision ("tf32", "ieee"): plain ints, which the routers read while traced
 _MIN_BLOCK_N = {precision: min(c.kwargs["BLOCK_N"]
                                for c in gg.shipped_configs(gg.routed_gemm_kernel, precision))
                 for precision in ("tf32", "ieee")}
-_INTERPRET_BLOCK_N = gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"]
 
 
 def max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
     """An upper bound on ``cdiv(n, BLOCK_N)`` for the gemm configuration that will run."""
-    block = _INTERPRET_BLOCK_N if device.type == "cpu" else _MIN_BLOCK_N[_input_precision(dtype)]
+    block = (gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"] if device.type == "cpu"
+             else _MIN_BLOCK_N[_input_precision(dtype)])
     return -(-n // block)
 
 

@@ -156,6 +156,35 @@ def test_unclipped_term_and_its_gradients_equal_autograds_gather(W, T, q_start, 
     assert calls
 
 
+def test_the_compiled_term_takes_the_shifted_gathers_and_equals_eager():
+    """Compiled (AOT autograd, ``aot_eager``), an unclipped term runs ``_UnclippedGather``
+    and its output and gradients equal the eager term's (the gather and its scatter-add)."""
+    from sut_fairseq.modules import relative_position
+
+    torch.manual_seed(4)
+    rel = ClippedRelativePosition(2, 4, 16)
+    q0 = torch.randn(2, 2, 6 * 2, 4)
+    calls = []
+    forward = relative_position._UnclippedGather.forward
+
+    def counted(ctx, *args):
+        calls.append(1)
+        return forward(ctx, *args)
+
+    outs = []
+    for compiled in (False, True):
+        q = q0.clone().requires_grad_()
+        fn = torch.compile(rel, backend="aot_eager", fullgraph=True) if compiled else rel
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(relative_position._UnclippedGather, "forward", staticmethod(counted))
+            out = fn(q, 6, 0, 6)
+        grads = torch.autograd.grad((out * torch.arange(6.0)).sum(), (q, rel.embeddings))
+        outs.append((out, *grads))
+        assert bool(calls) == compiled
+    for a, b in zip(*outs):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
 @pytest.mark.parametrize("W,T,q_start,S,clipped", [(2, 3, 0, 3, False), (2, 4, 0, 3, True),
                                                    (2, 3, 0, 4, True), (4, 1, 4, 5, False),
                                                    (4, 1, 5, 5, True)])

@@ -54,7 +54,8 @@ def _check(results, dtype, arch, kernel):
     activated = {name for name, _, args in aot.shipped_launches("fp16") if args.get("ACT")}
     for launch in {r.launch for r in mine}:
         wanted = {aot.config_name(c) for c in gg.shipped_configs(kernel_fn, precision,
-                                                                 launch in activated)}
+                                                                 launch in activated,
+                                                                 aot.DTYPES[dtype][0])}
         built = {r.config for r in mine if r.launch == launch}
         assert built == wanted, (launch, built, wanted)
     print(table)
