@@ -134,8 +134,10 @@ class Router(nn.Module):
         gated map's input-gradient kernel, whose partial sums of the gate gradient then
         arrive as the R rows' gradients and the router's backward kernel adds them up as it
         reads them (no kernel of their own that sums and casts them); the gates are then
-        fp32, which the kernels read. Where the gated map runs on the Triton kernels."""
-        if not self.gated_dim or kernel_backend(x) != "triton" or expert_gemm() != "kernels":
+        fp32, which the kernels read. Where the gated map runs on the Triton kernels and
+        autograd records (no gradient, no partials: decoding keeps (N, k) gates)."""
+        if (not self.gated_dim or not torch.is_grad_enabled() or kernel_backend(x) != "triton"
+                or expert_gemm() != "kernels"):
             return 0
         from ..kernels.routed_linear_triton import max_column_tiles
 

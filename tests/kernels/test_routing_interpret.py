@@ -264,6 +264,10 @@ def test_a_gated_router_on_the_kernels_hands_gate_rows_to_its_map(monkeypatch):
     R = max_column_tiles(20, torch.float32, x0.device)
     assert R > 1 and seen[0].shape == (R, 10, 2) and seen[0].dtype == torch.float32
     assert seen[1] is None
+    monkeypatch.undo()
+    monkeypatch.setenv("SUT_KERNELS", "triton")
+    with torch.no_grad():  # decoding: no gradient, no gate rows
+        assert ffd.router(x0, active).gate_rows is None
     (y1, dx1, dp1), (y0, dx0, dp0) = outs
     torch.testing.assert_close(y1, y0, rtol=1e-6, atol=1e-7)
     torch.testing.assert_close(dx1, dx0, rtol=1e-5, atol=1e-6)
