@@ -1,7 +1,7 @@
 """#48: the routers' and MoE-FFD's activations formed inside the kernels that read them
-(``sut::route_top_k`` with ``pre_tanh``, ``sut::routed_linear`` with an input activation),
-against the code they replace: the op's reference backend against autograd through the
-activation, its dropout and the plain op; the FFN module's fused branch (taken on CUDA)
+(``sut::route_top_k`` with ``pre_tanh``, ``sut::routed_linear`` with an input activation,
+``sut::routed_linear_activated`` forming it), against the code they replace: the ops'
+reference backend against autograd through the activation, its dropout and the plain op; the FFN module's fused branch (taken on CUDA)
 against its own unfused path with one dropout mask; whole models against the unfused
 branches (outputs and every parameter's gradient within 1e-4 in fp32). The Triton kernels
 against the reference: tests/kernels/test_kernels_interpret.py and test_routing_interpret.py."""
