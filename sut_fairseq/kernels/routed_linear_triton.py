@@ -47,6 +47,7 @@ import triton
 
 from . import grouped_gemm as gg
 from . import launch
+from ..ops.routing import plain_gates
 
 
 def _no_autocast(device_type: str):
@@ -184,11 +185,30 @@ _MIN_BLOCK_N = {precision: min(c.kwargs["BLOCK_N"]
                 for precision in ("tf32", "ieee")}
 
 
+@torch.compiler.assume_constant_result
+def _interpret_block_n() -> int:
+    """The interpreter's BLOCK_N (read at each call: tests swap its configuration; a
+    constant to dynamo, which cannot hash the kernel that keys it)."""
+    return gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"]
+
+
 def max_column_tiles(n: int, dtype: torch.dtype, device: torch.device) -> int:
     """An upper bound on ``cdiv(n, BLOCK_N)`` for the gemm configuration that will run."""
-    block = (gg.INTERPRET_CONFIGS[gg.routed_gemm_kernel].kwargs["BLOCK_N"] if device.type == "cpu"
-             else _MIN_BLOCK_N[_input_precision(dtype)])
+    block = _interpret_block_n() if device.type == "cpu" else _MIN_BLOCK_N[_input_precision(dtype)]
     return -(-n // block)
+
+
+def partial_rows(gates, in_dim: int, dtype: torch.dtype, device: torch.device) -> int:
+    """Rows of the gate gradient's partial sums (T, M) for a map of input width ``in_dim``:
+    R of gate rows (R, N, k) (one per column tile, at least the tiles), else
+    ``max_column_tiles``."""
+    tiles = max_column_tiles(in_dim, dtype, device)
+    if gates.dim() != 3:
+        return tiles
+    if gates.size(0) < tiles:
+        raise ValueError(f"gate rows (R, N, k) = {tuple(gates.shape)} need R >= {tiles}, "
+                         f"the column tiles of this map's input gradient")
+    return gates.size(0)
 
 
 def _written_whole(like: torch.Tensor, shape, dtype: Optional[torch.dtype] = None) -> torch.Tensor:
@@ -234,12 +254,7 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
     need_x, need_w, need_b, need_g = needs
     gated = gates is not None
     need_g = need_g and gated
-    tiles = max_column_tiles(weight.size(1), x.dtype, x.device) if need_g else 0
-    if need_g and gates.dim() == 3:  # gate rows: one per column tile, the partials' rows
-        if gates.size(0) < tiles:
-            raise ValueError(f"gate rows (R, N, k) = {tuple(gates.shape)} need R >= {tiles}, "
-                             f"the column tiles of this map's input gradient")
-        tiles = gates.size(0)
+    tiles = partial_rows(gates, weight.size(1), x.dtype, x.device) if need_g else 0
     if M == 0:
         return (x.new_zeros(x.shape if grouped_in else (0, x.size(1))) if need_x else None,
                 _running_or_zeros(acc_w, weight) if need_w else None,
@@ -278,11 +293,8 @@ def triton_backward(dout, x, weight, bias, gates, routing, fan_out: int, grouped
 
 
 def _gate_vector(gates):
-    """The (M,) gates the kernels read: of (N, k) gates, or of the first of (R, N, k) gate
-    rows (equal rows, ``Router._gate_rows``); None without gates."""
-    if gates is None:
-        return None
-    return (gates[0] if gates.dim() == 3 else gates).reshape(-1).contiguous()
+    """The (M,) gates the kernels read (of gate rows, the first); None without gates."""
+    return None if gates is None else plain_gates(gates).reshape(-1).contiguous()
 
 
 def _running_or_zeros(running, like):

@@ -75,7 +75,8 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
         V = logits.size(1)
         eps_i = epsilon / (V - 1)
         ctx.coefficients = (1.0 - epsilon - eps_i, eps_i, ignore_index)
-        if _uses_triton(logits):  # the rows' terms in the kernel, one sum of both totals
+        ctx.kernels = _uses_triton(logits)
+        if ctx.kernels:  # the rows' terms in the kernel, one sum of both totals
             from ..kernels.cross_entropy import ce_forward
 
             target = target.contiguous()
@@ -99,7 +100,7 @@ class _LabelSmoothedCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_loss, _grad_nll):
         on_target, eps_i, ignore_index = ctx.coefficients
-        if len(ctx.saved_tensors) == 3:  # the kernels' (forward above)
+        if ctx.kernels:
             from ..kernels.cross_entropy import ce_backward
 
             logits, lse, target = ctx.saved_tensors

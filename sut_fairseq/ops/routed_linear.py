@@ -55,7 +55,7 @@ from torch import Tensor
 from .grouped_linear import grouped_routed_linear
 from .reference_linear import (_autocast_dtype, as_custom_op, expert_gemm, kernel_backend,
                                reference_backward, reference_forward)
-from .routing import Routing
+from .routing import Routing, plain_gates
 from . import weight_grads
 
 
@@ -203,11 +203,10 @@ def _(grad, x, weight, bias, gates, expert_idxs, sorted_expert_idxs, sorted_scat
         dx = x.new_empty(M, x.size(1)) if outside and not grouped_in else torch.empty_like(x)
     if need_g and gates is not None:
         if outside:
-            from ..kernels.routed_linear_triton import max_column_tiles
+            from ..kernels.routed_linear_triton import partial_rows
 
-            tiles = (gates.size(0) if gates.dim() == 3
-                     else max_column_tiles(weight.size(1), x.dtype, x.device))
-            dg = x.new_empty(tiles, M, dtype=torch.float32)
+            dg = x.new_empty(partial_rows(gates, weight.size(1), x.dtype, x.device), M,
+                             dtype=torch.float32)
         else:
             dg = torch.empty_like(gates)
     dw = torch.empty_like(weight) if need_w else x.new_empty(0)
@@ -269,8 +268,9 @@ def _gradients(ctx, grad, needs):
     if per_step:
         dw, db = weight_grads.running_sum(bucket, dw, db if needs[2] else None, ctx.flushes)
     if deferred:
-        weight_grads.add(bucket, weight_grads.Entry(  # (of gate rows, the first: equal rows)
-            grad, x, gates[0] if gates is not None and gates.dim() == 3 else gates, expert_idxs, sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
+        weight_grads.add(bucket, weight_grads.Entry(
+            grad, x, None if gates is None else plain_gates(gates), expert_idxs,
+            sorted_scattered_idxs, fan_out, grouped_in, grouped_out))
         dw, db = (weight_grads.flush(bucket, weight, bias, backend, needs[2]) if ctx.flushes
                   else (None, None))  # step 1: every step's rows in one product
     if sums_outside(backend):
@@ -347,6 +347,9 @@ def _operands(x, weight, bias, routing: Routing, fan_out: int, grouped_in: bool,
     if backend is None:
         backend = kernel_backend(x)
         backend = "grouped" if backend == "triton" and expert_gemm() == "grouped_mm" else backend
+    if gates is not None and gates.dim() == 3 and backend != "triton":
+        raise ValueError(f"gate rows (R, N, k) = {tuple(gates.shape)} are for the Triton "
+                         "kernels; other backends take gates (N, k)")
     if backend == "triton":  # the kernels index without bounds checks
         from ..kernels.routed_linear_triton import check_operands
 
@@ -379,9 +382,6 @@ def routed_linear(x: Tensor, weight: Tensor, bias: Optional[Tensor], routing: Ro
     """
     if gates is not None and grouped_out:
         raise ValueError("gates combine a token's slots and need grouped_out=False")
-    if gates is not None and gates.dim() == 3 and (backend or kernel_backend(x)) != "triton":
-        raise ValueError(f"gate rows (R, N, k) = {tuple(gates.shape)} are for the Triton "
-                         "kernels; other backends take gates (N, k)")
     if activation:
         if activation not in ("gelu", "relu") or not grouped_in:
             raise ValueError(f"an input activation is 'gelu' or 'relu' on grouped rows "

@@ -52,6 +52,11 @@ class Routing:
         return self.expert_idxs.numel()
 
 
+def plain_gates(gates: torch.Tensor) -> torch.Tensor:
+    """(N, k) gates of gates (N, k) or of gate rows (R, N, k) (R equal rows: the first)."""
+    return gates[0] if gates.dim() == 3 else gates
+
+
 def make_routing(expert_idxs: torch.Tensor, gates: Optional[torch.Tensor], num_experts: int) -> Routing:
     """The sorted layout of a (N, k) expert choice (``num_experts`` = no-op), without
     device-to-host synchronisation; gates None where they travel apart."""
